@@ -1,0 +1,34 @@
+"""One SQLAlchemy engine per (database URL, process), created on first use, never at import."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import sqlalchemy as sa
+
+_lock = threading.Lock()
+_engines: dict[tuple[str, int], sa.Engine] = {}
+
+
+def get_engine(url: str) -> sa.Engine:
+    key = (url, os.getpid())  # a forked child must not reuse its parent's connections
+    with _lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = sa.create_engine(
+                url,
+                pool_pre_ping=True,  # survive a database restart without failing the next statement
+                pool_size=4,
+                max_overflow=8,
+                connect_args={"application_name": "dataminer"},
+            )
+            _engines[key] = engine
+        return engine
+
+
+def dispose_engines() -> None:
+    with _lock:
+        for engine in _engines.values():
+            engine.dispose()
+        _engines.clear()

@@ -1,0 +1,414 @@
+"""Lease operations on work items: the only code that changes a work item's status.
+
+Every operation is one conditional SQL statement. A lease belongs to a Dagster run (`lease_owner`)
+and is identified by a random `lease_token`; completing, failing or releasing checks the token, so a
+run that lost its lease (reaped, or released by the run-failure sensor) changes nothing and is told
+so. Liveness is per run: one `run_heartbeats` row, refreshed by the run's resource thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+
+import sqlalchemy as sa
+
+from dataminer_dagster.db.schema import BLOCKED, CLAIMABLE, DEAD, DONE, FAILED, PENDING, RUNNING, SCHEMA
+from dataminer_dagster.settings import RetryPolicy
+
+_log = logging.getLogger(__name__)
+
+W = f"{SCHEMA}.work_items"
+H = f"{SCHEMA}.run_heartbeats"
+
+
+class LeaseLost(Exception):
+    """The lease was taken from this run (reaped or released); its work must not be published."""
+
+    def __init__(self, lease: Lease):
+        self.lease = lease
+        super().__init__(
+            f"{lease.stage} {lease.key}: lease lost (another run owns this item now, or it was "
+            "released after this run stopped heartbeating); this run's result is discarded"
+        )
+
+
+@dataclass(frozen=True)
+class Lease:
+    item_id: int
+    stage: str
+    key: str
+    token: uuid.UUID
+    owner: str
+    attempt: int
+    max_attempts: int
+    project_id: int | None
+    video_id: str | None
+
+
+@dataclass(frozen=True)
+class Unclaimed:
+    """Why a requested key was not claimed."""
+
+    key: str
+    status: str | None  # None: no such work item
+    owner: str | None
+    next_attempt_at: datetime | None
+    last_error: str | None
+
+    def describe(self) -> str:
+        if self.status is None:
+            return f"{self.key}: unknown to the claim tables (add the video or project first)"
+        if self.status == RUNNING:
+            return f"{self.key}: already being processed by run {self.owner}"
+        if self.status in CLAIMABLE:
+            return f"{self.key}: waiting for its retry at {self.next_attempt_at:%Y-%m-%d %H:%M:%S %Z}"
+        reason = f" ({self.last_error})" if self.last_error else ""
+        return f"{self.key}: already {self.status}{reason}"
+
+
+@dataclass(frozen=True)
+class FailResult:
+    applied: bool  # False: the lease was lost, nothing changed
+    status: str | None  # failed (will retry) or dead
+    next_attempt_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Reaped:
+    stage: str
+    key: str
+    owner: str
+    status: str  # failed or dead
+
+
+_LEASE_COLUMNS = "id, stage, item_key, lease_token, lease_owner, attempts, max_attempts, project_id, video_id"
+
+_CLEAR_LEASE = "lease_owner = NULL, lease_token = NULL, leased_at = NULL, updated_at = now()"
+
+# Failing an item: back to `failed` with exponential back-off and jitter, or `dead` once it has
+# used its attempts (or at once when the failure is permanent). Shared by fail, reap and release_run.
+def _fail_set(error_sql: str = ":error") -> str:
+    return f"""
+    status = CASE WHEN :retryable AND attempts < max_attempts THEN '{FAILED}' ELSE '{DEAD}' END,
+    next_attempt_at = now() + make_interval(secs => least(:max_delay,
+        :base_delay * power(2, greatest(attempts - 1, 0))) * (0.5 + random() * 0.5)),
+    finished_at = CASE WHEN :retryable AND attempts < max_attempts THEN NULL ELSE now() END,
+    last_error = {error_sql}, {_CLEAR_LEASE}
+"""
+
+
+def _lease(row: sa.Row) -> Lease:
+    return Lease(
+        item_id=row.id,
+        stage=row.stage,
+        key=row.item_key,
+        token=row.lease_token,
+        owner=row.lease_owner,
+        attempt=row.attempts,
+        max_attempts=row.max_attempts,
+        project_id=row.project_id,
+        video_id=row.video_id,
+    )
+
+
+class LeaseStore:
+    def __init__(self, engine: sa.Engine, retry: RetryPolicy | None = None):
+        self.engine = engine
+        self.policy = retry or RetryPolicy()
+
+    # --- queueing ---------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        stage: str,
+        keys: Sequence[str],
+        *,
+        project_ids: Sequence[int | None] | None = None,
+        video_ids: Sequence[str | None] | None = None,
+        reset: Sequence[str] = (),
+        conn: sa.Connection | None = None,
+    ) -> int:
+        """Create pending items; existing ones whose status is in `reset` become pending again
+        with fresh attempts. Running items are never touched. Returns how many became pending."""
+        if not keys:
+            return 0
+        n = len(keys)
+        statement = sa.text(f"""
+            INSERT INTO {W} (stage, item_key, project_id, video_id, max_attempts)
+            SELECT :stage, k, p, v, :max_attempts
+            FROM unnest(CAST(:keys AS text[]), CAST(:projects AS int[]), CAST(:videos AS text[])) AS t(k, p, v)
+            ON CONFLICT (stage, item_key) DO UPDATE
+               SET status = '{PENDING}', attempts = 0, next_attempt_at = now(), last_error = NULL,
+                   requested_at = NULL, finished_at = NULL, max_attempts = EXCLUDED.max_attempts,
+                   updated_at = now()
+             WHERE {W}.status = ANY(CAST(:reset AS text[]))
+            RETURNING id
+        """)
+        params = {
+            "stage": stage,
+            "keys": list(keys),
+            "projects": list(project_ids) if project_ids is not None else [None] * n,
+            "videos": list(video_ids) if video_ids is not None else [None] * n,
+            "reset": [s for s in reset if s != RUNNING],
+            "max_attempts": self.policy.max_attempts,
+        }
+        with self._connection(conn) as c:
+            return len(c.execute(statement, params).all())
+
+    # --- claiming ---------------------------------------------------------------------------
+
+    def claim_next(self, stage: str, owner: str, limit: int = 1) -> list[Lease]:
+        """Claim up to `limit` claimable items of `stage`, oldest first, skipping locked rows."""
+        statement = sa.text(f"""
+            UPDATE {W} w
+               SET status = '{RUNNING}', lease_owner = :owner, lease_token = gen_random_uuid(),
+                   leased_at = now(), attempts = w.attempts + 1, updated_at = now()
+              FROM (SELECT id FROM {W}
+                     WHERE stage = :stage AND status IN ('{PENDING}', '{FAILED}') AND next_attempt_at <= now()
+                     ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) pick
+             WHERE w.id = pick.id
+            RETURNING w.{_LEASE_COLUMNS.replace(", ", ", w.")}
+        """)
+        with self.engine.begin() as c:
+            rows = c.execute(statement, {"stage": stage, "owner": owner, "limit": limit}).all()
+        return sorted((_lease(r) for r in rows), key=lambda lease: lease.item_id)
+
+    def claim_keys(
+        self,
+        stage: str,
+        keys: Sequence[str],
+        owner: str,
+        *,
+        redo: bool = False,
+        respect_backoff: bool = True,
+    ) -> tuple[list[Lease], list[Unclaimed]]:
+        """Claim the named items that are claimable (with `redo`, finished ones too).
+        Returns the leases and, for every other key, why it was not claimed."""
+        if not keys:
+            return [], []
+        statuses = [PENDING, FAILED] + ([DONE, DEAD, BLOCKED] if redo else [])
+        statement = sa.text(f"""
+            UPDATE {W} w
+               SET status = '{RUNNING}', lease_owner = :owner, lease_token = gen_random_uuid(),
+                   leased_at = now(), updated_at = now(), last_error = NULL, finished_at = NULL,
+                   attempts = CASE WHEN w.status IN ('{DONE}', '{DEAD}', '{BLOCKED}') THEN 1
+                                   ELSE w.attempts + 1 END
+              FROM (SELECT id FROM {W}
+                     WHERE stage = :stage AND item_key = ANY(CAST(:keys AS text[]))
+                       AND status = ANY(CAST(:statuses AS text[]))
+                       AND (NOT :respect_backoff OR status <> '{FAILED}' OR next_attempt_at <= now())
+                     ORDER BY id FOR UPDATE SKIP LOCKED) pick
+             WHERE w.id = pick.id
+            RETURNING w.{_LEASE_COLUMNS.replace(", ", ", w.")}
+        """)
+        params = {
+            "stage": stage,
+            "keys": list(keys),
+            "owner": owner,
+            "statuses": statuses,
+            "respect_backoff": respect_backoff,
+        }
+        with self.engine.begin() as c:
+            leases = sorted((_lease(r) for r in c.execute(statement, params)), key=lambda x: x.item_id)
+        claimed = {lease.key for lease in leases}
+        missing = [k for k in keys if k not in claimed]
+        return leases, self._why_unclaimed(stage, missing)
+
+    def _why_unclaimed(self, stage: str, keys: Sequence[str]) -> list[Unclaimed]:
+        if not keys:
+            return []
+        statement = sa.text(f"""
+            SELECT item_key, status, lease_owner, next_attempt_at, last_error FROM {W}
+             WHERE stage = :stage AND item_key = ANY(CAST(:keys AS text[]))
+        """)
+        with self.engine.connect() as c:
+            found = {r.item_key: r for r in c.execute(statement, {"stage": stage, "keys": list(keys)})}
+        result = []
+        for key in keys:
+            row = found.get(key)
+            result.append(
+                Unclaimed(key, None, None, None, None)
+                if row is None
+                else Unclaimed(key, row.status, row.lease_owner, row.next_attempt_at, row.last_error)
+            )
+        return result
+
+    # --- liveness ---------------------------------------------------------------------------
+
+    def heartbeat(self, owner: str, host: str, pid: int) -> set[uuid.UUID]:
+        """Prove that run `owner` is alive; returns the tokens of the leases it still holds."""
+        statement = sa.text(f"""
+            WITH beat AS (
+                INSERT INTO {H} (run_id, host, pid) VALUES (:owner, :host, :pid)
+                ON CONFLICT (run_id) DO UPDATE SET heartbeat_at = now(), host = EXCLUDED.host,
+                                                   pid = EXCLUDED.pid
+                RETURNING run_id)
+            SELECT w.lease_token FROM {W} w JOIN beat ON w.lease_owner = beat.run_id
+             WHERE w.status = '{RUNNING}'
+        """)
+        with self.engine.begin() as c:
+            return set(c.execute(statement, {"owner": owner, "host": host, "pid": pid}).scalars())
+
+    # --- finishing --------------------------------------------------------------------------
+
+    @contextmanager
+    def completing(self, lease: Lease, outcome: dict | None = None) -> Iterator[sa.Connection]:
+        """Mark the item done and yield the transaction, in which the caller records its results
+        and publishes its files. The row stays locked until commit, so no reaper can take the
+        lease in between; an exception in the block rolls everything back. Raises LeaseLost."""
+        statement = sa.text(f"""
+            UPDATE {W} SET status = '{DONE}', outcome = CAST(:outcome AS jsonb), last_error = NULL,
+                   finished_at = now(), requested_at = NULL, {_CLEAR_LEASE}
+             WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
+            RETURNING id
+        """)
+        with self.engine.begin() as c:
+            params = {"id": lease.item_id, "token": lease.token, "outcome": _json(outcome)}
+            if c.execute(statement, params).first() is None:
+                raise LeaseLost(lease)
+            yield c
+
+    def complete(self, lease: Lease, outcome: dict | None = None) -> bool:
+        """Mark done; False (and nothing changed) when the lease was lost."""
+        try:
+            with self.completing(lease, outcome):
+                pass
+        except LeaseLost:
+            return False
+        return True
+
+    def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> FailResult:
+        """Record a failure: retry later with back-off, or dead after the last attempt (or at
+        once when not retryable). Changes nothing when the lease was lost."""
+        statement = sa.text(f"""
+            UPDATE {W} SET {_fail_set()}
+             WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
+            RETURNING status, next_attempt_at
+        """)
+        params = {"id": lease.item_id, "token": lease.token, **self._fail_params(error, retryable)}
+        with self.engine.begin() as c:
+            row = c.execute(statement, params).first()
+        if row is None:
+            return FailResult(False, None, None)
+        return FailResult(True, row.status, row.next_attempt_at if row.status == FAILED else None)
+
+    def block(self, lease: Lease, reason: str) -> bool:
+        """A rule says skip this item (e.g. a blocked hashtag): terminal, not a failure."""
+        statement = sa.text(f"""
+            UPDATE {W} SET status = '{BLOCKED}', last_error = :reason, finished_at = now(), {_CLEAR_LEASE}
+             WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
+            RETURNING id
+        """)
+        with self.engine.begin() as c:
+            params = {"id": lease.item_id, "token": lease.token, "reason": reason}
+            return c.execute(statement, params).first() is not None
+
+    def release(self, lease: Lease) -> bool:
+        """Give an item back untouched (claimed but never started): the attempt is not counted."""
+        statement = sa.text(f"""
+            UPDATE {W} SET status = CASE WHEN attempts > 1 THEN '{FAILED}' ELSE '{PENDING}' END,
+                   attempts = greatest(attempts - 1, 0), {_CLEAR_LEASE}
+             WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
+            RETURNING id
+        """)
+        with self.engine.begin() as c:
+            return c.execute(statement, {"id": lease.item_id, "token": lease.token}).first() is not None
+
+    # --- recovery ---------------------------------------------------------------------------
+
+    def reap(self, stale_after_s: float, finished_runs: Sequence[str] = ()) -> list[Reaped]:
+        """Take back the leases of runs that stopped heartbeating (or that Dagster reports as
+        finished), counting the attempt: the item retries with back-off, or is dead."""
+        statement = sa.text(f"""
+            WITH stale AS (
+                SELECT id, lease_owner FROM {W} w
+                 WHERE w.status = '{RUNNING}'
+                   AND (w.lease_owner = ANY(CAST(:finished AS text[]))
+                        OR NOT EXISTS (SELECT 1 FROM {H} h WHERE h.run_id = w.lease_owner
+                                         AND h.heartbeat_at > now() - make_interval(secs => :stale)))
+                   FOR UPDATE SKIP LOCKED)
+            UPDATE {W} w SET {_fail_set("'lease expired: run ' || stale.lease_owner || :error")}
+              FROM stale WHERE w.id = stale.id
+            RETURNING w.stage, w.item_key, stale.lease_owner AS owner, w.status
+        """)
+        params = {
+            "stale": stale_after_s,
+            "finished": list(finished_runs),
+            **self._fail_params(" ended or stopped heartbeating while holding this item", True),
+        }
+        with self.engine.begin() as c:
+            rows = c.execute(statement, params).all()
+            c.execute(
+                sa.text(f"""DELETE FROM {H} h WHERE h.heartbeat_at < now() - interval '1 day'
+                             AND NOT EXISTS (SELECT 1 FROM {W} w WHERE w.lease_owner = h.run_id)""")
+            )
+        return [Reaped(r.stage, r.item_key, r.owner, r.status) for r in rows]
+
+    def release_run(self, owner: str, reason: str, *, count_attempt: bool) -> int:
+        """Release every lease of a run at once (the run failed or was cancelled)."""
+        if count_attempt:
+            set_clause = _fail_set()
+            params = {"owner": owner, **self._fail_params(reason, True)}
+        else:
+            set_clause = f"""status = CASE WHEN attempts > 1 THEN '{FAILED}' ELSE '{PENDING}' END,
+                             attempts = greatest(attempts - 1, 0), last_error = :error, {_CLEAR_LEASE}"""
+            params = {"owner": owner, "error": reason}
+        statement = sa.text(f"""
+            UPDATE {W} SET {set_clause} WHERE lease_owner = :owner AND status = '{RUNNING}' RETURNING id
+        """)
+        with self.engine.begin() as c:
+            return len(c.execute(statement, params).all())
+
+    def retry(
+        self,
+        *,
+        stages: Sequence[str] | None = None,
+        project_id: int | None = None,
+        statuses: Sequence[str] = (FAILED, DEAD),
+    ) -> int:
+        """Make failed/dead (or other finished) items pending again with fresh attempts."""
+        statement = sa.text(f"""
+            UPDATE {W} SET status = '{PENDING}', attempts = 0, next_attempt_at = now(),
+                   requested_at = NULL, finished_at = NULL, updated_at = now()
+             WHERE status = ANY(CAST(:statuses AS text[]))
+               AND (CAST(:stages AS text[]) IS NULL OR stage = ANY(CAST(:stages AS text[])))
+               AND (CAST(:project AS int) IS NULL OR project_id = :project
+                    OR video_id IN (SELECT video_id FROM {SCHEMA}.project_videos WHERE project_id = :project))
+            RETURNING id
+        """)
+        params = {
+            "statuses": [s for s in statuses if s != RUNNING],
+            "stages": list(stages) if stages else None,
+            "project": project_id,
+        }
+        with self.engine.begin() as c:
+            return len(c.execute(statement, params).all())
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _fail_params(self, error: str, retryable: bool) -> dict:
+        return {
+            "error": error,
+            "retryable": retryable,
+            "base_delay": self.policy.base_delay_s,
+            "max_delay": self.policy.max_delay_s,
+        }
+
+    @contextmanager
+    def _connection(self, conn: sa.Connection | None) -> Iterator[sa.Connection]:
+        if conn is not None:
+            yield conn
+        else:
+            with self.engine.begin() as c:
+                yield c
+
+
+def _json(value: dict | None) -> str | None:
+    import json
+
+    return None if value is None else json.dumps(value, default=str)

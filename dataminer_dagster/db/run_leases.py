@@ -1,0 +1,134 @@
+"""The leases one run holds, kept alive by one background heartbeat thread.
+
+A run claims through this object, so the heartbeat knows every lease the run holds. Each beat is a
+single statement that refreshes the run's heartbeat row and returns the tokens the run still owns;
+a held lease missing from that answer was taken away (reaped or released), and the step learns it
+from `check()` / `is_lost()` and stops that unit of work cleanly. Nothing here exits the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import sqlalchemy as sa
+
+from dataminer_dagster.db.leases import FailResult, Lease, LeaseLost, LeaseStore, Unclaimed
+
+_log = logging.getLogger(__name__)
+
+
+class RunLeases:
+    def __init__(self, store: LeaseStore, owner: str, *, heartbeat_s: float):
+        self.store = store
+        self.owner = owner
+        self.heartbeat_s = heartbeat_s
+        self._held: dict[uuid.UUID, Lease] = {}
+        self._lost: set[uuid.UUID] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._host, self._pid = socket.gethostname(), os.getpid()
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.beat()  # the heartbeat row exists before the first claim
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self.owner[:8]}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.heartbeat_s + 5)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.beat()
+            except Exception as exc:  # a database hiccup must not kill the run; the next beat retries
+                _log.warning("heartbeat for run %s failed: %s", self.owner, exc)
+
+    def beat(self) -> None:
+        with self._lock:
+            alive = self.store.heartbeat(self.owner, self._host, self._pid)
+            newly_lost = set(self._held) - alive - self._lost
+            self._lost |= newly_lost
+        for token in newly_lost:
+            lease = self._held[token]
+            _log.warning("run %s lost its lease on %s %s", self.owner, lease.stage, lease.key)
+
+    # --- claiming ---------------------------------------------------------------------------
+
+    def claim_next(self, stage: str, limit: int) -> list[Lease]:
+        with self._lock:
+            leases = self.store.claim_next(stage, self.owner, limit)
+            self._held.update((lease.token, lease) for lease in leases)
+        return leases
+
+    def claim_keys(
+        self, stage: str, keys: Sequence[str], *, redo: bool = False, respect_backoff: bool = True
+    ) -> tuple[list[Lease], list[Unclaimed]]:
+        with self._lock:
+            leases, unclaimed = self.store.claim_keys(
+                stage, keys, self.owner, redo=redo, respect_backoff=respect_backoff
+            )
+            self._held.update((lease.token, lease) for lease in leases)
+        return leases, unclaimed
+
+    # --- state of a lease -------------------------------------------------------------------
+
+    def is_lost(self, lease: Lease) -> bool:
+        return lease.token in self._lost
+
+    def check(self, lease: Lease) -> None:
+        """Raise LeaseLost when the heartbeat found the lease taken away."""
+        if self.is_lost(lease):
+            raise LeaseLost(lease)
+
+    @property
+    def held(self) -> list[Lease]:
+        with self._lock:
+            return [lease for token, lease in self._held.items() if token not in self._lost]
+
+    # --- finishing (the lease is forgotten whatever the outcome) ------------------------------
+
+    @contextmanager
+    def completing(self, lease: Lease, outcome: dict | None = None) -> Iterator[sa.Connection]:
+        """See LeaseStore.completing; raises LeaseLost without touching the database when the
+        heartbeat already saw the lease go."""
+        try:
+            self.check(lease)
+            with self.store.completing(lease, outcome) as conn:
+                yield conn
+        finally:
+            self._forget(lease)
+
+    def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> FailResult:
+        try:
+            return self.store.fail(lease, error, retryable=retryable)
+        finally:
+            self._forget(lease)
+
+    def block(self, lease: Lease, reason: str) -> bool:
+        try:
+            return self.store.block(lease, reason)
+        finally:
+            self._forget(lease)
+
+    def release(self, lease: Lease) -> bool:
+        try:
+            return self.store.release(lease)
+        finally:
+            self._forget(lease)
+
+    def _forget(self, lease: Lease) -> None:
+        with self._lock:
+            self._held.pop(lease.token, None)
+            self._lost.discard(lease.token)

@@ -1,0 +1,143 @@
+"""The claim-table schema (SQLAlchemy Core). Alembic migrations in migrations/ create it.
+
+All tables live in the `dataminer` schema so that they can share a database with Dagster's own
+storage without name clashes. Timestamps are `timestamptz` set from the database clock.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+SCHEMA = "dataminer"
+
+# Work-item statuses. `failed` waits for its back-off and is claimable again; `dead` and `blocked`
+# are terminal (dead: tried too often or failed permanently; blocked: skipped by a rule).
+PENDING, RUNNING, DONE, FAILED, DEAD, BLOCKED = "pending", "running", "done", "failed", "dead", "blocked"
+STATUSES = (PENDING, RUNNING, DONE, FAILED, DEAD, BLOCKED)
+CLAIMABLE = (PENDING, FAILED)
+FINISHED = (DONE, DEAD, BLOCKED)
+
+metadata = sa.MetaData(schema=SCHEMA)
+
+_now = sa.text("now()")
+
+
+def _timestamps() -> list[sa.Column]:
+    return [
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
+    ]
+
+
+projects = sa.Table(
+    "projects",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("name", sa.Text, nullable=False, unique=True),
+    sa.Column("config", JSONB, nullable=False),
+    sa.Column("config_hash", sa.Text, nullable=False),
+    sa.Column("output_dir", sa.Text, nullable=False),
+    sa.Column("stage", sa.Text, nullable=False, server_default="active"),
+    sa.Column("stage_changed_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
+    sa.Column("error", sa.Text),
+    *_timestamps(),
+    sa.CheckConstraint("name ~ '^[A-Za-z0-9_-]{1,64}$'", name="project_name_safe"),
+)
+
+videos = sa.Table(
+    "videos",
+    metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),  # discovery order
+    sa.Column("video_id", sa.Text, nullable=False, unique=True),
+    sa.Column("url", sa.Text),  # remote source
+    sa.Column("source_path", sa.Text),  # local source file (never deleted by cleanup)
+    sa.Column("file_path", sa.Text),  # the video file we decode: relative to the data dir, or source_path
+    sa.Column("size_bytes", sa.BigInteger),
+    sa.Column("title", sa.Text),
+    sa.Column("duration_s", sa.Float),
+    sa.Column("fps", sa.Float),
+    sa.Column("width", sa.Integer),
+    sa.Column("height", sa.Integer),
+    sa.Column("uploader", sa.Text),
+    sa.Column("upload_date", sa.Text),
+    sa.Column("tags", JSONB),
+    sa.Column("backed_up_at", sa.DateTime(timezone=True)),
+    sa.Column("backup_dest", sa.Text),
+    *_timestamps(),
+    sa.CheckConstraint("video_id ~ '^[A-Za-z0-9_-]{1,64}$'", name="video_id_safe"),
+    sa.CheckConstraint("url IS NOT NULL OR source_path IS NOT NULL", name="video_has_source"),
+)
+
+# One row per (video, extraction profile): projects with different sampling needs get their own
+# frames instead of silently sharing whichever profile ran first.
+video_frames = sa.Table(
+    "video_frames",
+    metadata,
+    sa.Column("video_id", sa.Text, sa.ForeignKey(f"{SCHEMA}.videos.video_id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("profile_id", sa.Text, primary_key=True),
+    sa.Column("options", JSONB, nullable=False),
+    sa.Column("frames_dir", sa.Text, nullable=False),  # relative to the data dir
+    sa.Column("frame_count", sa.Integer, nullable=False),
+    *_timestamps(),
+)
+
+project_videos = sa.Table(
+    "project_videos",
+    metadata,
+    sa.Column("project_id", sa.Integer, sa.ForeignKey(f"{SCHEMA}.projects.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("video_id", sa.Text, sa.ForeignKey(f"{SCHEMA}.videos.video_id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("id", sa.BigInteger, sa.Identity(), nullable=False, unique=True),  # discovery order
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("source_info", sa.Text),
+    sa.Column("frames_total", sa.Integer),
+    sa.Column("frames_passed", sa.Integer),
+    *_timestamps(),
+    sa.CheckConstraint("source IN ('search', 'url', 'url_file', 'file', 'manual')", name="pv_source"),
+    sa.Index("project_videos_video", "video_id"),
+)
+
+work_items = sa.Table(
+    "work_items",
+    metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("stage", sa.Text, nullable=False),
+    sa.Column("item_key", sa.Text, nullable=False),  # = the Dagster partition key
+    sa.Column("project_id", sa.Integer, sa.ForeignKey(f"{SCHEMA}.projects.id", ondelete="CASCADE")),
+    sa.Column("video_id", sa.Text, sa.ForeignKey(f"{SCHEMA}.videos.video_id", ondelete="CASCADE")),
+    sa.Column("status", sa.Text, nullable=False, server_default=PENDING),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
+    sa.Column("lease_owner", sa.Text),  # Dagster run id
+    sa.Column("lease_token", UUID(as_uuid=True)),
+    sa.Column("leased_at", sa.DateTime(timezone=True)),
+    sa.Column("requested_at", sa.DateTime(timezone=True)),  # when a sensor last asked for a run
+    sa.Column("last_error", sa.Text),
+    sa.Column("outcome", JSONB),
+    sa.Column("finished_at", sa.DateTime(timezone=True)),
+    *_timestamps(),
+    sa.UniqueConstraint("stage", "item_key", name="work_items_stage_key"),
+    sa.CheckConstraint(f"status IN {STATUSES!r}", name="work_item_status"),
+    sa.CheckConstraint("(status = 'running') = (lease_token IS NOT NULL)", name="work_item_lease"),
+    sa.Index(
+        "work_items_claimable",
+        "stage",
+        "id",
+        postgresql_where=sa.text("status IN ('pending', 'failed')"),
+    ),
+    sa.Index("work_items_running", "lease_owner", postgresql_where=sa.text("status = 'running'")),
+    sa.Index("work_items_project", "project_id", "stage", "status"),
+    sa.Index("work_items_video", "video_id"),
+)
+
+run_heartbeats = sa.Table(
+    "run_heartbeats",
+    metadata,
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("started_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
+    sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
+    sa.Index("run_heartbeats_at", "heartbeat_at"),
+)
