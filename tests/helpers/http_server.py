@@ -1,0 +1,332 @@
+"""A local HTTP server for tests that exercise real HTTP clients (yt-dlp) without the internet.
+
+Serves the files of one directory on 127.0.0.1 with an ephemeral port, answers Range requests
+(206 / 416), and lets a test program individual paths:
+
+    with LocalHTTPServer(tmp_path) as server:
+        server.respond("/gone.mp4", status=404)
+        server.fail_then_serve("/busy.mp4", status=429, times=2, headers={"Retry-After": "7"})
+        server.delay("/slow.mp4", seconds=2.0)
+        server.cut_off("/cut.mp4", after_bytes=1000)
+        url = server.url("/clip.mp4")
+
+Every request is recorded in `server.requests` (method, path, headers, status) so that a test can
+assert how many times a client asked for what. As a pytest fixture:
+
+    http_server = http_server_fixture()            # in a test module or conftest.py
+
+    def test_x(http_server): ...                   # serves http_server.root, a fresh tmp dir
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import re
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+# Content types that yt-dlp's generic extractor recognises as a direct video link.
+_CONTENT_TYPES = {".mp4": "video/mp4", ".webm": "video/webm", ".mkv": "video/x-matroska"}
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)$")
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]
+    status: int = 0
+
+
+@dataclass
+class Route:
+    """What a programmed path answers. `status=None` means: serve the file from the root."""
+
+    status: int | None = None
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    content_type: str | None = None  # overrides the type guessed from the file extension
+    fail_times: int | None = None  # answer `status` this many times, then serve the file
+    fail_after: int = 0  # serve the file this many times before the failures start
+    cut_after_bytes: int | None = None  # announce the full length, send only this many bytes
+    delay_s: float = 0.0  # sleep before sending the response headers
+    hits: int = 0
+
+
+class LocalHTTPServer:
+    """Threaded HTTP server on 127.0.0.1:<ephemeral port> serving `root`. Start with `with`."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.routes: dict[str, Route] = {}
+        self.requests: list[RecordedRequest] = []
+        self._lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- programming routes --------------------------------------------------------------
+
+    def respond(
+        self,
+        path: str,
+        *,
+        status: int,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """Always answer `path` with `status` (and `body`), e.g. 404 or 500."""
+        self.routes[path] = Route(status=status, body=body, headers=dict(headers or {}))
+
+    def fail_then_serve(
+        self,
+        path: str,
+        *,
+        status: int,
+        times: int,
+        after: int = 0,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """Serve `path` `after` times, then answer `status` `times` times, then serve it again.
+
+        yt-dlp's generic extractor requests a URL twice (metadata, then download): `after=1`
+        makes the failure hit the download request.
+        """
+        self.routes[path] = Route(
+            status=status, fail_times=times, fail_after=after, headers=dict(headers or {})
+        )
+
+    def cut_off(self, path: str, *, after_bytes: int) -> None:
+        """Announce the file's full length but close the connection after `after_bytes`."""
+        self.routes[path] = Route(cut_after_bytes=after_bytes)
+
+    def delay(self, path: str, *, seconds: float) -> None:
+        """Serve the file at `path` only after `seconds` (to trigger client timeouts)."""
+        self.routes[path] = Route(delay_s=seconds)
+
+    def serve_as(self, path: str, *, content_type: str) -> None:
+        """Serve the file at `path` with an explicit Content-Type."""
+        self.routes[path] = Route(content_type=content_type)
+
+    def hits(self, path: str) -> int:
+        with self._lock:
+            return sum(1 for r in self.requests if r.path == path)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("the server is not running; use it as a context manager")
+        return self._httpd.server_address[1]
+
+    def url(self, path: str = "/") -> str:
+        return f"http://127.0.0.1:{self.port}/{path.lstrip('/')}"
+
+    def start(self) -> LocalHTTPServer:
+        self.root.mkdir(parents=True, exist_ok=True)
+        handler = type("_BoundHandler", (_Handler,), {"server_state": self})
+        self._httpd = _QuietThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> LocalHTTPServer:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    # -- used by the handler -------------------------------------------------------------
+
+    def _record(self, request: RecordedRequest) -> None:
+        with self._lock:
+            self.requests.append(request)
+
+    def _route_for(self, path: str) -> tuple[Route | None, bool]:
+        """The route for `path` and whether this request should get the route's failure."""
+        with self._lock:
+            route = self.routes.get(path)
+            if route is None:
+                return None, False
+            route.hits += 1
+            if route.status is None:
+                return route, False
+            if route.fail_times is None:
+                return route, True
+            failures_so_far = route.hits - route.fail_after
+            return route, 0 < failures_so_far <= route.fail_times
+
+
+class _QuietThreadingHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def handle_error(self, request, client_address) -> None:
+        # Clients (yt-dlp's extractor) often read the headers and hang up mid-body: not an error.
+        if isinstance(sys.exception(), BrokenPipeError | ConnectionResetError):
+            return
+        super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_state: LocalHTTPServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self._answer(send_body=False)
+
+    def do_GET(self) -> None:
+        self._answer(send_body=True)
+
+    def _answer(self, *, send_body: bool) -> None:
+        path = unquote(urlsplit(self.path).path)
+        record = RecordedRequest(self.command, path, dict(self.headers.items()))
+        self.server_state._record(record)
+        route, fail = self.server_state._route_for(path)
+        if route is not None and route.delay_s:
+            time.sleep(route.delay_s)
+        if fail:
+            self._send_status(record, route, send_body=send_body)
+            return
+        file = self._resolve(path)
+        if file is None:
+            record.status = HTTPStatus.NOT_FOUND
+            self._send_simple(HTTPStatus.NOT_FOUND, b"not found", {}, send_body=send_body)
+            return
+        content_type = (route.content_type if route else None) or _content_type(file)
+        cut_after = route.cut_after_bytes if route else None
+        self._send_file(record, file, content_type, send_body=send_body, cut_after=cut_after)
+
+    def _resolve(self, path: str) -> Path | None:
+        root = self.server_state.root.resolve()
+        candidate = (root / path.lstrip("/")).resolve()
+        if not candidate.is_relative_to(root) or not candidate.is_file():
+            return None
+        return candidate
+
+    def _send_status(self, record: RecordedRequest, route: Route, *, send_body: bool) -> None:
+        record.status = route.status
+        body = route.body or f"{route.status} {HTTPStatus(route.status).phrase}".encode()
+        self._send_simple(route.status, body, route.headers, send_body=send_body)
+
+    def _send_simple(self, status: int, body: bytes, headers: dict[str, str], *, send_body: bool):
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
+
+    def _send_file(self, record, file: Path, content_type: str, *, send_body: bool, cut_after):
+        size = file.stat().st_size
+        start, end = 0, size - 1
+        status = HTTPStatus.OK
+        range_header = self.headers.get("Range")
+        if range_header:
+            parsed = _parse_range(range_header, size)
+            if parsed is None:
+                record.status = HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE
+                self._send_simple(
+                    HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE,
+                    b"",
+                    {"Content-Range": f"bytes */{size}"},
+                    send_body=send_body,
+                )
+                return
+            start, end = parsed
+            status = HTTPStatus.PARTIAL_CONTENT
+        record.status = status
+        length = max(0, end - start + 1)
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(length))
+        self.send_header("Accept-Ranges", "bytes")
+        if status == HTTPStatus.PARTIAL_CONTENT:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.end_headers()
+        if not send_body or length == 0:
+            return
+        if cut_after is not None:
+            self.close_connection = True
+        with file.open("rb") as handle:
+            handle.seek(start)
+            try:
+                _copy_exactly(handle, self.wfile, min(length, cut_after or length))
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
+
+
+def _content_type(file: Path) -> str:
+    suffix = file.suffix.lower()
+    return (
+        _CONTENT_TYPES.get(suffix)
+        or mimetypes.guess_type(file.name)[0]
+        or "application/octet-stream"
+    )
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """(start, end) inclusive for a single-range `bytes=` header; None when unsatisfiable."""
+    match = _RANGE.match(header.strip())
+    if not match or not any(match.groups()):
+        return None
+    first, last = match.groups()
+    if first:
+        start = int(first)
+        end = min(int(last), size - 1) if last else size - 1
+    else:  # suffix range: the last N bytes
+        start, end = max(0, size - int(last)), size - 1
+    if start >= size or start > end:
+        return None
+    return start, end
+
+
+def _copy_exactly(source, target, length: int) -> None:
+    remaining = length
+    while remaining > 0:
+        chunk = source.read(min(64 * 1024, remaining))
+        if not chunk:
+            break
+        target.write(chunk)
+        remaining -= len(chunk)
+    target.flush()
+
+
+def http_server_fixture(*, scope: str = "function"):
+    """A pytest fixture that yields a running LocalHTTPServer over a fresh temporary directory.
+
+    Assign it to a name in a test module or conftest.py: `http_server = http_server_fixture()`.
+    """
+    import pytest
+
+    @pytest.fixture(scope=scope)
+    def _fixture(tmp_path_factory):
+        root = tmp_path_factory.mktemp("www")
+        with LocalHTTPServer(root) as server:
+            yield server
+        shutil.rmtree(root, ignore_errors=True)
+
+    return _fixture
