@@ -63,10 +63,10 @@ def probe_video(path: Path, *, video_id: str | None = None) -> VideoProbe:
     except VideoDecodeError:
         raise
     except (av.FFmpegError, StopIteration, ValueError) as exc:
-        raise VideoDecodeError(path, _ffmpeg_reason(exc), video_id=video_id) from exc
+        raise VideoDecodeError(path, ffmpeg_reason(exc), video_id=video_id) from exc
 
 
-def _ffmpeg_reason(exc: Exception) -> str:
+def ffmpeg_reason(exc: Exception) -> str:
     text = str(exc)
     # PyAV messages look like "[Errno 1094995529] Invalid data found when processing input: '/x.mp4'"
     if "] " in text:

@@ -13,7 +13,14 @@ from pathlib import Path
 import numpy as np
 
 # Distinct background colours (BGR); scene n uses PALETTE[n % len(PALETTE)].
-PALETTE = [(40, 40, 40), (200, 60, 30), (30, 160, 60), (40, 60, 200), (180, 180, 40), (150, 40, 160)]
+PALETTE = [
+    (40, 40, 40),
+    (200, 60, 30),
+    (30, 160, 60),
+    (40, 60, 200),
+    (180, 180, 40),
+    (150, 40, 160),
+]
 
 
 @dataclass(frozen=True)
@@ -53,8 +60,12 @@ def synthetic_frames(spec: SyntheticVideoSpec) -> Iterator[np.ndarray]:
             if k % 2:
                 cv2.circle(frame, (cx, cy), radius, colour, -1)
             else:
-                cv2.rectangle(frame, (cx - radius, cy - radius), (cx + radius, cy + radius), colour, -1)
-        cv2.putText(frame, f"{i:05d}", (8, h - 10), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (255, 255, 255), 2)
+                cv2.rectangle(
+                    frame, (cx - radius, cy - radius), (cx + radius, cy + radius), colour, -1
+                )
+        cv2.putText(
+            frame, f"{i:05d}", (8, h - 10), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (255, 255, 255), 2
+        )
         if spec.noise:
             noisy = frame.astype(np.int16) + noise_buffer[i % len(noise_buffer)]
             frame = np.clip(noisy, 0, 255).astype(np.uint8)
@@ -67,7 +78,9 @@ def write_opencv_video(path: Path, spec: SyntheticVideoSpec) -> Path:
 
     fourcc = {".mp4": "mp4v", ".webm": "VP80", ".avi": "MJPG"}[path.suffix.lower()]
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), spec.fps, (spec.width, spec.height))
+    writer = cv2.VideoWriter(
+        str(path), cv2.VideoWriter_fourcc(*fourcc), spec.fps, (spec.width, spec.height)
+    )
     if not writer.isOpened():
         raise RuntimeError(f"OpenCV cannot write {path.suffix} files on this machine")
     try:
@@ -78,7 +91,9 @@ def write_opencv_video(path: Path, spec: SyntheticVideoSpec) -> Path:
     return path
 
 
-def write_h264_video(path: Path, spec: SyntheticVideoSpec, *, crf: int = 23, gop: int | None = None) -> Path:
+def write_h264_video(
+    path: Path, spec: SyntheticVideoSpec, *, crf: int = 23, gop: int | None = None
+) -> Path:
     """Write H.264 (libx264 through PyAV) with one slice per frame, as camera/YouTube files are."""
     import av
 
