@@ -1,0 +1,366 @@
+"""Near-duplicate grouping: transitive, order-independent, quality-aware (reference bugs 6, 7, 24)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dataminer_dagster.core.dedup import (
+    SIMILARITY_TOLERANCE,
+    _components,
+    deduplicate,
+    measure_recall,
+    normalized,
+    similar_pairs,
+)
+
+
+def unit(rows) -> np.ndarray:
+    x = np.asarray(rows, dtype=np.float64)
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def run(x, *, videos=None, ids=None, scores=None, sharpness=None, threshold=0.9, **kwargs):
+    n = len(x)
+    return deduplicate(
+        x,
+        frame_ids=ids if ids is not None else [f"f{i:05d}" for i in range(n)],
+        video_ids=videos if videos is not None else ["v"] * n,
+        scores=np.zeros(n) if scores is None else np.asarray(scores, dtype=float),
+        sharpness=np.zeros(n) if sharpness is None else np.asarray(sharpness, dtype=float),
+        threshold=threshold,
+        **kwargs,
+    )
+
+
+def planted(seed: int, *, groups: int, size: int, singles: int, dim: int = 64, spread=0.08):
+    """Unit vectors: `groups` tight clusters of `size` (cosine > 0.95 within) plus random singles."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((groups, dim))
+    members = np.repeat(centres, size, axis=0)
+    members += (
+        spread * np.linalg.norm(centres[0]) * rng.standard_normal(members.shape) / np.sqrt(dim)
+    )
+    x = unit(np.vstack([members, rng.standard_normal((singles, dim))]))
+    label = np.r_[np.repeat(np.arange(groups), size), -np.ones(singles, dtype=int)]
+    return x, label
+
+
+def kept_ids(result, ids) -> set[str]:
+    return {ids[k] for k in np.flatnonzero(result.is_representative)}
+
+
+def partition(result, ids) -> set[frozenset[str]]:
+    return {frozenset(ids[k] for k in np.flatnonzero(result.group == g)) for g in set(result.group)}
+
+
+def brute_force(x, ids, videos, scores, sharpness, threshold):
+    """The two-phase definition with a full similarity matrix: (kept ids, partition)."""
+    n = len(x)
+    sims = x.astype(np.float64) @ x.astype(np.float64).T
+    duplicate = sims >= threshold - SIMILARITY_TOLERANCE
+
+    def best(members):
+        return min(members, key=lambda k: (-scores[k], -sharpness[k], ids[k]))
+
+    def groups(nodes):
+        parent = {k: k for k in nodes}
+
+        def root(k):
+            while parent[k] != k:
+                k = parent[k]
+            return k
+
+        for a in nodes:
+            for b in nodes:
+                if a < b and duplicate[a, b]:
+                    parent[root(a)] = root(b)
+        out = {}
+        for k in nodes:
+            out.setdefault(root(k), []).append(k)
+        return list(out.values())
+
+    rep1 = {}
+    for video in set(videos):
+        for members in groups([k for k in range(n) if videos[k] == video]):
+            chosen = best(members)
+            rep1.update({k: chosen for k in members})
+    final = {}
+    for members in groups(sorted(set(rep1.values()))):
+        everyone = [k for k in range(n) if rep1[k] in members]
+        final[best(everyone)] = everyone
+    kept = {ids[k] for k in final}
+    return kept, {frozenset(ids[k] for k in members) for members in final.values()}
+
+
+def test_transitive_chain_is_one_group():
+    # a~b and b~c at cosine 0.95, a and c only at 0.805: still one group, one kept frame.
+    angle = np.arccos(0.95)
+    x = unit([[np.cos(k * angle), np.sin(k * angle), 0.0] for k in range(3)])
+    assert x[0] @ x[2] < 0.9
+    for videos in (["v", "v", "v"], ["v1", "v2", "v3"]):
+        result = run(x, videos=videos)
+        assert result.group.tolist() == [0, 0, 0]
+        assert result.group_size.tolist() == [3, 3, 3]
+        assert result.kept == 1
+        assert result.pairs_found == 2
+
+
+@pytest.mark.parametrize("count", [2, 3, 50, 499, 600])
+@pytest.mark.parametrize("layout", ["one video", "one per video", "mixed"])
+def test_identical_frames_keep_exactly_one(count, layout):
+    rng = np.random.default_rng(count)
+    x = np.repeat(unit(rng.standard_normal((1, 32))), count, axis=0)
+    videos = {
+        "one video": ["v"] * count,
+        "one per video": [f"v{k}" for k in range(count)],
+        "mixed": [f"v{k % 7}" for k in range(count)],
+    }[layout]
+    result = run(x, videos=videos, scores=rng.random(count))
+    assert result.kept == 1
+    assert set(result.group_size) == {count}
+    assert result.pairs_found >= count - 1
+
+
+def test_identical_frames_keep_one_on_the_approximate_path():
+    rng = np.random.default_rng(0)
+    copies = np.repeat(unit(rng.standard_normal((1, 32))), 600, axis=0)
+    x = np.vstack([copies, unit(rng.standard_normal((300, 32)))])
+    result = run(x, videos=[f"v{k}" for k in range(900)], exact_limit=100)
+    assert not result.exact
+    assert result.is_representative[:600].sum() == 1
+    assert result.is_representative[600:].all()
+
+
+@pytest.mark.parametrize(
+    ("scores", "sharpness", "ids", "kept"),
+    [
+        ([0.2, 0.9, 0.5], [9, 0, 9], ["a", "b", "c"], "b"),  # highest score wins
+        ([0.5, 0.5, 0.5], [1, 3, 2], ["a", "b", "c"], "b"),  # then sharpness
+        ([0.5, 0.5, 0.5], [2, 2, 2], ["c", "a", "b"], "a"),  # then the smallest id
+        ([0.5, 0.5, 0.5], [2, 2, 2], ["f9", "f10", "f11"], "f10"),  # ids compare as strings
+    ],
+)
+def test_representative_is_the_best_frame(scores, sharpness, ids, kept):
+    x = unit(np.ones((3, 8)))
+    for videos in (["v"] * 3, ["v1", "v2", "v3"]):
+        result = run(x, ids=ids, videos=videos, scores=scores, sharpness=sharpness)
+        assert kept_ids(result, ids) == {kept}
+
+
+def test_final_representative_is_the_best_of_the_whole_group():
+    # Two videos, one within-video pair each, all four similar: the best frame of either video wins.
+    rng = np.random.default_rng(1)
+    x = np.repeat(unit(rng.standard_normal((1, 16))), 4, axis=0)
+    ids = ["a1", "a2", "b1", "b2"]
+    result = run(x, ids=ids, videos=["a", "a", "b", "b"], scores=[0.5, 0.4, 0.1, 0.9])
+    assert kept_ids(result, ids) == {"b2"}
+    assert result.within_video_kept == 2
+    assert result.group_size.tolist() == [4, 4, 4, 4]
+
+
+def test_across_videos_only_phase_one_representatives_are_compared():
+    # a2 is a duplicate of a1 (same video, a1 better) and of b, but a1 is not a duplicate of b:
+    # phase 2 sees a1 and b only, so b stays on its own. No two kept frames are duplicates.
+    angle = np.arccos(0.95)
+    x = unit([[1.0, 0.0], [np.cos(angle), np.sin(angle)], [np.cos(2 * angle), np.sin(2 * angle)]])
+    ids = ["a1", "a2", "b"]
+    result = run(x, ids=ids, videos=["a", "a", "b"], scores=[0.9, 0.1, 0.5])
+    assert partition(result, ids) == {frozenset({"a1", "a2"}), frozenset({"b"})}
+    assert kept_ids(result, ids) == {"a1", "b"}
+    kept = x[result.is_representative]
+    assert len(similar_pairs(kept, 0.9)[0]) == 0
+    # In one video the chain is one group.
+    assert run(x, ids=ids, videos=["a", "a", "a"], scores=[0.9, 0.1, 0.5]).kept == 1
+
+
+def test_group_ids_follow_the_kept_frames_ids():
+    x = unit([[1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 0, 1]])
+    ids = ["e", "d", "c", "b", "a"]
+    result = run(x, ids=ids)
+    # Kept: "d" (smaller than "e"), "c", "a"; numbered in that id order: a=0, c=1, d=2.
+    assert result.group.tolist() == [2, 2, 1, 0, 0]
+    assert result.is_representative.tolist() == [False, True, True, False, True]
+    assert result.group_size.tolist() == [2, 2, 1, 2, 2]
+
+
+def test_similarity_equal_to_the_threshold_is_a_duplicate():
+    x = unit([[1.0, 0.0], [0.6, 0.8]])  # cosine 0.6 up to float32 rounding
+    assert run(x, threshold=0.6).kept == 1
+    assert run(x, threshold=0.6 + 1e-4).kept == 2
+    i, j = similar_pairs(x, 0.6)
+    assert (i.tolist(), j.tolist()) == ([0], [1])
+    # Identical frames meet the strictest threshold despite float32 rounding of the product.
+    rng = np.random.default_rng(3)
+    copies = np.repeat(rng.standard_normal((1, 768)).astype(np.float32) * 3, 5, axis=0)
+    assert run(copies, threshold=1.0).kept == 1
+
+
+@pytest.mark.parametrize("exact_limit", [20_000, 200])
+def test_random_vectors_are_never_merged(exact_limit):
+    x = unit(np.random.default_rng(7).standard_normal((1500, 128)))
+    result = run(x, videos=[f"v{k // 100}" for k in range(1500)], exact_limit=exact_limit)
+    assert result.kept == 1500
+    assert result.pairs_found == 0
+    assert result.exact == (exact_limit >= 1500)
+
+
+def test_approximate_path_collapses_planted_groups_and_reports_recall():
+    x, label = planted(11, groups=40, size=10, singles=1200)
+    videos = [f"v{k % 37}" for k in range(len(x))]
+    approximate = run(x, videos=videos, exact_limit=150, recall_sample=400)
+    exact = run(x, videos=videos)
+    assert exact.exact and exact.recall is None
+    assert not approximate.exact
+    assert approximate.recall_pairs > 0
+    assert 0.9 <= approximate.recall <= 1.0
+    for g in range(40):
+        assert approximate.is_representative[label == g].sum() == 1
+    assert approximate.is_representative[label < 0].all()
+    assert (approximate.group == exact.group).all()
+
+
+def test_similar_pairs_matches_brute_force_and_approximate_is_a_subset():
+    x, _ = planted(5, groups=15, size=6, singles=400, spread=0.3)
+    sims = x.astype(np.float64) @ x.astype(np.float64).T
+    want_i, want_j = np.nonzero(np.triu(sims >= 0.9, k=1))
+    i, j = similar_pairs(x, 0.9)
+    assert (i.tolist(), j.tolist()) == (want_i.tolist(), want_j.tolist())
+    ai, aj = similar_pairs(x, 0.9, exact_limit=50, nprobe=4)
+    assert set(zip(ai.tolist(), aj.tolist(), strict=True)) <= set(
+        zip(i.tolist(), j.tolist(), strict=True)
+    )
+    assert (ai < aj).all()
+    assert len(set(zip(ai.tolist(), aj.tolist(), strict=True))) == len(ai)  # each pair once
+
+
+def test_measure_recall():
+    x, _ = planted(2, groups=20, size=5, singles=200, spread=0.3)
+    i, j = similar_pairs(x, 0.9)
+    full = measure_recall(x, 0.9, (i, j), sample=len(x))
+    assert full.recall == 1.0
+    assert full.true_pairs == 2 * len(i)  # every pair seen from both of its frames
+    half = measure_recall(x, 0.9, (i[::2], j[::2]), sample=len(x))
+    assert half.recall == pytest.approx(len(i[::2]) / len(i))
+    singles = x[100:]
+    none = measure_recall(singles, 0.9, (np.empty(0, int), np.empty(0, int)), sample=50)
+    assert none.recall is None and none.true_pairs == 0 and none.queries == 50
+
+
+def test_unnormalised_input_gives_the_same_grouping():
+    x, _ = planted(3, groups=10, size=4, singles=60)
+    scale = np.random.default_rng(0).uniform(0.1, 50, size=(len(x), 1)).astype(np.float32)
+    a, b = run(x), run(x * scale)
+    assert (a.group == b.group).all() and (a.is_representative == b.is_representative).all()
+    assert normalized(x) is x  # already unit float32 rows: no copy
+
+
+def test_components_fold_edges_without_changing_the_partition():
+    rng = np.random.default_rng(4)
+    edges = [(rng.integers(0, 300, 40), rng.integers(0, 300, 40)) for _ in range(30)]
+    folded = _components(300, iter(edges), budget=50)
+    plain = _components(300, iter(edges))
+    # Same partition: labels map one-to-one.
+    assert len(set(zip(folded.tolist(), plain.tolist(), strict=True))) == len(set(plain.tolist()))
+
+
+def test_empty_and_single_input():
+    empty = run(np.zeros((0, 8), dtype=np.float32))
+    assert empty.kept == 0 and len(empty.group) == 0
+    single = run(np.ones((1, 8), dtype=np.float32))
+    assert single.group.tolist() == [0] and single.is_representative.tolist() == [True]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"x": np.vstack([np.ones((2, 4)), np.zeros((1, 4))])}, "f00002"),
+        ({"x": np.full((3, 4), np.nan)}, "not finite"),
+        ({"ids": ["a", "b", "a"]}, "repeated: a"),
+        ({"ids": ["a", "b"]}, "frame_ids has 2 entries"),
+        ({"videos": ["v"]}, "video_ids must have one entry per frame"),
+        ({"scores": [0.1, np.nan, 0.3]}, "scores must be finite"),
+        ({"threshold": 0.0}, "threshold must be"),
+        ({"threshold": 1.5}, "threshold must be"),
+        ({"exact_limit": 0}, "exact_limit"),
+    ],
+)
+def test_invalid_input_is_rejected_with_a_clear_message(change, message):
+    kwargs = {"x": np.eye(3, 4, dtype=np.float32), "threshold": 0.9, **change}
+    x = kwargs.pop("x")
+    with pytest.raises(ValueError, match=message):
+        run(x, **kwargs)
+
+
+@st.composite
+def frame_sets(draw):
+    n = draw(st.integers(1, 40))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((draw(st.integers(1, 6)), 6))
+    x = centres[rng.integers(0, len(centres), n)]
+    x = x + draw(st.sampled_from([0.05, 0.2, 0.4])) * rng.standard_normal(x.shape)
+    videos = [f"v{k}" for k in rng.integers(0, draw(st.integers(1, 4)), n)]
+    scores = rng.integers(0, 3, n) / 2  # ties on purpose
+    sharpness = rng.integers(0, 2, n).astype(float)
+    ids = [f"f{k}" for k in rng.permutation(n)]
+    return unit(x), ids, videos, scores, sharpness, seed
+
+
+@settings(max_examples=150, deadline=None)
+@given(frame_sets(), st.sampled_from([0.8, 0.9, 0.97]), st.booleans())
+def test_grouping_matches_the_definition_whatever_the_input_order(frames, threshold, approximate):
+    x, ids, videos, scores, sharpness, seed = frames
+    exact_limit = 8 if approximate else 20_000
+    result = run(
+        x,
+        ids=ids,
+        videos=videos,
+        scores=scores,
+        sharpness=sharpness,
+        threshold=threshold,
+        exact_limit=exact_limit,
+        nprobe=64,  # nprobe >= lists: the approximate path finds all
+    )
+    want_kept, want_partition = brute_force(x, ids, videos, scores, sharpness, threshold)
+    assert kept_ids(result, ids) == want_kept
+    assert partition(result, ids) == want_partition
+    assert np.bincount(result.group[result.is_representative]).max() == 1
+
+    order = np.random.default_rng(seed).permutation(len(x))
+    shuffled = run(
+        x[order],
+        ids=[ids[k] for k in order],
+        videos=[videos[k] for k in order],
+        scores=scores[order],
+        sharpness=sharpness[order],
+        threshold=threshold,
+        exact_limit=exact_limit,
+        nprobe=64,
+    )
+    assert kept_ids(shuffled, [ids[k] for k in order]) == want_kept
+    assert (shuffled.group == result.group[order]).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_approximate_search_does_not_depend_on_the_input_order(seed):
+    # Low-dimensional pairs near the threshold and one probe: the approximate search misses some
+    # pairs, and which ones depends on the lists; they must not depend on the input order.
+    x, _ = planted(seed, groups=30, size=4, singles=150, spread=0.3, dim=16)
+    ids = [f"f{k:04d}" for k in range(len(x))]
+    videos = [f"v{k % 9}" for k in range(len(x))]
+    result = run(x, ids=ids, videos=videos, exact_limit=20, nprobe=1)
+    order = np.random.default_rng(seed).permutation(len(x))
+    shuffled = run(
+        x[order],
+        ids=[ids[k] for k in order],
+        videos=[videos[k] for k in order],
+        exact_limit=20,
+        nprobe=1,
+    )
+    assert (shuffled.group == result.group[order]).all()
+    assert (shuffled.is_representative == result.is_representative[order]).all()
+    assert shuffled.pairs_found == result.pairs_found
