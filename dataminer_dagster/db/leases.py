@@ -17,7 +17,16 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from dataminer_dagster.db.schema import BLOCKED, CLAIMABLE, DEAD, DONE, FAILED, PENDING, RUNNING, SCHEMA
+from dataminer_dagster.db.schema import (
+    BLOCKED,
+    CLAIMABLE,
+    DEAD,
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    SCHEMA,
+)
 from dataminer_dagster.settings import RetryPolicy
 
 _log = logging.getLogger(__name__)
@@ -66,7 +75,9 @@ class Unclaimed:
         if self.status == RUNNING:
             return f"{self.key}: already being processed by run {self.owner}"
         if self.status in CLAIMABLE:
-            return f"{self.key}: waiting for its retry at {self.next_attempt_at:%Y-%m-%d %H:%M:%S %Z}"
+            return (
+                f"{self.key}: waiting for its retry at {self.next_attempt_at:%Y-%m-%d %H:%M:%S %Z}"
+            )
         reason = f" ({self.last_error})" if self.last_error else ""
         return f"{self.key}: already {self.status}{reason}"
 
@@ -86,9 +97,12 @@ class Reaped:
     status: str  # failed or dead
 
 
-_LEASE_COLUMNS = "id, stage, item_key, lease_token, lease_owner, attempts, max_attempts, project_id, video_id"
+_LEASE_COLUMNS = (
+    "id, stage, item_key, lease_token, lease_owner, attempts, max_attempts, project_id, video_id"
+)
 
-_CLEAR_LEASE = "lease_owner = NULL, lease_token = NULL, leased_at = NULL, updated_at = now()"
+_CLEAR_LEASE = "lease_owner = NULL, lease_token = NULL, leased_at = NULL, requested_at = NULL, updated_at = now()"
+
 
 # Failing an item: back to `failed` with exponential back-off and jitter, or `dead` once it has
 # used its attempts (or at once when the failure is permanent). Shared by fail, reap and release_run.
@@ -160,6 +174,46 @@ class LeaseStore:
         with self._connection(conn) as c:
             return len(c.execute(statement, params).all())
 
+    def mark(
+        self,
+        stage: str,
+        key: str,
+        status: str,
+        reason: str,
+        *,
+        project_id: int | None = None,
+        video_id: str | None = None,
+        conn: sa.Connection | None = None,
+    ) -> bool:
+        """Set a finished status (blocked, dead, done) on an item that is not running, creating it
+        if needed: for outcomes decided outside the item's own stage (a project's rule, work done
+        by the CLI). `reason` is kept as the error, or as the outcome note for done."""
+        if status not in (DONE, DEAD, BLOCKED):
+            raise ValueError(f"mark() sets a finished status, not {status!r}")
+        statement = sa.text(f"""
+            INSERT INTO {W} (stage, item_key, project_id, video_id, max_attempts, status, last_error,
+                             outcome, finished_at)
+            VALUES (:stage, :key, :project, :video, :max_attempts, :status,
+                    CASE WHEN :status = '{DONE}' THEN NULL ELSE :reason END,
+                    CASE WHEN :status = '{DONE}' THEN jsonb_build_object('note', CAST(:reason AS text)) END, now())
+            ON CONFLICT (stage, item_key) DO UPDATE
+               SET status = EXCLUDED.status, last_error = EXCLUDED.last_error, outcome = EXCLUDED.outcome,
+                   finished_at = now(), updated_at = now()
+             WHERE {W}.status <> '{RUNNING}'
+            RETURNING id
+        """)
+        params = {
+            "stage": stage,
+            "key": key,
+            "project": project_id,
+            "video": video_id,
+            "max_attempts": self.policy.max_attempts,
+            "status": status,
+            "reason": reason,
+        }
+        with self._connection(conn) as c:
+            return c.execute(statement, params).first() is not None
+
     # --- claiming ---------------------------------------------------------------------------
 
     def claim_next(self, stage: str, owner: str, limit: int = 1) -> list[Lease]:
@@ -214,7 +268,9 @@ class LeaseStore:
             "respect_backoff": respect_backoff,
         }
         with self.engine.begin() as c:
-            leases = sorted((_lease(r) for r in c.execute(statement, params)), key=lambda x: x.item_id)
+            leases = sorted(
+                (_lease(r) for r in c.execute(statement, params)), key=lambda x: x.item_id
+            )
         claimed = {lease.key for lease in leases}
         missing = [k for k in keys if k not in claimed]
         return leases, self._why_unclaimed(stage, missing)
@@ -227,14 +283,18 @@ class LeaseStore:
              WHERE stage = :stage AND item_key = ANY(CAST(:keys AS text[]))
         """)
         with self.engine.connect() as c:
-            found = {r.item_key: r for r in c.execute(statement, {"stage": stage, "keys": list(keys)})}
+            found = {
+                r.item_key: r for r in c.execute(statement, {"stage": stage, "keys": list(keys)})
+            }
         result = []
         for key in keys:
             row = found.get(key)
             result.append(
                 Unclaimed(key, None, None, None, None)
                 if row is None
-                else Unclaimed(key, row.status, row.lease_owner, row.next_attempt_at, row.last_error)
+                else Unclaimed(
+                    key, row.status, row.lease_owner, row.next_attempt_at, row.last_error
+                )
             )
         return result
 
@@ -263,7 +323,7 @@ class LeaseStore:
         lease in between; an exception in the block rolls everything back. Raises LeaseLost."""
         statement = sa.text(f"""
             UPDATE {W} SET status = '{DONE}', outcome = CAST(:outcome AS jsonb), last_error = NULL,
-                   finished_at = now(), requested_at = NULL, {_CLEAR_LEASE}
+                   finished_at = now(), {_CLEAR_LEASE}
              WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
             RETURNING id
         """)
@@ -317,7 +377,10 @@ class LeaseStore:
             RETURNING id
         """)
         with self.engine.begin() as c:
-            return c.execute(statement, {"id": lease.item_id, "token": lease.token}).first() is not None
+            return (
+                c.execute(statement, {"id": lease.item_id, "token": lease.token}).first()
+                is not None
+            )
 
     # --- recovery ---------------------------------------------------------------------------
 
@@ -348,6 +411,15 @@ class LeaseStore:
                              AND NOT EXISTS (SELECT 1 FROM {W} w WHERE w.lease_owner = h.run_id)""")
             )
         return [Reaped(r.stage, r.item_key, r.owner, r.status) for r in rows]
+
+    def lease_owners(self) -> list[str]:
+        """Runs that hold at least one lease."""
+        with self.engine.connect() as c:
+            return list(
+                c.execute(
+                    sa.text(f"SELECT DISTINCT lease_owner FROM {W} WHERE status = '{RUNNING}'")
+                ).scalars()
+            )
 
     def release_run(self, owner: str, reason: str, *, count_attempt: bool) -> int:
         """Release every lease of a run at once (the run failed or was cancelled)."""

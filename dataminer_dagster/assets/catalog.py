@@ -1,0 +1,52 @@
+"""video_catalog: find a project's videos (searches, URLs, URL files, local files) and link them.
+
+Network I/O (YouTube search) happens here, in a run, never in a sensor. Linking is idempotent; a
+video the project links again is re-queued when it had failed or when its files are gone.
+"""
+
+from __future__ import annotations
+
+from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
+from dataminer_dagster.partitions import projects_partitions
+from dataminer_dagster.sources import collect_candidates
+from dataminer_dagster.stages import CATALOG
+
+
+@stage_asset(
+    stage=CATALOG,
+    partitions_def=projects_partitions,
+    required_resource_keys=["video_sources"],
+    kinds={"youtube"},
+)
+def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
+    """The project's videos: every search, URL, URL file and local file in its config, linked to it."""
+    catalog = ctx.db.catalog
+    project = catalog.project(item.key)
+    if project is None:
+        raise ValueError(f"project {item.key!r} is not registered (dataminer project add CONFIG)")
+    found = collect_candidates(project.config.inputs, ctx.resources.video_sources.search)
+    for problem in found.problems:
+        ctx.log.warning(f"{project.name}: {problem}")
+    if not found.candidates and found.problems:
+        raise RuntimeError(
+            f"no video found for project {project.name}: " + "; ".join(found.problems)
+        )
+
+    summary: dict = {}
+
+    def commit(conn) -> None:
+        linked = catalog.link_videos(conn, project, found.candidates)
+        queued = catalog.advance_videos(
+            conn, [c.video_id for c in found.candidates], reset_failed=True
+        )
+        summary.update(new_videos=linked.new_videos, new_links=linked.new_links, queued=queued)
+
+    return ItemResult(
+        metadata={
+            "videos": len(found.candidates),
+            "per_source": found.per_source,
+            "problems": "\n".join(found.problems) or "none",
+        },
+        outcome={"videos": len(found.candidates), "problems": len(found.problems)},
+        commit=commit,
+    )

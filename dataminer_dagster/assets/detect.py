@@ -1,0 +1,118 @@
+"""detections: objects on the kept frames, as a table and as COCO JSON.
+
+ultralytics YOLO keeps the configured classes by name; OWLv2 and GroundingDINO detect the
+configured text prompts. Boxes are pixels `[x, y, w, h]`; the COCO file lists every kept frame
+(with or without boxes) under its dataset file name. Optional visualisations draw the boxes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from dataminer_dagster.assets.dedup import deduped_set
+from dataminer_dagster.assets.filter import GPU_OP_TAGS
+from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
+from dataminer_dagster.core.coco import ImageDetections, build_coco, write_coco
+from dataminer_dagster.core.files import publish, staging_path
+from dataminer_dagster.core.images import read_image, write_image
+from dataminer_dagster.core.progress import Progress
+from dataminer_dagster.core.visualize import draw_detections
+from dataminer_dagster.partitions import projects_partitions
+from dataminer_dagster.paths import ProjectPaths
+from dataminer_dagster.stages import DETECT
+
+READ_CHUNK = 64  # frames read from disk at a time
+
+
+def load_project_detector(config):
+    from dataminer_dagster.models.detectors import load_detector
+
+    return load_detector(
+        config.detector,
+        config.model,
+        classes=config.classes or None,
+        prompts=config.prompts or None,
+        confidence=config.confidence,
+        device=config.device,
+        batch_size=config.batch_size,
+    )
+
+
+@stage_asset(
+    stage=DETECT,
+    partitions_def=projects_partitions,
+    deps=[deduped_set],
+    op_tags=GPU_OP_TAGS,
+    pool="gpu",
+    kinds={"pytorch"},
+)
+def detections(item: StageItem, ctx: StageContext) -> ItemResult:
+    """Detected objects on the kept frames: a table and a COCO file."""
+    project = ctx.db.catalog.project(item.key)
+    config = project.config.detect
+    paths = ProjectPaths(project.output_dir)
+    kept = pd.read_parquet(paths.dedup_table)
+    kept = kept[kept["kept"]].reset_index(drop=True)
+    if config is None:
+        return ItemResult(
+            metadata={"status": "not configured (no detect section)", "frames": len(kept)}
+        )
+
+    started = time.monotonic()
+    detector = load_project_detector(config)
+    staging = staging_path(paths.detections_dir)
+    staging.mkdir()
+    rows, images = [], []
+    progress = Progress(f"detect {project.name}", len(kept), ctx.log.info, unit="frames")
+    for start in range(0, len(kept), READ_CHUNK):
+        ctx.check_lease(item)
+        chunk = kept.iloc[start : start + READ_CHUNK]
+        pictures = [read_image(Path(f)) for f in chunk["file"]]
+        for (_, frame), picture, found in zip(
+            chunk.iterrows(), pictures, detector.detect(pictures), strict=True
+        ):
+            name = Path(frame["file"]).name
+            images.append(ImageDetections(name, picture.shape[1], picture.shape[0], found))
+            rows += [
+                {
+                    "frame_id": frame["frame_id"],
+                    "file_name": name,
+                    "label": d.label,
+                    "score": d.score,
+                    "x": d.x,
+                    "y": d.y,
+                    "w": d.w,
+                    "h": d.h,
+                }
+                for d in found
+            ]
+            if config.visualizations and found:
+                write_image(staging / "visualizations" / name, draw_detections(picture, found))
+        progress.advance(len(chunk))
+
+    table = pd.DataFrame(
+        rows, columns=["frame_id", "file_name", "label", "score", "x", "y", "w", "h"]
+    )
+    table.to_parquet(staging / paths.detections_table.name, index=False)
+    coco = build_coco(
+        images, list(detector.labels), info={"description": f"dataminer project {project.name}"}
+    )
+    write_coco(coco, staging / paths.coco_file.name)
+    per_label = table["label"].value_counts().to_dict()
+    return ItemResult(
+        metadata={
+            "frames": len(kept),
+            "detections": len(table),
+            "frames_with_detections": int(table["frame_id"].nunique()),
+            "per_label": per_label or "none",
+            "detector": f"{config.detector} {config.model}",
+            "seconds": round(time.monotonic() - started, 2),
+            "coco": str(paths.coco_file),
+        },
+        outcome={"frames": len(kept), "detections": len(table)},
+        commit=lambda conn: publish(staging, paths.detections_dir),
+        staged=[staging],
+    )

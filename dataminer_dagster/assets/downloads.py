@@ -1,0 +1,191 @@
+"""downloads: the video file of each video, with its metadata, ready to decode.
+
+Local source files are probed in place (never copied, never deleted). A file already downloaded and
+still valid is not fetched again. Projects can have different rules (hashtags, duration, size): the
+video is fetched when at least one linked project accepts it, and the projects whose rules reject
+it record it as blocked for themselves.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from dataminer_dagster.assets.catalog import video_catalog
+from dataminer_dagster.assets.stage import (
+    Blocked,
+    ItemResult,
+    PermanentFailure,
+    StageContext,
+    StageItem,
+    stage_asset,
+)
+from dataminer_dagster.config import DownloadConfig
+from dataminer_dagster.core.media import VideoDecodeError, probe_video
+from dataminer_dagster.core.progress import format_seconds
+from dataminer_dagster.db.catalog import ProjectRow
+from dataminer_dagster.downloading import (
+    DownloadBlocked,
+    DownloadOptions,
+    PermanentDownloadError,
+    check_download_rules,
+)
+from dataminer_dagster.partitions import videos_partitions
+from dataminer_dagster.stages import DOWNLOAD
+
+
+@stage_asset(
+    stage=DOWNLOAD,
+    partitions_def=videos_partitions,
+    deps=[video_catalog],
+    required_resource_keys=["video_sources"],
+    kinds={"video"},
+)
+def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
+    """The video file (a local source, or downloaded with yt-dlp) and its metadata."""
+    catalog = ctx.db.catalog
+    video = catalog.videos([item.video_id])[item.video_id]
+    projects = catalog.linked_projects([item.video_id]).get(item.video_id, [])
+    if not projects:
+        raise Blocked("no project uses this video")
+
+    if video.source_path:
+        return _local_file(item, ctx, Path(video.source_path))
+    if video.file_path and (
+        existing := _valid_file(ctx.db.paths.absolute(video.file_path), item.video_id)
+    ):
+        return _record(item, ctx, video.file_path, existing, {"status": "already downloaded"})
+
+    options = merged_download_options([p.config.download for p in projects])
+    started = time.monotonic()
+    last_log = [started]
+
+    def progress(p) -> None:
+        ctx.check_lease(item)  # abandons the download if another run took the video
+        if p.total_bytes and time.monotonic() - last_log[0] > 10:
+            last_log[0] = time.monotonic()
+            eta = f", ETA {format_seconds(p.eta)}" if p.eta else ""
+            ctx.log.info(
+                f"download {item.video_id}: {100 * (p.downloaded_bytes or 0) / p.total_bytes:.0f}%{eta}"
+            )
+
+    try:
+        downloaded = ctx.resources.video_sources.download(
+            video.url, item.video_id, ctx.db.paths.videos_dir, options, progress
+        )
+    except DownloadBlocked as exc:
+        raise Blocked(str(exc)) from exc
+    except PermanentDownloadError as exc:
+        raise PermanentFailure(str(exc)) from exc
+    if options.sleep_seconds:
+        time.sleep(options.sleep_seconds)
+
+    meta = downloaded.metadata
+    rejected = _rejecting_projects(projects, meta, item.video_id)
+    facts = {
+        "size_bytes": meta.size_bytes,
+        "title": meta.title,
+        "duration_s": meta.duration,
+        "fps": meta.fps,
+        "width": meta.width,
+        "height": meta.height,
+        "uploader": meta.uploader,
+        "upload_date": meta.upload_date,
+        "tags": list(meta.tags),
+    }
+    extra = {
+        "seconds": round(time.monotonic() - started, 2),
+        "blocked_for": ", ".join(rejected) or "none",
+    }
+    return _record(item, ctx, ctx.db.paths.relative(downloaded.path), facts, extra, rejected)
+
+
+def merged_download_options(configs: list[DownloadConfig]) -> DownloadOptions:
+    """One download serves every linked project: the most permissive of their settings (rules
+    that only some projects have are applied per project afterwards)."""
+
+    def loosest(values):
+        return None if any(v is None for v in values) else max(values)
+
+    blocked = set.intersection(
+        *({t.lstrip("#").casefold() for t in c.blocked_hashtags} for c in configs)
+    )
+    return DownloadOptions(
+        max_height=loosest([c.max_height for c in configs]),
+        format=next((c.format for c in configs if c.format), None),
+        socket_timeout=max(c.timeout_s for c in configs),
+        sleep_seconds=max(c.sleep_s for c in configs),
+        blocked_hashtags=tuple(sorted(blocked)),
+        max_duration_s=loosest([c.max_duration_s for c in configs]),
+        max_filesize_mb=loosest([c.max_filesize_mb for c in configs]),
+        cookies_file=next((c.cookies_file for c in configs if c.cookies_file), None),
+    )
+
+
+def _rejecting_projects(projects: list[ProjectRow], meta, video_id: str) -> dict[str, str]:
+    info = {
+        "tags": list(meta.tags),
+        "title": meta.title,
+        "duration": meta.duration,
+        "filesize": meta.size_bytes,
+    }
+    rejected = {}
+    for project in projects:
+        c = project.config.download
+        rules = DownloadOptions(
+            blocked_hashtags=tuple(c.blocked_hashtags),
+            max_duration_s=c.max_duration_s,
+            max_filesize_mb=c.max_filesize_mb,
+        )
+        try:
+            check_download_rules(info, rules, subject=f"Video {video_id}")
+        except DownloadBlocked as exc:
+            rejected[project.name] = f"{exc} (rule of project {project.name})"
+    return rejected
+
+
+def _local_file(item: StageItem, ctx: StageContext, path: Path) -> ItemResult:
+    facts = _valid_file(path, item.video_id, raise_reason=True)
+    return _record(
+        item, ctx, None, {**facts, "title": path.stem}, {"status": "local file", "path": str(path)}
+    )
+
+
+def _valid_file(path: Path, video_id: str, *, raise_reason: bool = False) -> dict | None:
+    try:
+        probe = probe_video(path, video_id=video_id)
+    except VideoDecodeError as exc:
+        if raise_reason:
+            raise PermanentFailure(str(exc)) from exc
+        return None
+    return {
+        "size_bytes": probe.size_bytes,
+        "duration_s": probe.duration,
+        "fps": probe.fps,
+        "width": probe.width,
+        "height": probe.height,
+    }
+
+
+def _record(
+    item: StageItem,
+    ctx: StageContext,
+    file_path: str | None,
+    facts: dict,
+    extra: dict,
+    rejected: dict[str, str] | None = None,
+) -> ItemResult:
+    catalog = ctx.db.catalog
+
+    def commit(conn) -> None:
+        catalog.record_video_file(conn, item.video_id, file_path, facts)
+        if rejected:
+            catalog.block_project_videos(conn, item.video_id, rejected)
+        catalog.advance_videos(conn, [item.video_id])
+
+    metadata = {k: v for k, v in {**facts, **extra}.items() if v is not None and k != "tags"}
+    return ItemResult(
+        metadata=metadata,
+        outcome={k: extra[k] for k in ("status",) if k in extra} or None,
+        commit=commit,
+    )

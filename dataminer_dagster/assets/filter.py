@@ -1,0 +1,205 @@
+"""filtered_frames: which frames of each project video match the project's prompts (SigLIP2).
+
+Every frame gets every prompt's score and the decision, kept in `<output>/filter/<video>.parquet`;
+no frame is copied. Image embeddings go to a cache keyed by model and frame content, shared by all
+projects and by the dedup stage. A video where no frame passes is an outcome ("empty"), not a
+failure; an unreadable frame is recorded and skipped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dataminer_dagster.assets.frames import frames
+from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
+from dataminer_dagster.config import FilterConfig
+from dataminer_dagster.core.embedding_cache import EmbeddingCache
+from dataminer_dagster.core.extract import read_manifest
+from dataminer_dagster.core.files import publish, staging_path
+from dataminer_dagster.core.filter_rule import FilterThresholds, apply_filter_rule
+from dataminer_dagster.partitions import project_videos_partitions
+from dataminer_dagster.paths import FRAMES_MANIFEST, ProjectPaths
+from dataminer_dagster.stages import FILTER
+
+GPU_OP_TAGS = {"dataminer/device": "gpu", "dagster-celery/queue": "gpu"}
+
+
+def load_scorer(config: FilterConfig):
+    """The SigLIP2 scorer of a filter config (loaded once per process and model)."""
+    from dataminer_dagster.models.siglip import SiglipScorer
+
+    return SiglipScorer(config.model, device=config.device, batch_size=config.batch_size)
+
+
+def prompt_columns(config: FilterConfig) -> list[str]:
+    return (
+        [f"positive: {p}" for p in config.positive_prompts]
+        + [f"negative: {p}" for p in config.negative_prompts]
+        + [f"junk: {p}" for p in config.junk_prompts]
+    )
+
+
+@stage_asset(
+    stage=FILTER,
+    partitions_def=project_videos_partitions,
+    deps=[frames],
+    op_tags=GPU_OP_TAGS,
+    pool="gpu",
+    kinds={"pytorch"},
+)
+def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
+    """Per frame: every prompt score and the keep/drop decision of the project's filter."""
+    catalog = ctx.db.catalog
+    project = ctx.memo(("project", item.project), lambda: catalog.project(item.project))
+    config = project.config.filter
+    profile = project.config.extract.options().profile_id()
+    stored = catalog.frame_profiles([item.video_id]).get(item.video_id, {}).get(profile)
+    if stored is None or not stored[0].is_dir():
+        with catalog.engine.begin() as conn:
+            catalog.advance_videos(conn, [item.video_id])
+        raise RuntimeError(
+            f"frames of video {item.video_id} ({profile}) are missing; their extraction is queued again"
+        )
+    frames_dir = stored[0]
+    manifest = read_manifest(frames_dir / FRAMES_MANIFEST)
+
+    scorer = load_scorer(config)
+    text = ctx.memo(
+        ("prompts", project.name, config.model),
+        lambda: scorer.embed_texts(
+            config.positive_prompts + config.negative_prompts + config.junk_prompts
+        ),
+    )
+    embeddings, errors = _frame_embeddings(item, ctx, scorer, frames_dir, manifest)
+    readable = np.array([i not in errors for i in range(len(manifest))])
+    scores = (
+        scorer.score(embeddings[readable], text)
+        if readable.any()
+        else np.zeros((0, len(text)), np.float32)
+    )
+    decision = apply_filter_rule(
+        scores,
+        n_positive=len(config.positive_prompts),
+        n_negative=len(config.negative_prompts),
+        n_junk=len(config.junk_prompts),
+        thresholds=FilterThresholds(
+            positive=config.positive_threshold,
+            negative=config.negative_threshold,
+            pos_neg_margin=config.pos_neg_margin,
+            junk=config.junk_threshold,
+            pos_junk_margin=config.pos_junk_margin,
+        ),
+    )
+    table = _results_table(manifest, frames_dir, config, readable, errors, scores, decision)
+    passed = int(table["passed"].sum())
+    for index, message in list(errors.items())[:5]:
+        ctx.log.warning(f"filter {item.key}: frame {manifest[index].file_name} skipped: {message}")
+
+    final = ProjectPaths(project.output_dir).filter_table(item.video_id)
+    staged = staging_path(final)
+    table.to_parquet(staged, index=False)
+
+    def commit(conn) -> None:
+        publish(staged, final)
+        catalog.record_filter(conn, project.id, item.video_id, total=len(table), passed=passed)
+
+    status = "empty: no frame passed" if passed == 0 else "passed"
+    return ItemResult(
+        metadata={
+            "frames": len(table),
+            "passed": passed,
+            "unreadable": len(errors),
+            "status": status,
+            "results": str(final),
+            "model": config.model,
+            "best_positive_score": float(table["pos_max"].max()) if len(table) else 0.0,
+        },
+        outcome={"frames": len(table), "passed": passed, "unreadable": len(errors)},
+        commit=commit,
+        staged=[staged],
+    )
+
+
+def _frame_embeddings(
+    item, ctx, scorer, frames_dir: Path, manifest
+) -> tuple[np.ndarray, dict[int, str]]:
+    """Embeddings of every frame (cached ones read, the others computed and cached); unreadable
+    frames get a zero row and an entry in the errors."""
+    cache = EmbeddingCache(ctx.db.paths.embeddings_dir(), scorer.model_slug)
+    hashes = [f.content_hash for f in manifest]
+    found, cached = cache.get(item.video_id, hashes)
+    result = np.zeros((len(manifest), scorer.embedding_dim), np.float32)
+    if found.any():
+        result[found] = cached
+    todo = np.flatnonzero(~found)
+    errors: dict[int, str] = {}
+    new_rows, new_hashes = [], []
+    for batch in scorer.embed_images([frames_dir / manifest[i].file_name for i in todo]):
+        ctx.check_lease(item)
+        rows = todo[batch.indices]
+        result[rows] = batch.embeddings
+        new_rows.append(batch.embeddings)
+        new_hashes += [hashes[i] for i in rows]
+        errors.update({int(todo[i]): message for i, message in batch.errors.items()})
+    if new_hashes:
+        cache.put(item.video_id, new_hashes, np.concatenate(new_rows))
+    return result, errors
+
+
+FRAME_COLUMNS = [
+    "frame_index",
+    "timestamp",
+    "file",
+    "width",
+    "height",
+    "sharpness",
+    "content_hash",
+    "readable",
+    "error",
+    "passed",
+    "pos_max",
+    "neg_max",
+    "junk_max",
+    "best_prompt",
+]  # then one score column per prompt (see prompt_columns)
+
+
+def _results_table(
+    manifest, frames_dir, config, readable, errors, scores, decision
+) -> pd.DataFrame:
+    columns = prompt_columns(config)
+    n = len(manifest)
+    full = np.full((n, len(columns)), np.nan, np.float32)
+    full[readable] = scores
+
+    def spread(values, fill):
+        out = np.full(n, fill, dtype=np.asarray(values).dtype if len(values) else type(fill))
+        out[readable] = values
+        return out
+
+    positives = config.positive_prompts
+    best = spread(decision.best_positive, -1)
+    table = pd.DataFrame(
+        {
+            "frame_index": [f.index for f in manifest],
+            "timestamp": [f.timestamp for f in manifest],
+            "file": [str(frames_dir / f.file_name) for f in manifest],
+            "width": [f.width for f in manifest],
+            "height": [f.height for f in manifest],
+            "sharpness": [f.sharpness for f in manifest],
+            "content_hash": [f.content_hash for f in manifest],
+            "readable": readable,
+            "error": [errors.get(i) for i in range(n)],
+            "passed": spread(decision.passed, False),
+            "pos_max": spread(decision.pos_max, np.float32(np.nan)),
+            "neg_max": spread(decision.neg_max, np.float32(np.nan)),
+            "junk_max": spread(decision.junk_max, np.float32(np.nan)),
+            "best_prompt": [positives[b] if b >= 0 else None for b in best],
+        }
+    )
+    for j, column in enumerate(columns):
+        table[column] = full[:, j]
+    return table

@@ -1,0 +1,332 @@
+"""Project configuration: one YAML file per project, validated strictly.
+
+Unknown keys are errors that name the key (a misspelt threshold must not be silently ignored), and
+there are no domain defaults: prompts, classes and queries always come from the user. Numeric
+defaults are neutral starting points documented in the README's config reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+SAFE_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+class ConfigError(ValueError):
+    """A project config that cannot be used; the message names the file, the key and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class SearchConfig(_Section):
+    queries: list[str] = Field(default_factory=list, description="YouTube search queries.")
+    queries_file: Path | None = Field(
+        None,
+        description="File with more queries: a YAML list under `queries:`, or one query per line.",
+    )
+    max_results_per_query: int = Field(
+        20, ge=1, le=1000, description="Videos taken from each query."
+    )
+
+
+class InputsConfig(_Section):
+    search: SearchConfig | None = Field(
+        None, description="YouTube searches (run by the video_catalog asset)."
+    )
+    urls: list[str] = Field(
+        default_factory=list, description="Video URLs (YouTube or direct http(s) links)."
+    )
+    url_file: Path | None = Field(
+        None,
+        description="File with one URL per line; blank lines and lines starting with // are skipped.",
+    )
+    files: list[str] = Field(
+        default_factory=list, description="Local video files or glob patterns."
+    )
+
+    @model_validator(mode="after")
+    def _has_a_source(self) -> InputsConfig:
+        if not (self.search or self.urls or self.url_file or self.files):
+            raise ValueError("give at least one of search, urls, url_file or files")
+        return self
+
+
+class DownloadConfig(_Section):
+    max_height: int | None = Field(
+        720, ge=144, description="Height cap of the downloaded video stream."
+    )
+    format: str | None = Field(
+        None,
+        description="Explicit yt-dlp format; default: one video-only stream under max_height (no ffmpeg needed).",
+    )
+    timeout_s: float = Field(30.0, gt=0, description="Network timeout of one request.")
+    sleep_s: float = Field(0.0, ge=0, description="Pause between two downloads of one run.")
+    blocked_hashtags: list[str] = Field(
+        default_factory=list,
+        description="Skip videos carrying one of these tags (whole-tag match, case-insensitive, leading # optional).",
+    )
+    max_duration_s: float | None = Field(None, gt=0, description="Skip longer videos.")
+    max_filesize_mb: float | None = Field(None, gt=0, description="Skip larger files.")
+    cookies_file: Path | None = Field(None, description="Netscape cookies file handed to yt-dlp.")
+
+
+class ExtractConfig(_Section):
+    strategy: Literal["interval", "time", "scene"] = Field(
+        "time",
+        description="interval: every Nth frame; time: one frame per every_seconds; scene: first frame of each scene.",
+    )
+    every_frames: int = Field(30, ge=1, description="interval: frames between samples.")
+    every_seconds: float = Field(1.0, gt=0, description="time: seconds between samples.")
+    scene_threshold: float = Field(
+        27.0, gt=0, le=255, description="scene: content change (0-255) that starts a new scene."
+    )
+    max_frames: int | None = Field(None, ge=1, description="Most frames kept per video.")
+    image_format: Literal["jpg", "png", "webp"] = Field(
+        "jpg", description="Format of the extracted frames."
+    )
+    quality: int = Field(95, ge=1, le=100, description="JPEG/WebP quality.")
+    max_side: int | None = Field(
+        None, ge=32, description="Downscale frames so the longest side is at most this."
+    )
+
+    def options(self):
+        """The extraction options of core.extract (the profile a video's frames are made with)."""
+        from dataminer_dagster.core.extract import ExtractionOptions
+
+        return ExtractionOptions(
+            strategy=self.strategy,
+            every_frames=self.every_frames if self.strategy == "interval" else None,
+            every_seconds=self.every_seconds if self.strategy == "time" else None,
+            scene_threshold=self.scene_threshold,
+            max_frames=self.max_frames,
+            image_format=self.image_format,
+            quality=self.quality,
+            max_side=self.max_side,
+        )
+
+
+class FilterConfig(_Section):
+    model: str = Field(
+        "google/siglip2-so400m-patch14-384", description="SigLIP2 model: hub id or local directory."
+    )
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps.")
+    batch_size: int = Field(32, ge=1, description="Images per model call.")
+    positive_prompts: list[str] = Field(
+        min_length=1,
+        description="A frame passes when one of these scores above positive_threshold.",
+    )
+    negative_prompts: list[str] = Field(
+        default_factory=list, description="Frames scoring high on these are dropped."
+    )
+    junk_prompts: list[str] = Field(
+        default_factory=list,
+        description="Like negative prompts, with their own thresholds (close-ups, partial views...).",
+    )
+    positive_threshold: Probability = Field(
+        0.3, description="Best positive score must be above this."
+    )
+    negative_threshold: Probability = Field(
+        0.3, description="Best negative score must be below this."
+    )
+    pos_neg_margin: float = Field(
+        0.1, description="Best positive minus best negative must be above this."
+    )
+    junk_threshold: Probability = Field(0.3, description="Best junk score must be below this.")
+    pos_junk_margin: float = Field(
+        0.1, description="Best positive minus best junk must be above this."
+    )
+
+    @field_validator("positive_prompts", "negative_prompts", "junk_prompts")
+    @classmethod
+    def _no_blank_prompts(cls, prompts: list[str]) -> list[str]:
+        if any(not p.strip() for p in prompts):
+            raise ValueError("prompts must not be blank")
+        return prompts
+
+
+class DedupConfig(_Section):
+    threshold: Probability = Field(
+        0.9, description="Frames at cosine similarity >= this are duplicates."
+    )
+    embeddings: Literal["filter", "dinov2"] = Field(
+        "filter",
+        description="filter: reuse the filter's SigLIP embeddings (no second model pass); dinov2: a DINOv2/DINOv3 model.",
+    )
+    model: str | None = Field(
+        None, description="Model for embeddings: dinov2 (e.g. facebook/dinov2-base)."
+    )
+    device: str = Field("auto", description="Device for a dinov2 model.")
+    exact_limit: int = Field(
+        20_000,
+        ge=100,
+        description="Exact neighbour search up to this many frames, an approximate index beyond.",
+    )
+
+    @model_validator(mode="after")
+    def _model_for_dinov2(self) -> DedupConfig:
+        if self.embeddings == "dinov2" and not self.model:
+            raise ValueError("dedup.model is required when dedup.embeddings is dinov2")
+        return self
+
+
+class DetectConfig(_Section):
+    detector: Literal["yolo", "owlv2", "grounding_dino"] = Field(
+        description="yolo: fixed classes; owlv2 / grounding_dino: open vocabulary from prompts."
+    )
+    model: str = Field(
+        description="Weights: a .pt file or name for yolo, a hub id or local directory otherwise."
+    )
+    classes: list[str] = Field(
+        default_factory=list, description="yolo: class names to keep (empty: all)."
+    )
+    prompts: list[str] = Field(
+        default_factory=list, description="owlv2 / grounding_dino: what to detect."
+    )
+    confidence: Probability = Field(0.25, description="Minimum detection score.")
+    batch_size: int = Field(8, ge=1, description="Images per model call.")
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps.")
+    visualizations: bool = Field(False, description="Also write images with boxes drawn.")
+
+    @model_validator(mode="after")
+    def _prompts_for_open_vocabulary(self) -> DetectConfig:
+        if self.detector != "yolo" and not self.prompts:
+            raise ValueError(f"detect.prompts is required for the {self.detector} detector")
+        if self.detector == "yolo" and self.prompts:
+            raise ValueError(
+                "detect.prompts is for open-vocabulary detectors; use detect.classes with yolo"
+            )
+        return self
+
+
+class CleanupConfig(_Section):
+    delete_videos_after_extraction: bool = Field(
+        False,
+        description="Delete downloaded videos once their frames exist (local source files are never deleted).",
+    )
+    delete_frames_when_done: bool = Field(
+        False,
+        description="Delete raw frames of a video once every project using it is complete (they are re-extracted if needed again).",
+    )
+
+
+class BackupConfig(_Section):
+    dest: str = Field(description="Local directory or user@host:/path (rsync over ssh).")
+    delete_after_backup: bool = Field(
+        False,
+        description="Delete raw frames after a verified backup, when no project still needs them.",
+    )
+
+
+class ProjectConfig(_Section):
+    name: str = Field(pattern=SAFE_NAME, description="Project name: letters, digits, _ and -.")
+    output_dir: Path | None = Field(
+        None,
+        description="Where the project's results go; default $DATAMINER_DATA_DIR/projects/<name>.",
+    )
+    inputs: InputsConfig
+    download: DownloadConfig = Field(default_factory=DownloadConfig)
+    extract: ExtractConfig = Field(default_factory=ExtractConfig)
+    filter: FilterConfig
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    detect: DetectConfig | None = Field(None, description="Object detection; leave out to skip it.")
+    cleanup: CleanupConfig = Field(default_factory=CleanupConfig)
+    backup: BackupConfig | None = None
+
+    def config_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def load_project_config(path: Path) -> ProjectConfig:
+    """Read and validate a project YAML; relative paths in it are taken relative to the file."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys at the top level")
+    config = parse_project_config(raw, source=str(path))
+    return _resolve_paths(config, path.resolve().parent)
+
+
+def parse_project_config(raw: dict[str, Any], *, source: str = "config") -> ProjectConfig:
+    try:
+        return ProjectConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: {exc.error_count()} problem(s)"]
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        if error["type"] == "extra_forbidden":
+            parent = _model_at(error["loc"][:-1])
+            allowed = ", ".join(parent.model_fields) if parent else "see the config reference"
+            lines.append(f"  {key}: unknown key (allowed here: {allowed})")
+        elif error["type"] == "missing":
+            lines.append(f"  {key}: required")
+        elif error["type"] == "literal_error":
+            lines.append(
+                f"  {key}: {error['msg'].replace('Input should be', 'must be')}, got {error['input']!r}"
+            )
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+            lines.append(
+                f"  {key}: {message} (got {error['input']!r})"
+                if "input" in error
+                else f"  {key}: {message}"
+            )
+    return "\n".join(lines)
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    model: type[BaseModel] = ProjectConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        candidates = [field.annotation, *getattr(field.annotation, "__args__", ())]
+        nested = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
+        if nested is None:
+            return None
+        model = nested
+    return model
+
+
+def _resolve_paths(config: ProjectConfig, base: Path) -> ProjectConfig:
+    def absolute(p: Path | None) -> Path | None:
+        return None if p is None else (p if p.is_absolute() else (base / p).resolve())
+
+    inputs = config.inputs
+    search = inputs.search
+    if search and search.queries_file:
+        search = search.model_copy(update={"queries_file": absolute(search.queries_file)})
+    files = [f if Path(f).is_absolute() else str(base / f) for f in inputs.files]
+    inputs = inputs.model_copy(
+        update={"search": search, "url_file": absolute(inputs.url_file), "files": files}
+    )
+    download = config.download.model_copy(
+        update={"cookies_file": absolute(config.download.cookies_file)}
+    )
+    return config.model_copy(
+        update={"inputs": inputs, "download": download, "output_dir": absolute(config.output_dir)}
+    )

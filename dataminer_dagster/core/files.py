@@ -1,0 +1,57 @@
+"""Atomic publication of files and directories: build in a hidden sibling, then rename into place.
+
+A re-run replaces what was there; a crash leaves either the old output or the new one, plus a
+hidden staging directory that the next attempt removes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+
+def staging_path(final: Path) -> Path:
+    """A fresh hidden sibling of `final` on the same filesystem (so that rename is atomic)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return final.parent / f".staging-{final.name}-{uuid.uuid4().hex[:8]}"
+
+
+def publish(staged: Path, final: Path) -> None:
+    """Move `staged` (file or directory) to `final`, replacing what is there."""
+    if staged.is_dir():
+        old = None
+        if final.exists():
+            old = final.parent / f".replaced-{final.name}-{uuid.uuid4().hex[:8]}"
+            os.replace(final, old)
+        os.replace(staged, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staged, final)
+
+
+def remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def remove_stale_staging(parent: Path, name: str) -> None:
+    """Remove staging leftovers of `name` from a crashed earlier attempt."""
+    if parent.is_dir():
+        for leftover in parent.glob(f".staging-{name}-*"):
+            remove(leftover)
+
+
+def link_or_copy(source: Path, target: Path) -> bool:
+    """Hard-link `source` to `target`, copying only across devices. Returns True for a link."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+        return True
+    except OSError:
+        shutil.copy2(source, target)
+        return False

@@ -1,0 +1,155 @@
+"""Project stages: the monitor worker's job, as compare-and-set transitions on the claim tables.
+
+    active --(catalog done, every member video finished)--> dedup --> detect --> dataset --> complete
+       ^                                                     |          |          |
+       +---- new unfinished members (never while a stage's item is running) ------+---- also from
+                                                                                         complete/failed
+A member video is finished when its filter item is done, dead or blocked for this project, or when
+its download or extraction is dead or blocked. A dead project-stage item fails the project with its
+error; `dataminer retry` or new videos bring it back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, RUNNING, SCHEMA
+from dataminer_dagster.stages import CATALOG, DOWNLOAD, FILTER, FRAMES, PROJECT_CHAIN
+
+S = SCHEMA
+ACTIVE, COMPLETE, PROJECT_FAILED = "active", "complete", "failed"
+PROJECT_STAGES = (ACTIVE, *PROJECT_CHAIN, COMPLETE, PROJECT_FAILED)
+
+# A member is finished for its project when one of these holds.
+MEMBER_FINISHED_SQL = f"""(
+    fi.status IN ('{DONE}', '{DEAD}', '{BLOCKED}')
+    OR d.status IN ('{DEAD}', '{BLOCKED}')
+    OR f.status IN ('{DEAD}', '{BLOCKED}'))"""
+
+MEMBERS_JOIN = f"""
+    {S}.project_videos pv
+    JOIN {S}.projects p ON p.id = pv.project_id
+    LEFT JOIN {S}.work_items fi ON fi.stage = '{FILTER}' AND fi.item_key = p.name || '.' || pv.video_id
+    LEFT JOIN {S}.work_items d ON d.stage = '{DOWNLOAD}' AND d.item_key = pv.video_id
+    LEFT JOIN {S}.work_items f ON f.stage = '{FRAMES}' AND f.item_key = pv.video_id
+"""
+
+
+@dataclass(frozen=True)
+class Transition:
+    project: str
+    old: str
+    new: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class _ProjectState:
+    id: int
+    name: str
+    stage: str
+    members: int
+    unfinished: int
+    items: dict[str, tuple[str, str | None]]  # project-level stage -> (status, last error)
+
+
+def advance_projects(store: LeaseStore) -> list[Transition]:
+    """Move every project as far as its state allows; returns what changed."""
+    transitions = []
+    for state in _states(store.engine):
+        change = _next(state)
+        if change is None:
+            continue
+        new, reason, enqueue = change
+        with store.engine.begin() as conn:
+            moved = conn.execute(
+                sa.text(f"""UPDATE {S}.projects SET stage = :new, stage_changed_at = now(), updated_at = now(),
+                                   error = CASE WHEN :new = '{PROJECT_FAILED}' THEN :reason ELSE NULL END
+                             WHERE id = :id AND stage = :old RETURNING id"""),
+                {"new": new, "old": state.stage, "id": state.id, "reason": reason},
+            ).first()
+            if moved is None:
+                continue  # someone else moved it meanwhile
+            if new == ACTIVE:  # reopened: forget queued project stages, they run again later
+                conn.execute(
+                    sa.text(f"""DELETE FROM {S}.work_items WHERE project_id = :id
+                                   AND stage = ANY(CAST(:stages AS text[])) AND status <> '{RUNNING}'"""),
+                    {"id": state.id, "stages": list(PROJECT_CHAIN)},
+                )
+            if enqueue:
+                store.enqueue(
+                    enqueue,
+                    [state.name],
+                    project_ids=[state.id],
+                    reset=(DONE, FAILED, DEAD),
+                    conn=conn,
+                )
+        transitions.append(Transition(state.name, state.stage, new, reason))
+    return transitions
+
+
+def _next(state: _ProjectState) -> tuple[str, str, str | None] | None:
+    """(new stage, reason, project stage to queue) or None."""
+    running = any(status == RUNNING for status, _ in state.items.values())
+    if state.stage != ACTIVE and state.unfinished and not running:
+        return ACTIVE, f"{state.unfinished} member videos are not finished", None
+    if state.stage == ACTIVE:
+        catalog, catalog_error = state.items.get(CATALOG, (None, None))
+        if catalog == DEAD:
+            return PROJECT_FAILED, f"catalog failed: {catalog_error}", None
+        if catalog != DONE or state.unfinished:
+            return None
+        if state.members == 0:
+            return PROJECT_FAILED, "no video was found for this project", None
+        return PROJECT_CHAIN[0], f"all {state.members} member videos finished", PROJECT_CHAIN[0]
+    if state.stage in PROJECT_CHAIN:
+        status, error = state.items.get(state.stage, (None, None))
+        if status is None:  # lost its item (e.g. deleted by hand): queue it again
+            return None if running else (state.stage, "re-queued", state.stage)
+        if status == DONE:
+            position = PROJECT_CHAIN.index(state.stage)
+            if position + 1 == len(PROJECT_CHAIN):
+                return COMPLETE, "every stage is done", None
+            following = PROJECT_CHAIN[position + 1]
+            return following, f"{state.stage} done", following
+        if status == DEAD:
+            return PROJECT_FAILED, f"{state.stage} failed: {error}", None
+    return None
+
+
+def _states(engine: sa.Engine) -> list[_ProjectState]:
+    with engine.connect() as c:
+        projects = c.execute(sa.text(f"SELECT id, name, stage FROM {S}.projects ORDER BY id")).all()
+        members = dict(
+            (r.project_id, (r.members, r.unfinished))
+            for r in c.execute(
+                sa.text(f"""SELECT pv.project_id, count(*) AS members,
+                                   count(*) FILTER (WHERE NOT {MEMBER_FINISHED_SQL}) AS unfinished
+                              FROM {MEMBERS_JOIN} GROUP BY pv.project_id""")
+            )
+        )
+        items: dict[int, dict[str, tuple[str, str | None]]] = {}
+        for r in c.execute(
+            sa.text(f"""SELECT project_id, stage, status, last_error FROM {S}.work_items
+                         WHERE stage = ANY(CAST(:stages AS text[]))"""),
+            {"stages": [CATALOG, *PROJECT_CHAIN]},
+        ):
+            items.setdefault(r.project_id, {})[r.stage] = (r.status, r.last_error)
+    return [
+        _ProjectState(p.id, p.name, p.stage, *members.get(p.id, (0, 0)), items.get(p.id, {}))
+        for p in projects
+    ]
+
+
+def project_members(engine: sa.Engine, project_id: int) -> list[sa.Row]:
+    """Member videos with their per-stage statuses (for status reports and project stages)."""
+    with engine.connect() as c:
+        return c.execute(
+            sa.text(f"""SELECT pv.video_id, pv.frames_total, pv.frames_passed, d.status AS download,
+                               f.status AS frames, fi.status AS filter, {MEMBER_FINISHED_SQL} AS finished
+                          FROM {MEMBERS_JOIN} WHERE pv.project_id = :id ORDER BY pv.id"""),
+            {"id": project_id},
+        ).all()

@@ -1,0 +1,81 @@
+"""The claim tables as a Dagster resource: this run's leases (kept alive by a heartbeat thread
+between setup and teardown) and the catalog of projects and videos."""
+
+from __future__ import annotations
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.engine import get_engine
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.run_leases import RunLeases
+from dataminer_dagster.db.server import claims_database_url
+from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.settings import Settings, load_settings
+
+
+class DatabaseResource(dg.ConfigurableResource):
+    """Claims work for the current run and records results. With no configuration it uses
+    $DATAMINER_DATABASE_URL, or the embedded PostgreSQL under $DATAMINER_HOME."""
+
+    database_url: str | None = None
+    data_dir: str | None = None
+    heartbeat_seconds: float | None = None
+
+    _settings: Settings | None = PrivateAttr(default=None)
+    _store: LeaseStore | None = PrivateAttr(default=None)
+    _run_leases: RunLeases | None = PrivateAttr(default=None)
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        settings = load_settings()
+        url = self.database_url or claims_database_url(settings)
+        self._settings = settings
+        self._store = LeaseStore(get_engine(url), settings.retry)
+        if context.run_id:
+            heartbeat = self.heartbeat_seconds or settings.lease.heartbeat_s
+            self._run_leases = RunLeases(self._store, context.run_id, heartbeat_s=heartbeat)
+            self._run_leases.start()
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        leases = self._run_leases
+        if leases is None:
+            return
+        leases.stop()
+        for lease in leases.held:  # only left when the step ended without finishing an item
+            leases.fail(lease, "the step ended before finishing this item")
+            if context.log:
+                context.log.warning(
+                    f"{lease.stage} {lease.key}: released after the step ended early"
+                )
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = load_settings()
+        return self._settings
+
+    @property
+    def store(self) -> LeaseStore:
+        if self._store is None:  # used outside a run (sensors, CLI)
+            settings = self.settings
+            self._store = LeaseStore(
+                get_engine(self.database_url or claims_database_url(settings)), settings.retry
+            )
+        return self._store
+
+    @property
+    def leases(self) -> RunLeases:
+        if self._run_leases is None:
+            raise RuntimeError("leases are only available inside a run")
+        return self._run_leases
+
+    @property
+    def paths(self) -> DataPaths:
+        from pathlib import Path
+
+        return DataPaths(Path(self.data_dir) if self.data_dir else self.settings.data_dir)
+
+    @property
+    def catalog(self) -> Catalog:
+        return Catalog(self.store.engine, self.store, self.paths)
