@@ -1,0 +1,55 @@
+"""Dagster instance storage on PostgreSQL: the embedded server by default, or an external one.
+
+dagster.yaml names these classes. Each process that builds the instance (webserver, daemon, run
+workers, CLI) resolves the URL itself: $DATAMINER_DAGSTER_DATABASE_URL, else
+$DATAMINER_DATABASE_URL, else the embedded server under $DATAMINER_HOME (started or joined here).
+Dagster's tables go to the `public` schema; ours live in the `dataminer` schema.
+"""
+
+from __future__ import annotations
+
+from dagster import Field, StringSource
+from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, PostgresScheduleStorage
+
+from dataminer_dagster.db.server import dagster_database_url
+from dataminer_dagster.settings import load_settings
+
+_CONFIG = {
+    "postgres_url": Field(
+        StringSource, is_required=False, description="Overrides the environment."
+    ),
+}
+
+
+def _url(config_value: dict) -> str:
+    return config_value.get("postgres_url") or dagster_database_url(load_settings())
+
+
+class DataminerRunStorage(PostgresRunStorage):
+    @classmethod
+    def config_type(cls):
+        return _CONFIG
+
+    @classmethod
+    def from_config_value(cls, inst_data, config_value):
+        return cls(postgres_url=_url(config_value), inst_data=inst_data)
+
+
+class DataminerEventLogStorage(PostgresEventLogStorage):
+    @classmethod
+    def config_type(cls):
+        return _CONFIG
+
+    @classmethod
+    def from_config_value(cls, inst_data, config_value):
+        return cls(postgres_url=_url(config_value), inst_data=inst_data)
+
+
+class DataminerScheduleStorage(PostgresScheduleStorage):
+    @classmethod
+    def config_type(cls):
+        return _CONFIG
+
+    @classmethod
+    def from_config_value(cls, inst_data, config_value):
+        return cls(postgres_url=_url(config_value), inst_data=inst_data)
