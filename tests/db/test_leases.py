@@ -65,7 +65,9 @@ def test_eight_processes_claim_every_row_exactly_once(database_url, engine):
     assert sum(1 for c in counts if c > 0) >= 2, "the claims should be spread over processes"
     with engine.connect() as c:
         logged = c.execute(sa.text("SELECT count(*), count(DISTINCT item_id) FROM claim_log")).one()
-        statuses = dict(c.execute(sa.text("SELECT status, count(*) FROM dataminer.work_items GROUP BY 1")).all())
+        statuses = dict(
+            c.execute(sa.text("SELECT status, count(*) FROM dataminer.work_items GROUP BY 1")).all()
+        )
     assert tuple(logged) == (2000, 2000)
     assert statuses == {DONE: 2000}
 
@@ -79,7 +81,9 @@ def test_reaped_lease_cannot_be_completed_by_its_old_owner(engine):
     store.heartbeat("run-old", "host", 1)
     [old] = store.claim_next(STAGE, "run-old")
     with engine.begin() as c:  # the old run goes silent
-        c.execute(sa.text("UPDATE dataminer.run_heartbeats SET heartbeat_at = now() - interval '1 hour'"))
+        c.execute(
+            sa.text("UPDATE dataminer.run_heartbeats SET heartbeat_at = now() - interval '1 hour'")
+        )
 
     reaped = store.reap(stale_after_s=60)
     assert [(r.key, r.owner, r.status) for r in reaped] == [("v000000", "run-old", FAILED)]
@@ -145,9 +149,14 @@ def test_killed_run_loses_its_leases_and_live_run_keeps_them(database_url, engin
     stale_after = 1.5
     ctx = multiprocessing.get_context("spawn")
     runs = {}
-    for owner, keys in (("run-killed", ["v000000", "v000001"]), ("run-alive", ["v000002", "v000003"])):
+    for owner, keys in (
+        ("run-killed", ["v000000", "v000001"]),
+        ("run-alive", ["v000002", "v000003"]),
+    ):
         ready = ctx.Event()
-        proc = ctx.Process(target=_hold_leases, args=(database_url, owner, keys, ready, 0.2), daemon=True)
+        proc = ctx.Process(
+            target=_hold_leases, args=(database_url, owner, keys, ready, 0.2), daemon=True
+        )
         proc.start()
         assert ready.wait(60), f"{owner} did not claim"
         runs[owner] = proc
@@ -169,7 +178,9 @@ def test_killed_run_loses_its_leases_and_live_run_keeps_them(database_url, engin
             assert "run-killed" in row.last_error
         for key in ("v000002", "v000003"):
             row = _status(engine, key)
-            assert (row.status, row.lease_owner) == (RUNNING, "run-alive"), "a live run keeps its leases"
+            assert (row.status, row.lease_owner) == (RUNNING, "run-alive"), (
+                "a live run keeps its leases"
+            )
     finally:
         runs["run-alive"].kill()
 
@@ -258,7 +269,9 @@ def test_enqueue_is_idempotent_and_resets_only_what_it_is_told(engine):
     [lease] = store.claim_keys(STAGE, ["a"], "run")[0]
     store.fail(lease, "boom", retryable=False)
     [running] = store.claim_keys(STAGE, ["b"], "run")[0]
-    assert store.enqueue(STAGE, ["a", "b"], reset=[DEAD, RUNNING]) == 1, "running items are never reset"
+    assert store.enqueue(STAGE, ["a", "b"], reset=[DEAD, RUNNING]) == 1, (
+        "running items are never reset"
+    )
     assert _status(engine, "a").status == PENDING
     assert _status(engine, "b").lease_token == running.token
 

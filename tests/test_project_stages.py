@@ -1,0 +1,159 @@
+"""Two projects sharing videos, with different prompts and detectors, each to its own dataset,
+driven exactly as the sensors decide (dataminer_dagster.driver), with tiny real-architecture models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pytest
+
+from dataminer_dagster.assets import STAGE_ASSETS
+from dataminer_dagster.config import parse_project_config
+from dataminer_dagster.core.coco import validate_coco
+from dataminer_dagster.core.synthetic import SyntheticVideoSpec
+from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.status import stage_counts
+from dataminer_dagster.driver import drive
+from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.sensors.pipeline_sensors import stage_jobs
+from tests.helpers.pipeline import resources, write_videos
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    from dataminer_dagster.models.tiny import build_tiny_siglip
+    from dataminer_dagster.models.tiny_detectors import build_tiny_owlv2, build_tiny_yolo
+
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "siglip": build_tiny_siglip(root / "siglip"),
+        "yolo": build_tiny_yolo(root / "yolo.pt"),
+        "owlv2": build_tiny_owlv2(root / "owlv2"),
+    }
+
+
+def _config(
+    name: str,
+    files: list[str],
+    models: dict[str, Path],
+    *,
+    prompts: list[str],
+    detect: dict,
+    out: Path,
+):
+    return parse_project_config(
+        {
+            "name": name,
+            "output_dir": str(out / name),
+            "inputs": {"files": files},
+            "extract": {"strategy": "time", "every_seconds": 0.5},
+            "filter": {
+                "model": str(models["siglip"]),
+                "device": "cpu",
+                "positive_prompts": prompts,
+                "positive_threshold": 0.0,
+                "negative_threshold": 1.0,
+                "junk_threshold": 1.0,
+            },
+            "dedup": {"threshold": 0.99},
+            "detect": {**detect, "device": "cpu", "confidence": 0.01},
+        }
+    )
+
+
+def test_two_projects_sharing_videos_each_get_their_own_dataset(
+    tmp_path, database_url, engine, tiny_models
+):
+    videos = write_videos(
+        tmp_path / "videos",
+        {
+            f"clip{i}.mp4": SyntheticVideoSpec(
+                width=96, height=64, fps=10, seconds=2.0, scene_cuts=(1.0,), seed=i
+            )
+            for i in range(3)
+        },
+    )
+    files = [str(p) for p in videos.values()]
+    data_dir = tmp_path / "data"
+    store = LeaseStore(engine)
+    catalog = Catalog(engine, store, DataPaths(data_dir))
+    a = _config(
+        "alpha",
+        files,
+        tiny_models,
+        prompts=["a red square"],
+        detect={
+            "detector": "yolo",
+            "model": str(tiny_models["yolo"]),
+            "classes": ["person", "car"],
+        },
+        out=tmp_path / "out",
+    )
+    b = _config(
+        "beta",
+        files[:2],
+        tiny_models,
+        prompts=["a blue circle", "a shape"],
+        detect={
+            "detector": "owlv2",
+            "model": str(tiny_models["owlv2"]),
+            "prompts": ["circle", "square"],
+        },
+        out=tmp_path / "out",
+    )
+    for config in (a, b):
+        catalog.register_project(config)
+    defs = dg.Definitions(
+        assets=list(STAGE_ASSETS.values()),
+        jobs=list(stage_jobs(STAGE_ASSETS).values()),
+        resources=resources(database_url, data_dir),
+    )
+    with dg.instance_for_test() as instance:
+        result = drive(
+            ["alpha", "beta"],
+            instance=instance,
+            defs=defs,
+            store=store,
+            stale_after_s=60,
+            timeout_s=600,
+            log=lambda m: None,
+        )
+
+    assert result.stages == {"alpha": "complete", "beta": "complete"}, result
+    assert result.failed_runs == 0
+    for config, n_videos, categories in ((a, 3, ["person", "car"]), (b, 2, ["circle", "square"])):
+        root = tmp_path / "out" / config.name / "dataset"
+        manifest = pd.read_parquet(root / "manifest.parquet")
+        assert 1 <= len(manifest) <= n_videos * 4
+        assert set(manifest["video_id"]) <= {v for v in catalog.videos([])} | set(
+            manifest["video_id"]
+        )
+        assert manifest["video_id"].nunique() <= n_videos
+        assert all((root / "images" / f).is_file() for f in manifest["file_name"])
+        assert (root / "images" / manifest["file_name"][0]).stat().st_nlink >= 2, (
+            "images are hard links"
+        )
+        coco = json.loads((root / "annotations.coco.json").read_text())
+        validate_coco(coco)
+        assert [c["name"] for c in coco["categories"]] == categories
+        assert sorted(i["file_name"] for i in coco["images"]) == sorted(manifest["file_name"])
+        assert set(manifest.columns) >= {
+            "source_url",
+            "timestamp",
+            "pos_max",
+            "group",
+            "group_size",
+            "detections",
+        }
+        counts = stage_counts(engine, catalog.project(config.name).id)
+        assert counts["filter"]["done"] == n_videos
+        assert counts["dataset"]["done"] == 1
+
+    # The shared videos were downloaded and extracted once.
+    assert stage_counts(engine, catalog.project("alpha").id)["frames"]["done"] == 3

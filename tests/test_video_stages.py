@@ -1,0 +1,248 @@
+"""Issue: catalog -> downloads -> frames through Dagster, with real yt-dlp against a local server."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pytest
+
+from dataminer_dagster.assets.catalog import video_catalog
+from dataminer_dagster.assets.downloads import downloads
+from dataminer_dagster.assets.frames import frames
+from dataminer_dagster.config import parse_project_config
+from dataminer_dagster.core.synthetic import SyntheticVideoSpec
+from dataminer_dagster.core.video_ids import video_id_for_file, video_id_for_url
+from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.partitions import projects_partitions, videos_partitions
+from dataminer_dagster.paths import FRAMES_MANIFEST, DataPaths
+from tests.helpers.http_server import LocalHTTPServer
+from tests.helpers.pipeline import (
+    materialize_partitions,
+    materialized_partitions,
+    resources,
+    work_items,
+    write_videos,
+)
+
+pytestmark = pytest.mark.slow
+
+SPEC = SyntheticVideoSpec(width=160, height=120, fps=10, seconds=2.0)
+
+
+@pytest.fixture
+def served(tmp_path: Path):
+    root = tmp_path / "www"
+    root.mkdir()
+    good = write_videos(root, {"good.mp4": SPEC, "good.webm": SPEC})
+    (root / "notvideo.mp4").write_text("this is not a video\n" * 50)
+    (root / "empty.mp4").write_bytes(b"")
+    data = good["good.mp4"].read_bytes()
+    (root / "truncated.mp4").write_bytes(data[: len(data) // 2])
+    with LocalHTTPServer(root) as server:
+        server.respond("/missing.mp4", status=404)
+        yield server
+
+
+def _project(server, tmp_path, **extract):
+    local = write_videos(tmp_path / "local", {"clip.mp4": SPEC})["clip.mp4"]
+    names = ["good.mp4", "good.webm", "missing.mp4", "notvideo.mp4", "empty.mp4", "truncated.mp4"]
+    return parse_project_config(
+        {
+            "name": "p1",
+            "inputs": {"urls": [server.url(f"/{n}") for n in names], "files": [str(local)]},
+            "extract": {"strategy": "time", "every_seconds": 0.5, **extract},
+            "filter": {"positive_prompts": ["a thing"]},
+        }
+    ), local
+
+
+def test_bad_items_end_in_the_right_state_and_good_ones_get_frames(
+    served, tmp_path, database_url, engine
+):
+    config, local = _project(served, tmp_path)
+    data_dir = tmp_path / "data"
+    catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
+    catalog.register_project(config)
+    res = resources(database_url, data_dir)
+    ids = {
+        name: video_id_for_url(served.url(f"/{name}"))
+        for name in [
+            "good.mp4",
+            "good.webm",
+            "missing.mp4",
+            "notvideo.mp4",
+            "empty.mp4",
+            "truncated.mp4",
+        ]
+    }
+    ids["local"] = video_id_for_file(local)
+
+    with dg.instance_for_test() as instance:
+        result = materialize_partitions(
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=res,
+            partitions=projects_partitions,
+        )
+        assert materialized_partitions(result, "video_catalog") == ["p1"]
+        assert set(work_items(engine, "download")) == set(ids.values())
+
+        result = materialize_partitions(
+            [downloads],
+            list(ids.values()),
+            instance=instance,
+            resources=res,
+            partitions=videos_partitions,
+        )
+        assert result.success, "one bad video must not fail the batch"
+        dl = work_items(engine, "download")
+        good = {ids["good.mp4"], ids["good.webm"], ids["local"]}
+        assert {k for k, r in dl.items() if r.status == "done"} == good
+        assert (
+            dl[ids["missing.mp4"]].status == "dead" and "404" in dl[ids["missing.mp4"]].last_error
+        )
+        assert (
+            dl[ids["notvideo.mp4"]].status == "dead"
+            and "not a usable video" in dl[ids["notvideo.mp4"]].last_error
+        )
+        assert dl[ids["empty.mp4"]].status == "dead" and "empty" in dl[ids["empty.mp4"]].last_error
+        assert dl[ids["truncated.mp4"]].status == "dead"
+        assert sorted(materialized_partitions(result, "downloads")) == sorted(good)
+        assert not list((data_dir / "videos").glob("*.part")) and not list(
+            (data_dir / "videos").glob(".*")
+        )
+        assert set(work_items(engine, "frames")) == good, (
+            "frames are queued only for downloaded videos"
+        )
+
+        result = materialize_partitions(
+            [frames], sorted(good), instance=instance, resources=res, partitions=videos_partitions
+        )
+        assert sorted(materialized_partitions(result, "frames")) == sorted(good)
+        videos = catalog.videos(good)
+        assert videos[ids["good.mp4"]].duration_s == pytest.approx(2.0, abs=0.2)
+        profiles = catalog.frame_profiles(good)
+        for video_id in good:
+            [(directory, count)] = profiles[video_id].values()
+            manifest = pd.read_parquet(directory / FRAMES_MANIFEST)
+            assert count == len(manifest) == 4  # 0.0, 0.5, 1.0, 1.5 s
+            assert list(manifest["timestamp"].round(2)) == [0.0, 0.5, 1.0, 1.5]
+            assert all((directory / name).is_file() for name in manifest["file_name"])
+        assert set(work_items(engine, "filter")) == {f"p1.{v}" for v in good}
+
+        # A second run of everything does no new work.
+        again = [
+            materialize_partitions(
+                [video_catalog],
+                ["p1"],
+                instance=instance,
+                resources=res,
+                partitions=projects_partitions,
+            ),
+            materialize_partitions(
+                [downloads],
+                list(ids.values()),
+                instance=instance,
+                resources=res,
+                partitions=videos_partitions,
+            ),
+            materialize_partitions(
+                [frames],
+                sorted(good),
+                instance=instance,
+                resources=res,
+                partitions=videos_partitions,
+            ),
+        ]
+        assert all(r.success and not r.get_asset_materialization_events() for r in again)
+
+
+def test_single_partition_failure_fails_the_run_with_the_reason(
+    served, tmp_path, database_url, engine
+):
+    config, _ = _project(served, tmp_path)
+    data_dir = tmp_path / "data"
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    res = resources(database_url, data_dir)
+    with dg.instance_for_test() as instance:
+        materialize_partitions(
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=res,
+            partitions=projects_partitions,
+        )
+        missing = video_id_for_url(served.url("/missing.mp4"))
+        result = materialize_partitions(
+            [downloads],
+            [missing],
+            instance=instance,
+            resources=res,
+            partitions=videos_partitions,
+            raise_on_error=False,
+        )
+        assert not result.success
+        failure = result.get_step_failure_events()[0].step_failure_data.error.message
+        assert "404" in failure and missing in failure
+
+
+def test_frames_reextracts_when_a_project_needs_another_profile_and_refetches_deleted_files(
+    served, tmp_path, database_url, engine
+):
+    config, _ = _project(served, tmp_path)
+    data_dir = tmp_path / "data"
+    catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
+    catalog.register_project(config)
+    res = resources(database_url, data_dir)
+    good = video_id_for_url(served.url("/good.mp4"))
+    with dg.instance_for_test() as instance:
+        materialize_partitions(
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=res,
+            partitions=projects_partitions,
+        )
+        for asset in (downloads, frames):
+            materialize_partitions(
+                [asset], [good], instance=instance, resources=res, partitions=videos_partitions
+            )
+
+        # A second project wants other frames of the same video, whose file has been deleted.
+        other = config.model_copy(
+            update={
+                "name": "p2",
+                "extract": config.extract.model_copy(
+                    update={"every_seconds": 1.0, "image_format": "webp"}
+                ),
+            }
+        )
+        catalog.register_project(other)
+        video_file = data_dir / catalog.videos([good])[good].file_path
+        video_file.unlink()
+        materialize_partitions(
+            [video_catalog],
+            ["p2"],
+            instance=instance,
+            resources=res,
+            partitions=projects_partitions,
+        )
+        assert work_items(engine, "download")[good].status == "pending", (
+            "the file is gone: fetch it again"
+        )
+        for asset in (downloads, frames):
+            materialize_partitions(
+                [asset], [good], instance=instance, resources=res, partitions=videos_partitions
+            )
+        profiles = catalog.frame_profiles([good])[good]
+        assert sorted(count for _, count in profiles.values()) == [2, 4]
+        webp = [d for d, _ in profiles.values() if list(d.glob("*.webp"))]
+        assert len(webp) == 1
+        assert work_items(engine, "filter")["p2." + good].status == "pending"
+        assert work_items(engine, "filter")["p1." + good].status == "pending"
+        shutil.rmtree(webp[0])
