@@ -234,14 +234,27 @@ class ProjectConfig(_Section):
         None,
         description="Where the project's results go; default $DATAMINER_DATA_DIR/projects/<name>.",
     )
-    inputs: InputsConfig
-    download: DownloadConfig = Field(default_factory=DownloadConfig)
-    extract: ExtractConfig = Field(default_factory=ExtractConfig)
-    filter: FilterConfig
-    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    inputs: InputsConfig = Field(description="Where the videos come from (at least one source).")
+    download: DownloadConfig = Field(
+        default_factory=DownloadConfig, description="How videos are fetched, and which are skipped."
+    )
+    extract: ExtractConfig = Field(
+        default_factory=ExtractConfig, description="How frames are sampled and stored."
+    )
+    filter: FilterConfig = Field(
+        description="Which frames to keep: SigLIP2 prompt scores and thresholds."
+    )
+    dedup: DedupConfig = Field(
+        default_factory=DedupConfig,
+        description="Near-duplicate removal across the project's videos.",
+    )
     detect: DetectConfig | None = Field(None, description="Object detection; leave out to skip it.")
-    cleanup: CleanupConfig = Field(default_factory=CleanupConfig)
-    backup: BackupConfig | None = None
+    cleanup: CleanupConfig = Field(
+        default_factory=CleanupConfig, description="Disk space: what may be deleted once used."
+    )
+    backup: BackupConfig | None = Field(
+        None, description="Copy raw frames elsewhere with rsync, verified by checksum."
+    )
 
     def config_hash(self) -> str:
         return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
@@ -314,13 +327,17 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
 
 def _resolve_paths(config: ProjectConfig, base: Path) -> ProjectConfig:
     def absolute(p: Path | None) -> Path | None:
-        return None if p is None else (p if p.is_absolute() else (base / p).resolve())
+        if p is None:
+            return None
+        p = p.expanduser()
+        return p if p.is_absolute() else (base / p).resolve()
 
     inputs = config.inputs
     search = inputs.search
     if search and search.queries_file:
         search = search.model_copy(update={"queries_file": absolute(search.queries_file)})
-    files = [f if Path(f).is_absolute() else str(base / f) for f in inputs.files]
+    expanded = [Path(f).expanduser() for f in inputs.files]
+    files = [str(f if f.is_absolute() else base / f) for f in expanded]
     inputs = inputs.model_copy(
         update={"search": search, "url_file": absolute(inputs.url_file), "files": files}
     )
@@ -330,3 +347,48 @@ def _resolve_paths(config: ProjectConfig, base: Path) -> ProjectConfig:
     return config.model_copy(
         update={"inputs": inputs, "download": download, "output_dir": absolute(config.output_dir)}
     )
+
+
+def config_reference() -> str:
+    """The README's config reference, generated from the schema (a test keeps them equal)."""
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{name}"
+            nested = _nested_model(field.annotation)
+            default = "required" if field.is_required() else _show_default(field)
+            kind = "section" if nested else _type_name(field.annotation)
+            lines.append(f"| `{key}` | {kind} | {default} | {field.description or ''} |")
+            if nested:
+                walk(nested, f"{key}.")
+
+    walk(ProjectConfig, "")
+    return "\n".join(lines)
+
+
+def _nested_model(annotation) -> type[BaseModel] | None:
+    candidates = [annotation, *getattr(annotation, "__args__", ())]
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+
+
+def _type_name(annotation) -> str:
+    text = (
+        str(annotation)
+        .replace("typing.", "")
+        .replace("pathlib.", "")
+        .replace("<class '", "")
+        .replace("'>", "")
+    )
+    return text.replace("Literal[", "one of [").replace("NoneType", "null").replace(" | ", " or ")
+
+
+def _show_default(field) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()
+        return "`[]`" if value == [] else "(section defaults)"
+    return "null" if field.default is None else f"`{field.default}`"
+
+
+if __name__ == "__main__":  # python -m dataminer_dagster.config > reference.md
+    print(config_reference())

@@ -1,0 +1,34 @@
+"""The README stays true to the code: its config reference is the schema's, its two commands are
+the ones CI runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from dataminer_dagster.config import config_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_config_reference_matches_the_schema():
+    match = re.search(r"<!-- config-reference:start -->\n(.*)\n<!-- config-reference:end -->", README, re.S)
+    assert match, "README.md lost its config-reference markers"
+    assert match.group(1) == config_reference(), "regenerate with: python -m dataminer_dagster.config"
+
+
+def test_ci_runs_the_readme_test_command():
+    commands = re.findall(r"```bash\n(.*?)\n```", README, re.S)
+    demo, tests = commands[0], commands[1]
+    assert demo.endswith("dataminer demo")
+    assert tests in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_example_config_is_valid():
+    from dataminer_dagster.config import load_project_config
+
+    examples = sorted((ROOT / "examples").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        load_project_config(path)
