@@ -18,9 +18,18 @@ import pandas as pd
 from dataminer_dagster.assets.detect import detections
 from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
 from dataminer_dagster.core.files import link_or_copy, publish, staging_path
+from dataminer_dagster.db.project_flow import project_members
 from dataminer_dagster.partitions import projects_partitions
 from dataminer_dagster.paths import ProjectPaths
+from dataminer_dagster.retention import release_finished_frames
 from dataminer_dagster.stages import DATASET
+
+
+def _publish(catalog, conn, project, staging: Path, final: Path) -> None:
+    publish(staging, final)
+    members = [row.video_id for row in project_members(catalog.engine, project.id)]
+    release_finished_frames(catalog, conn, members, completing=project.name)
+
 
 MANIFEST_COLUMNS = [
     "file_name",
@@ -89,6 +98,6 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
             "path": str(paths.dataset_dir),
         },
         outcome={"images": len(manifest)},
-        commit=lambda conn: publish(staging, paths.dataset_dir),
+        commit=lambda conn: _publish(catalog, conn, project, staging, paths.dataset_dir),
         staged=[staging],
     )

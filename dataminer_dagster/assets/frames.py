@@ -25,6 +25,7 @@ from dataminer_dagster.core.media import VideoDecodeError
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.partitions import videos_partitions
 from dataminer_dagster.paths import FRAMES_MANIFEST
+from dataminer_dagster.retention import delete_video_file, may_delete_video_file
 from dataminer_dagster.stages import FRAMES
 
 
@@ -93,6 +94,10 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
         for profile, options, staging, final, count in made:
             publish(staging, final)
             catalog.record_frames(conn, item.video_id, profile, asdict(options), final, count)
+        if may_delete_video_file(projects) and delete_video_file(catalog, conn, item.video_id):
+            ctx.log.info(
+                f"frames {item.video_id}: video file deleted (cleanup.delete_videos_after_extraction)"
+            )
         catalog.advance_videos(conn, [item.video_id])
 
     return ItemResult(

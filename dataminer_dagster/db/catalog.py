@@ -18,9 +18,9 @@ import sqlalchemy as sa
 
 from dataminer_dagster.config import ProjectConfig
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, SCHEMA
+from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, RUNNING, SCHEMA
 from dataminer_dagster.paths import DataPaths
-from dataminer_dagster.stages import CATALOG, DOWNLOAD, FILTER, FRAMES, project_video_key
+from dataminer_dagster.stages import BACKUP, CATALOG, DOWNLOAD, FILTER, FRAMES, project_video_key
 
 S = SCHEMA
 
@@ -323,6 +323,15 @@ class Catalog:
             {"t": total, "p": passed, "project": project_id, "v": video_id},
         )
 
+    def record_backup(
+        self, conn: sa.Connection, video_id: str, destinations: Sequence[str]
+    ) -> None:
+        conn.execute(
+            sa.text(f"""UPDATE {S}.videos SET backup_dest = :d, backed_up_at = now(), updated_at = now()
+                         WHERE video_id = :v"""),
+            {"d": "\n".join(destinations), "v": video_id},
+        )
+
     def videos_with_passed_frames(self, project_id: int) -> list[str]:
         with self.engine.connect() as c:
             return list(
@@ -342,16 +351,19 @@ class Catalog:
 
         download missing -> queue it; frames missing, or missing a linked project's extraction
         profile -> (re)queue extraction, or the download first when the video file is gone; frames
-        present -> queue each linked project's filter. With `reset_failed`, failed and dead items on
-        the way are queued again (a project (re)linking a video that had failed)."""
+        present -> queue each linked project's filter, and a backup when a linked project names a
+        destination the frames have not been copied to. With `reset_failed`, failed and dead items
+        on the way are queued again (a project (re)linking a video that had failed)."""
         if not video_ids:
             return 0
         state = conn.execute(
             sa.text(f"""
-                SELECT v.video_id, v.file_path, v.source_path, d.status AS download, f.status AS frames
+                SELECT v.video_id, v.file_path, v.source_path, v.backup_dest, d.status AS download,
+                       f.status AS frames, b.status AS backup
                   FROM {S}.videos v
                   LEFT JOIN {S}.work_items d ON d.stage = '{DOWNLOAD}' AND d.item_key = v.video_id
                   LEFT JOIN {S}.work_items f ON f.stage = '{FRAMES}' AND f.item_key = v.video_id
+                  LEFT JOIN {S}.work_items b ON b.stage = '{BACKUP}' AND b.item_key = v.video_id
                  WHERE v.video_id = ANY(CAST(:ids AS text[]))
             """),
             {"ids": list(video_ids)},
@@ -359,7 +371,7 @@ class Catalog:
         links = conn.execute(
             sa.text(f"""
                 SELECT pv.video_id, p.id AS project_id, p.name, p.config -> 'extract' AS extract,
-                       fi.status AS filter
+                       p.config -> 'backup' ->> 'dest' AS backup_to, fi.status AS filter
                   FROM {S}.project_videos pv
                   JOIN {S}.projects p ON p.id = pv.project_id
                   LEFT JOIN {S}.work_items fi ON fi.stage = '{FILTER}' AND fi.item_key = p.name || '.' || pv.video_id
@@ -396,6 +408,10 @@ class Catalog:
                     queue[(FILTER, retry)].append(
                         (project_video_key(link.name, vid), link.project_id, vid)
                     )
+            wanted_backups = {link.backup_to for link in links_by_video[vid] if link.backup_to}
+            backed_up = set((video.backup_dest or "").splitlines())
+            if profiles.get(vid) and not wanted_backups <= backed_up and video.backup != RUNNING:
+                queue[(BACKUP, (DONE, *retry))].append((vid, None, vid))
         queued = 0
         for (stage, reset), items in queue.items():
             keys, project_ids, vids = zip(*items, strict=True)

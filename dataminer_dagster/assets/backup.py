@@ -1,0 +1,41 @@
+"""frames_backup: raw frames copied to each destination that a project using the video names
+(`backup.dest`: a local directory or user@host:/path), with rsync, verified by checksum and file
+count. A verified backup may let the frames go (`backup.delete_after_backup`) once no project needs
+them any more; see retention.py.
+"""
+
+from __future__ import annotations
+
+from dataminer_dagster.assets.frames import frames
+from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
+from dataminer_dagster.core.rsync import copy_tree, verify_tree
+from dataminer_dagster.partitions import videos_partitions
+from dataminer_dagster.retention import release_finished_frames
+from dataminer_dagster.stages import BACKUP
+
+
+@stage_asset(stage=BACKUP, partitions_def=videos_partitions, deps=[frames], kinds={"rsync"})
+def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
+    """The video's raw frames, copied to every backup destination of its projects and verified."""
+    catalog = ctx.db.catalog
+    projects = catalog.linked_projects([item.video_id]).get(item.video_id, [])
+    destinations = sorted({p.config.backup.dest for p in projects if p.config.backup})
+    frames_root = ctx.db.paths.root / "frames" / item.video_id
+    if not destinations or not frames_root.is_dir():
+        return ItemResult(metadata={"status": "nothing to back up"})
+    checked = {}
+    for dest in destinations:
+        target = f"{dest.rstrip('/')}/{item.video_id}"
+        copy_tree(frames_root, target)
+        checked[dest] = verify_tree(frames_root, target)
+        ctx.check_lease(item)
+
+    def commit(conn) -> None:
+        catalog.record_backup(conn, item.video_id, destinations)
+        release_finished_frames(catalog, conn, [item.video_id])
+
+    return ItemResult(
+        metadata={"destinations": "\n".join(destinations), "files_verified": sum(checked.values())},
+        outcome={"destinations": destinations},
+        commit=commit,
+    )

@@ -1,0 +1,76 @@
+"""Copying a directory with rsync and proving the copy is complete (checksums, file counts).
+
+A destination is a local directory or `user@host:/path` (rsync over ssh, key-based, no prompts).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+SSH = "ssh -o BatchMode=yes -o ConnectTimeout=30"
+
+
+class BackupError(RuntimeError):
+    pass
+
+
+def is_remote(dest: str) -> bool:
+    head = dest.split(":", 1)[0]
+    return ":" in dest and "@" in head and "/" not in head
+
+
+def copy_tree(source: Path, dest: str, *, timeout_s: float = 3600) -> None:
+    """rsync `source/` into `dest/` (created if missing), comparing by checksum."""
+    _rsync(["--checksum", "--mkpath", f"{source}/", f"{dest.rstrip('/')}/"], timeout_s)
+
+
+def verify_tree(source: Path, dest: str, *, timeout_s: float = 1800) -> int:
+    """Raise BackupError unless `dest` holds exactly the files of `source` with the same content.
+    Returns the number of files checked."""
+    listing = _rsync(
+        ["--checksum", "--dry-run", "--itemize-changes", f"{source}/", f"{dest.rstrip('/')}/"],
+        timeout_s,
+    )
+    changed = [line for line in listing.splitlines() if line and not line.startswith(".d")]
+    if changed:
+        raise BackupError(
+            f"backup of {source} to {dest} differs in {len(changed)} entries, e.g. {changed[0]!r}"
+        )
+    local = sum(1 for p in source.rglob("*") if p.is_file())
+    remote = _count_files(dest, timeout_s)
+    if remote < local:
+        raise BackupError(f"backup of {source} to {dest} has {remote} files, the source {local}")
+    return local
+
+
+def _count_files(dest: str, timeout_s: float) -> int:
+    if not is_remote(dest):
+        return sum(1 for p in Path(dest).rglob("*") if p.is_file())
+    host, path = dest.split(":", 1)
+    result = subprocess.run(
+        [*SSH.split(), host, f"find '{path}' -type f | wc -l"],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    if result.returncode != 0:
+        raise BackupError(f"counting files at {dest} failed: {result.stderr.strip()}")
+    return int(result.stdout.strip() or 0)
+
+
+def _rsync(args: list[str], timeout_s: float) -> str:
+    binary = shutil.which("rsync")
+    if binary is None:
+        raise BackupError("rsync is not installed on this machine (apt install rsync)")
+    command = [binary, "-a", *args]
+    if any(is_remote(a) for a in args):
+        command[2:2] = ["-e", SSH]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        raise BackupError(f"rsync timed out after {timeout_s:.0f} s") from exc
+    if result.returncode != 0:
+        raise BackupError(f"rsync failed ({result.returncode}): {result.stderr.strip()[-500:]}")
+    return result.stdout

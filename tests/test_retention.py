@@ -1,0 +1,143 @@
+"""Cleanup and backup never break a later project: deleted videos are fetched again, deleted frames
+extracted again, and frames are only deleted once every project using them is done with them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from dataminer_dagster.assets import STAGE_ASSETS
+from dataminer_dagster.config import parse_project_config
+from dataminer_dagster.core.synthetic import SyntheticVideoSpec
+from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.driver import drive
+from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.sensors.pipeline_sensors import stage_jobs
+from tests.helpers.http_server import LocalHTTPServer
+from tests.helpers.pipeline import resources, work_items, write_videos
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_siglip(tmp_path_factory) -> Path:
+    from dataminer_dagster.models.tiny import build_tiny_siglip
+
+    return build_tiny_siglip(tmp_path_factory.mktemp("models") / "siglip")
+
+
+def _config(name, urls, model, out: Path, **sections):
+    return parse_project_config(
+        {
+            "name": name,
+            "output_dir": str(out / name),
+            "inputs": {"urls": urls},
+            "extract": {"strategy": "time", "every_seconds": 0.5},
+            "filter": {
+                "model": str(model),
+                "device": "cpu",
+                "positive_prompts": ["a shape"],
+                "positive_threshold": 0.0,
+            },
+            **sections,
+        }
+    )
+
+
+def test_cleanup_and_backup_then_a_later_project_gets_everything_back(
+    tmp_path, database_url, engine, tiny_siglip
+):
+    www = tmp_path / "www"
+    write_videos(
+        www,
+        {
+            f"v{i}.mp4": SyntheticVideoSpec(width=96, height=64, fps=10, seconds=1.5, seed=i)
+            for i in range(2)
+        },
+    )
+    data_dir, backup_dir = tmp_path / "data", tmp_path / "backup"
+    store = LeaseStore(engine)
+    catalog = Catalog(engine, store, DataPaths(data_dir))
+    defs = dg.Definitions(
+        assets=list(STAGE_ASSETS.values()),
+        jobs=list(stage_jobs(STAGE_ASSETS).values()),
+        resources=resources(database_url, data_dir),
+    )
+    with LocalHTTPServer(www) as server, dg.instance_for_test() as instance:
+        urls = [server.url(f"/v{i}.mp4") for i in range(2)]
+        first = _config(
+            "first",
+            urls,
+            tiny_siglip,
+            tmp_path / "out",
+            cleanup={"delete_videos_after_extraction": True},
+            backup={"dest": str(backup_dir), "delete_after_backup": True},
+        )
+        catalog.register_project(first)
+        result = drive(
+            ["first"],
+            instance=instance,
+            defs=defs,
+            store=store,
+            stale_after_s=60,
+            timeout_s=300,
+            log=lambda m: None,
+        )
+        assert result.stages == {"first": "complete"}
+        # The backup stage may finish after the project: drive it until no backup work is left.
+        drive(
+            ["first"],
+            instance=instance,
+            defs=defs,
+            store=store,
+            stale_after_s=60,
+            timeout_s=60,
+            log=lambda m: None,
+        )
+
+        ids = sorted(r for r in work_items(engine, "download"))
+        rows = catalog.videos(ids)
+        assert all(rows[v].file_path is None for v in ids), (
+            "downloaded files were deleted after extraction"
+        )
+        assert not list((data_dir / "videos").glob("*.mp4"))
+        backups = work_items(engine, "backup")
+        assert {k: r.status for k, r in backups.items()} == {v: "done" for v in ids}
+        for v in ids:
+            assert sorted(p.name for p in (backup_dir / v).rglob("*.jpg")), (
+                "frames are in the backup"
+            )
+        assert catalog.frame_profiles(ids) == {}, (
+            "frames were deleted after a verified backup, the project being done"
+        )
+        dataset = tmp_path / "out" / "first" / "dataset" / "images"
+        assert list(dataset.iterdir()) and all(p.stat().st_size for p in dataset.iterdir()), (
+            "the dataset keeps its images"
+        )
+
+        # A later project with other sampling needs the same videos: fetched and extracted again.
+        second = _config(
+            "second",
+            urls,
+            tiny_siglip,
+            tmp_path / "out",
+            extract={"strategy": "time", "every_seconds": 1.0},
+        )
+        catalog.register_project(second)
+        result = drive(
+            ["second"],
+            instance=instance,
+            defs=defs,
+            store=store,
+            stale_after_s=60,
+            timeout_s=300,
+            log=lambda m: None,
+        )
+        assert result.stages == {"second": "complete"}
+        assert work_items(engine, "download")[ids[0]].attempts >= 1
+        assert all(catalog.frame_profiles([v]).get(v) for v in ids), (
+            "frames exist again for the new project"
+        )
