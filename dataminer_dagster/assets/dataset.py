@@ -16,7 +16,12 @@ from pathlib import Path
 import pandas as pd
 
 from dataminer_dagster.assets.detect import detections
-from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
+from dataminer_dagster.assets.stage import (
+    ItemResult,
+    StageContext,
+    StageItem,
+    stage_asset,
+)
 from dataminer_dagster.core.files import link_or_copy, publish, staging_path
 from dataminer_dagster.db.project_flow import project_members
 from dataminer_dagster.partitions import projects_partitions

@@ -9,21 +9,66 @@ DINOv3 model. The result, `<output>/dedup/frames.parquet`, lists every passed fr
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from dataminer_dagster.assets.filter import FRAME_COLUMNS, GPU_OP_TAGS, filtered_frames, load_scorer
-from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
+from dataminer_dagster.assets.previews import preview_metadata
+from dataminer_dagster.assets.stage import (
+    ItemResult,
+    StageCheck,
+    StageContext,
+    StageItem,
+    stage_asset,
+)
 from dataminer_dagster.core.dedup import deduplicate
 from dataminer_dagster.core.embedding_cache import EmbeddingCache
 from dataminer_dagster.core.files import publish, staging_path
+from dataminer_dagster.core.images import read_image
+from dataminer_dagster.core.visualize import contact_sheet, histogram
 from dataminer_dagster.partitions import projects_partitions
 from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.stages import DEDUP
 
 
+def _no_duplicates_kept(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]:
+    """No two kept frames of a project finished in this run are at or above its threshold (with
+    the stage's own search: exact up to dedup.exact_limit kept frames, approximate beyond, where a
+    missed pair would go unreported)."""
+    from dataminer_dagster.core.dedup import similar_pairs
+
+    offending: dict[str, int] = {}
+    for name in keys:
+        project = ctx.db.catalog.project(name)
+        table = pd.read_parquet(ProjectPaths(project.output_dir).dedup_table)
+        kept = table[table["kept"]].reset_index(drop=True)
+        if len(kept) < 2:
+            offending[name] = 0
+            continue
+        left, _ = similar_pairs(
+            _embeddings(ctx, project, kept),
+            project.config.dedup.threshold,
+            exact_limit=project.config.dedup.exact_limit,
+        )
+        offending[name] = len(left)
+    return not any(offending.values()), {
+        "pairs_above_threshold": offending or "no project deduplicated"
+    }
+
+
+DEDUP_CHECKS = [
+    StageCheck(
+        "no_duplicates_kept",
+        "No pair of kept frames is at or above the dedup threshold.",
+        _no_duplicates_kept,
+    )
+]
+
+
 @stage_asset(
+    checks=DEDUP_CHECKS,
     stage=DEDUP,
     partitions_def=projects_partitions,
     deps=[filtered_frames],
@@ -36,6 +81,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     catalog = ctx.db.catalog
     project = catalog.project(item.key)
     frames = passed_frames(project, catalog.videos_with_passed_frames(project.id))
+    scored = [float(v) for v in frames["pos_max"]]
     started = time.monotonic()
     config = project.config.dedup
     if len(frames):
@@ -68,15 +114,32 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     ctx.log.info(
         f"dedup {project.name}: {len(frames)} passed frames -> {kept} kept ({stats['pairs']} duplicate pairs)"
     )
+    previews = ProjectPaths(project.output_dir).root / "previews"
+    best = frames[frames["kept"]].sort_values("pos_max", ascending=False).head(24)
+    sheet = contact_sheet(
+        [read_image(Path(f)) for f in best["file"]],
+        [
+            f"{v} {t:.1f}s {s:.2f}"
+            for v, t, s in zip(best["video_id"], best["timestamp"], best["pos_max"], strict=True)
+        ],
+        columns=6,
+        tile_width=160,
+        tile_height=120,
+    )
+    chart = histogram(
+        scored,
+        marker=project.config.filter.positive_threshold,
+        title="best positive score of passed frames",
+    )
     return ItemResult(
         metadata={
+            **preview_metadata("kept_frames", sheet, previews),
+            **preview_metadata("filter_scores", chart, previews),
             "frames_in": len(frames),
             "kept": kept,
             "groups": kept,
             "duplicate_pairs": stats["pairs"],
-            "search": "exact"
-            if stats["exact"]
-            else f"approximate, measured recall {stats['recall']:.4f}",
+            "search": _search_summary(stats),
             "threshold": config.threshold,
             "seconds": round(time.monotonic() - started, 2),
             "table": str(final),
@@ -85,6 +148,14 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
         commit=lambda conn: publish(staged, final),
         staged=[staged],
     )
+
+
+def _search_summary(stats: dict) -> str:
+    if stats["exact"]:
+        return "exact"
+    if stats["recall"] is None:
+        return "approximate (the recall sample held no duplicate pair to measure)"
+    return f"approximate, measured recall {stats['recall']:.4f}"
 
 
 def passed_frames(project, video_ids: list[str]) -> pd.DataFrame:

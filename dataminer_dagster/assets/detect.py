@@ -14,12 +14,25 @@ import pandas as pd
 
 from dataminer_dagster.assets.dedup import deduped_set
 from dataminer_dagster.assets.filter import GPU_OP_TAGS
-from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
-from dataminer_dagster.core.coco import ImageDetections, build_coco, write_coco
+from dataminer_dagster.assets.previews import preview_metadata
+from dataminer_dagster.assets.stage import (
+    ItemResult,
+    StageCheck,
+    StageContext,
+    StageItem,
+    stage_asset,
+)
+from dataminer_dagster.core.coco import (
+    ImageDetections,
+    build_coco,
+    coco_problems,
+    read_coco,
+    write_coco,
+)
 from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.images import read_image, write_image
 from dataminer_dagster.core.progress import Progress
-from dataminer_dagster.core.visualize import draw_detections
+from dataminer_dagster.core.visualize import contact_sheet, draw_detections
 from dataminer_dagster.partitions import projects_partitions
 from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.stages import DETECT
@@ -41,7 +54,39 @@ def load_project_detector(config):
     )
 
 
+def _examples(table: pd.DataFrame, kept: pd.DataFrame, paths: ProjectPaths) -> dict:
+    """A contact sheet of the frames with the most detections, boxes drawn."""
+    from dataminer_dagster.models.detectors import Detection
+
+    busiest = table["frame_id"].value_counts().head(8).index.tolist()
+    files = dict(zip(kept["frame_id"], kept["file"], strict=True))
+    pictures, captions = [], []
+    for frame_id in busiest:
+        boxes = table[table["frame_id"] == frame_id]
+        found = [Detection(r.x, r.y, r.w, r.h, r.score, r.label) for r in boxes.itertuples()]
+        pictures.append(draw_detections(read_image(Path(files[frame_id])), found))
+        captions.append(f"{frame_id}: {len(found)}")
+    sheet = contact_sheet(pictures, captions, columns=4, tile_width=200, tile_height=150)
+    return preview_metadata("detection_examples", sheet, paths.root / "previews")
+
+
+def _coco_valid(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]:
+    """The COCO file of every project detected in this run loads and is internally consistent."""
+    problems = {}
+    for name in keys:
+        project = ctx.db.catalog.project(name)
+        path = ProjectPaths(project.output_dir).coco_file
+        if project.config.detect is None:
+            continue
+        found = coco_problems(read_coco(path)) if path.is_file() else [f"{path} is missing"]
+        problems[name] = "; ".join(found[:5]) or "valid"
+    return all(v == "valid" for v in problems.values()), {
+        "projects": problems or "no project detected"
+    }
+
+
 @stage_asset(
+    checks=[StageCheck("coco_valid", "The COCO file is valid detection JSON.", _coco_valid)],
     stage=DETECT,
     partitions_def=projects_partitions,
     deps=[deduped_set],
@@ -104,6 +149,7 @@ def detections(item: StageItem, ctx: StageContext) -> ItemResult:
     per_label = table["label"].value_counts().to_dict()
     return ItemResult(
         metadata={
+            **_examples(table, kept, paths),
             "frames": len(kept),
             "detections": len(table),
             "frames_with_detections": int(table["frame_id"].nunique()),

@@ -15,11 +15,17 @@ from dataminer_dagster.assets.downloads import downloads
 from dataminer_dagster.assets.stage import (
     ItemResult,
     PermanentFailure,
+    StageCheck,
     StageContext,
     StageItem,
     stage_asset,
 )
-from dataminer_dagster.core.extract import ExtractionOptions, extract_frames, write_manifest
+from dataminer_dagster.core.extract import (
+    ExtractionOptions,
+    extract_frames,
+    read_manifest,
+    write_manifest,
+)
 from dataminer_dagster.core.files import publish, remove_stale_staging, staging_path
 from dataminer_dagster.core.media import VideoDecodeError
 from dataminer_dagster.core.progress import format_seconds
@@ -29,7 +35,42 @@ from dataminer_dagster.retention import delete_video_file, may_delete_video_file
 from dataminer_dagster.stages import FRAMES
 
 
-@stage_asset(stage=FRAMES, partitions_def=videos_partitions, deps=[downloads], kinds={"image"})
+def _frames_on_disk(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]:
+    """Every frames directory the catalog records exists; for this run's videos, every file of
+    the manifest too."""
+    catalog = ctx.db.catalog
+    missing_dirs, missing_files = [], []
+    for video_id, profiles in catalog.frame_profiles(None).items():
+        for profile, (directory, _) in profiles.items():
+            if not directory.is_dir():
+                missing_dirs.append(f"{video_id}/{profile}")
+            elif video_id in keys:
+                names = {f.file_name for f in read_manifest(directory / FRAMES_MANIFEST)}
+                missing_files += [
+                    f"{video_id}/{profile}/{n}"
+                    for n in sorted(names)
+                    if not (directory / n).is_file()
+                ]
+    passed = not missing_dirs and not missing_files
+    return passed, {
+        "missing_directories": len(missing_dirs),
+        "missing_files": len(missing_files),
+        "examples": "\n".join((missing_dirs + missing_files)[:10]) or "none",
+    }
+
+
+FRAMES_CHECKS = [
+    StageCheck("frames_on_disk", "Every frame the catalog records is on disk.", _frames_on_disk)
+]
+
+
+@stage_asset(
+    stage=FRAMES,
+    partitions_def=videos_partitions,
+    deps=[downloads],
+    kinds={"image"},
+    checks=FRAMES_CHECKS,
+)
 def frames(item: StageItem, ctx: StageContext) -> ItemResult:
     """Frames sampled from each video, per extraction profile of the projects using it."""
     catalog, paths = ctx.db.catalog, ctx.db.paths

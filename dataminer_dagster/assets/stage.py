@@ -100,6 +100,16 @@ class StageContext:
         self.db.leases.check(item.lease)
 
 
+@dataclass(frozen=True)
+class StageCheck:
+    """An asset check the stage evaluates at the end of each run, over the items it finished
+    (`keys`) or over everything it owns; returns a passed flag and metadata."""
+
+    name: str
+    description: str
+    evaluate: Callable[[StageContext, list[str]], tuple[bool, dict[str, Any]]]
+
+
 class StageConfig(dg.Config):
     redo: bool = False
     """Process items again even when they are already done, dead or blocked."""
@@ -119,6 +129,7 @@ def stage_asset(
     pool: str | None = None,
     kinds: set[str] | None = None,
     group_name: str = "pipeline",
+    checks: Sequence[StageCheck] = (),
 ) -> Callable[[StageFunction], dg.AssetsDefinition]:
     """Turn a per-item stage function into a partitioned asset that processes batches of items."""
 
@@ -140,9 +151,13 @@ def stage_asset(
             pool=pool,
             kinds=kinds,
             group_name=group_name,
+            check_specs=[
+                dg.AssetCheckSpec(c.name, asset=process.__name__, description=c.description)
+                for c in checks
+            ],
         )
         def asset_fn(context: dg.AssetExecutionContext, config: StageConfig):
-            yield from run_stage(context, config, stage, process)
+            yield from run_stage(context, config, stage, process, checks)
 
         return asset_fn
 
@@ -150,8 +165,12 @@ def stage_asset(
 
 
 def run_stage(
-    context: dg.AssetExecutionContext, config: StageConfig, stage: str, process: StageFunction
-) -> Iterator[dg.AssetMaterialization | dg.AssetObservation]:
+    context: dg.AssetExecutionContext,
+    config: StageConfig,
+    stage: str,
+    process: StageFunction,
+    checks: Sequence[StageCheck] = (),
+) -> Iterator[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckResult]:
     db: DatabaseResource = context.resources.db
     keys = list(context.partition_keys)
     by_sensor = context.run.tags.get(REQUESTED_BY_TAG) == "sensor"
@@ -159,21 +178,29 @@ def run_stage(
         stage, keys, redo=config.redo, respect_backoff=by_sensor
     )
     _report_unclaimed(context, stage, unclaimed, len(keys))
-    if not leases:
-        return
 
     ctx = StageContext(context, db)
     progress = Progress(f"{stage}", len(leases), context.log.info)
     failures: list[str] = []
+    finished: list[str] = []
     pending = list(leases)
     try:
         while pending:
             lease = pending.pop(0)
-            yield from _process_item(context, ctx, process, lease, failures)
+            for event in _process_item(context, ctx, process, lease, failures):
+                if isinstance(event, dg.AssetMaterialization):
+                    finished.append(lease.key)
+                yield event
             progress.advance()
     finally:
         for lease in pending:  # interrupted: give back what was never started
             db.leases.release(lease)
+
+    selected = {key.name for key in context.selected_asset_check_keys}
+    for check in checks:
+        if check.name in selected:
+            passed, metadata = check.evaluate(ctx, finished)
+            yield dg.AssetCheckResult(check_name=check.name, passed=passed, metadata=metadata)
 
     if failures and len(keys) == 1:
         raise dg.Failure(description=failures[0])

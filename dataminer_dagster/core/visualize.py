@@ -205,3 +205,42 @@ def _clamp(value: float, limit: int) -> int:
 def _text_colour(background: tuple[int, int, int]) -> tuple[int, int, int]:
     r, g, b = background
     return (0, 0, 0) if 0.299 * r + 0.587 * g + 0.114 * b > 128 else (255, 255, 255)
+
+
+def histogram(
+    values: Sequence[float],
+    *,
+    bins: int = 40,
+    value_range: tuple[float, float] = (0.0, 1.0),
+    marker: float | None = None,
+    title: str = "",
+    width: int = 480,
+    height: int = 200,
+) -> np.ndarray:
+    """A bar chart of `values` (NaNs ignored) with an optional vertical marker (a threshold)."""
+    import cv2
+
+    chart = np.empty((height, width, 3), np.uint8)
+    chart[:] = BACKGROUND
+    data = np.asarray(values, dtype=np.float64)
+    data = data[np.isfinite(data)]
+    counts, _ = np.histogram(data, bins=bins, range=value_range)
+    top, bottom, left, right = 24, height - 18, 6, width - 6
+    scale = (bottom - top) / max(1, counts.max(initial=0))
+    bar = (right - left) / bins
+    for i, count in enumerate(counts):
+        x0, x1 = int(left + i * bar), int(left + (i + 1) * bar) - 1
+        cv2.rectangle(chart, (x0, bottom - int(count * scale)), (x1, bottom), PALETTE[2], -1)
+    if marker is not None and value_range[0] <= marker <= value_range[1]:
+        x = int(
+            left + (marker - value_range[0]) / (value_range[1] - value_range[0]) * (right - left)
+        )
+        cv2.line(chart, (x, top - 4), (x, bottom), PALETTE[1], 2)
+    caption = f"{title} (n={len(data)})" if title else f"n={len(data)}"
+    cv2.putText(chart, _ascii(caption), (left, 16), FONT, 0.45, CAPTION_TEXT, 1, cv2.LINE_AA)
+    for value, align in ((value_range[0], 0), (value_range[1], 1)):
+        text = f"{value:g}"
+        (tw, _), _ = cv2.getTextSize(text, FONT, 0.4, 1)
+        x = left if align == 0 else right - tw
+        cv2.putText(chart, text, (x, height - 4), FONT, 0.4, CAPTION_TEXT, 1, cv2.LINE_AA)
+    return chart

@@ -265,14 +265,15 @@ class Catalog:
             {"v": video_id},
         )
 
-    def frame_profiles(self, video_ids: Iterable[str]) -> dict[str, dict[str, tuple[Path, int]]]:
-        """{video_id: {profile_id: (absolute frames dir, frame count)}}"""
+    def frame_profiles(
+        self, video_ids: Iterable[str] | None
+    ) -> dict[str, dict[str, tuple[Path, int]]]:
+        """{video_id: {profile_id: (absolute frames dir, frame count)}}; None: every video."""
         with self.engine.connect() as c:
             rows = c.execute(
-                sa.text(
-                    f"SELECT * FROM {S}.video_frames WHERE video_id = ANY(CAST(:ids AS text[]))"
-                ),
-                {"ids": list(video_ids)},
+                sa.text(f"""SELECT * FROM {S}.video_frames
+                             WHERE CAST(:ids AS text[]) IS NULL OR video_id = ANY(CAST(:ids AS text[]))"""),
+                {"ids": None if video_ids is None else list(video_ids)},
             ).all()
         result: dict[str, dict[str, tuple[Path, int]]] = defaultdict(dict)
         for r in rows:
