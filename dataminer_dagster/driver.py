@@ -7,7 +7,7 @@ run. Models stay loaded between runs, so each is loaded once per command.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import dagster as dg
@@ -43,12 +43,14 @@ def drive(
     idle_poll_s: float = 1.0,
     timeout_s: float | None = None,
     log_level: str = "WARNING",
+    stage_assets: Mapping[str, dg.AssetsDefinition] | None = None,
 ) -> DriveResult:
-    from dataminer_dagster.assets import STAGE_ASSETS
+    if stage_assets is None:
+        from dataminer_dagster.assets import STAGE_ASSETS as stage_assets
     from dataminer_dagster.sensors.pipeline_sensors import stage_jobs
 
     engine = store.engine
-    jobs = {stage: job.name for stage, job in stage_jobs(STAGE_ASSETS).items()}
+    jobs = {stage: job.name for stage, job in stage_jobs(stage_assets).items()}
     cursor = DiscoveryCursor()
     started = time.monotonic()
     runs = failed = 0
@@ -72,7 +74,7 @@ def drive(
             raise TimeoutError(f"projects not finished after {timeout_s:.0f} s: {stages}")
 
         planned = plan_work(
-            instance, engine, STAGE_ASSETS, jobs=jobs, count_in_flight=False, rerequest_after_s=0
+            instance, engine, stage_assets, jobs=jobs, count_in_flight=False, rerequest_after_s=0
         )
         if not planned:
             due = next_due(engine)
@@ -82,7 +84,10 @@ def drive(
         for run in planned:
             job = defs.resolve_job_def(run.request.job_name)
             result = job.execute_in_process(
-                instance=instance, tags=run.request.tags, raise_on_error=False
+                instance=instance,
+                tags=run.request.tags,
+                run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+                raise_on_error=False,
             )
             runs += 1
             if not result.success:
