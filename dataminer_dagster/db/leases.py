@@ -450,7 +450,8 @@ class LeaseStore:
              WHERE status = ANY(CAST(:statuses AS text[]))
                AND (CAST(:stages AS text[]) IS NULL OR stage = ANY(CAST(:stages AS text[])))
                AND (CAST(:project AS int) IS NULL OR project_id = :project
-                    OR video_id IN (SELECT video_id FROM {SCHEMA}.project_videos WHERE project_id = :project))
+                    OR (stage IN ('download', 'frames', 'backup')
+                        AND video_id IN (SELECT video_id FROM {SCHEMA}.project_videos WHERE project_id = :project)))
             RETURNING id
         """)
         params = {

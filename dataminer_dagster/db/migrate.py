@@ -33,6 +33,17 @@ def upgrade(engine: sa.Engine, revision: str = "head") -> None:
         command.upgrade(_alembic_config(connection), revision)
 
 
+_migrated: set[str] = set()
+
+
+def ensure_schema(engine: sa.Engine) -> None:
+    """Migrate once per process and database (cheap when already at head)."""
+    key = engine.url.render_as_string(hide_password=False)
+    if key not in _migrated:
+        upgrade(engine)
+        _migrated.add(key)
+
+
 def current_revision(engine: sa.Engine) -> str | None:
     from alembic.runtime.migration import MigrationContext
 

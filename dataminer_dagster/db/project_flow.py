@@ -24,10 +24,10 @@ ACTIVE, COMPLETE, PROJECT_FAILED = "active", "complete", "failed"
 PROJECT_STAGES = (ACTIVE, *PROJECT_CHAIN, COMPLETE, PROJECT_FAILED)
 
 # A member is finished for its project when one of these holds.
-MEMBER_FINISHED_SQL = f"""(
+MEMBER_FINISHED_SQL = f"""coalesce(
     fi.status IN ('{DONE}', '{DEAD}', '{BLOCKED}')
     OR d.status IN ('{DEAD}', '{BLOCKED}')
-    OR f.status IN ('{DEAD}', '{BLOCKED}'))"""
+    OR f.status IN ('{DEAD}', '{BLOCKED}'), false)"""  # missing items (NULL) mean: not finished
 
 MEMBERS_JOIN = f"""
     {S}.project_videos pv

