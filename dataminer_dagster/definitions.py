@@ -21,11 +21,13 @@ GPU_LIMIT = [{"key": "dataminer/device", "value": "gpu", "limit": 1}]
 
 
 def _executor() -> dg.ExecutorDefinition:
-    """multiprocess by default; DATAMINER_EXECUTOR=celery for a broker and workers per queue."""
+    """multiprocess by default; DATAMINER_EXECUTOR=celery for a broker (DATAMINER_CELERY_BROKER,
+    default dagster-celery's pyamqp://guest@localhost//) and workers per queue."""
     if os.environ.get("DATAMINER_EXECUTOR", "multiprocess") == "celery":
         from dagster_celery import celery_executor
 
-        return celery_executor
+        broker = os.environ.get("DATAMINER_CELERY_BROKER")
+        return celery_executor.configured({"broker": broker}) if broker else celery_executor
     return dg.multiprocess_executor.configured({"tag_concurrency_limits": GPU_LIMIT})
 
 
