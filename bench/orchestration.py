@@ -39,7 +39,11 @@ def _timed(function):
 
 def build_noop_stages():
     from dataminer_dagster.assets.stage import ItemResult, stage_asset
-    from dataminer_dagster.partitions import project_videos_partitions, projects_partitions, videos_partitions
+    from dataminer_dagster.partitions import (
+        project_videos_partitions,
+        projects_partitions,
+        videos_partitions,
+    )
     from dataminer_dagster.stages import DATASET, DEDUP, DETECT, DOWNLOAD, FILTER, FRAMES
 
     @stage_asset(stage=DOWNLOAD, partitions_def=videos_partitions)
@@ -113,7 +117,13 @@ def run(videos: int, root: Path) -> dict:
         path = sources / f"v{i:05d}.mp4"
         path.touch()
         candidates.append(Candidate(f"{name}-{i:05d}", "file", "bench", source_path=str(path)))
-    config = parse_project_config({"name": name, "inputs": {"files": [str(sources / "*.mp4")]}, "filter": {"positive_prompts": ["x"]}})
+    config = parse_project_config(
+        {
+            "name": name,
+            "inputs": {"files": [str(sources / "*.mp4")]},
+            "filter": {"positive_prompts": ["x"]},
+        }
+    )
     project = catalog.register_project(config).project
     with engine.begin() as conn:
         catalog.link_videos(conn, project, candidates)
@@ -129,7 +139,15 @@ def run(videos: int, root: Path) -> dict:
     instance = dg.DagsterInstance.get()
     WORK_SECONDS["total"] = 0.0
     started = time.perf_counter()
-    result = drive([name], instance=instance, defs=defs, store=store, stale_after_s=600, log=lambda m: None, stage_assets=stages)
+    result = drive(
+        [name],
+        instance=instance,
+        defs=defs,
+        store=store,
+        stale_after_s=600,
+        log=lambda m: None,
+        stage_assets=stages,
+    )
     wall = time.perf_counter() - started
     assert result.stages == {name: "complete"}, result
     video_stages = 3 * videos
@@ -144,7 +162,9 @@ def run(videos: int, root: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--videos", type=int, nargs="+", default=[200, 2000])
     args = parser.parse_args()
     warnings.filterwarnings("ignore")

@@ -1,0 +1,591 @@
+"""Administrative operations on the claim tables, behind `dataminer db reset`, `project delete`,
+`delete-videos`, `cleanup-orphans`, `retry` and `force-dedup` / `force-detect`.
+
+Each deletion, and forcing a stage, is one transaction that first locks the work items it is
+about to delete or change, then checks that none of them is running: a claim skips locked rows,
+so no run can take an item between the check and the change, and running work is never deleted
+or reset behind its run's back. With `dry_run` the transaction is rolled back: the result says
+what would happen.
+
+Deletions return the files they free; the caller removes them. A video's files are listed only
+when the video itself is deleted, i.e. when no remaining project uses it, and a local source file
+(`source_path`) is never listed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.project_flow import (
+    ACTIVE,
+    MEMBER_FINISHED_SQL,
+    MEMBERS_JOIN,
+    PROJECT_FAILED,
+)
+from dataminer_dagster.db.schema import (
+    BLOCKED,
+    DEAD,
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    SCHEMA,
+    STATUSES,
+)
+from dataminer_dagster.paths import DataPaths, ProjectPaths
+from dataminer_dagster.stages import (
+    BACKUP,
+    CATALOG,
+    DOWNLOAD,
+    FILTER,
+    FRAMES,
+    PROJECT_CHAIN,
+    project_video_key,
+)
+
+S = SCHEMA
+W = f"{S}.work_items"
+VIDEO_ITEM_STAGES = (DOWNLOAD, FRAMES, BACKUP)  # the work items that belong to a video alone
+FORCEABLE_STAGES = (PROJECT_CHAIN[0], PROJECT_CHAIN[1])  # dedup, detect
+
+
+class AdminError(Exception):
+    """An operation that cannot be done as asked; the message says why and what to do."""
+
+
+class UnknownProject(AdminError):
+    def __init__(self, name: str):
+        self.name = name
+        super().__init__(f"no project named {name!r} (dataminer project list)")
+
+
+@dataclass(frozen=True)
+class RunningItem:
+    stage: str
+    key: str
+    run_id: str
+
+    def describe(self) -> str:
+        return f"{self.stage} {self.key} (run {self.run_id})"
+
+
+class WorkRunning(AdminError):
+    """Refused: some of the work items concerned are running."""
+
+    def __init__(self, what: str, running: Sequence[RunningItem]):
+        self.running = list(running)
+        shown = ", ".join(item.describe() for item in self.running[:5])
+        more = f" and {len(self.running) - 5} more" if len(self.running) > 5 else ""
+        super().__init__(
+            f"{what}: {shown}{more} is running; wait for it to finish, or cancel the run in the "
+            "Dagster UI (its items are released), then try again"
+        )
+
+
+# --- the whole schema -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatabaseSummary:
+    projects: int
+    videos: int
+    work_items: int
+    running: int
+
+
+def database_summary(engine: sa.Engine) -> DatabaseSummary:
+    with engine.connect() as c:
+        row = c.execute(
+            sa.text(f"""SELECT (SELECT count(*) FROM {S}.projects) AS projects,
+                               (SELECT count(*) FROM {S}.videos) AS videos,
+                               (SELECT count(*) FROM {W}) AS work_items,
+                               (SELECT count(*) FROM {W} WHERE status = '{RUNNING}') AS running""")
+        ).one()
+    return DatabaseSummary(row.projects, row.videos, row.work_items, row.running)
+
+
+def reset_schema(engine: sa.Engine) -> None:
+    """Drop the `dataminer` schema with everything in it, then migrate it again (empty).
+    Dagster's own storage lives outside the schema and is not touched."""
+    from dataminer_dagster.db import migrate
+
+    with engine.begin() as c:
+        c.execute(sa.text(f"DROP SCHEMA IF EXISTS {S} CASCADE"))
+    migrate.upgrade(engine)
+
+
+# --- files ----------------------------------------------------------------------------------------
+
+
+def _video_files(conn: sa.Connection, paths: DataPaths, video_ids: Sequence[str]) -> list[Path]:
+    """What a video leaves on disk: its downloaded file (never a local source), its frames and
+    its cached embeddings. Only paths that exist."""
+    if not video_ids:
+        return []
+    ids = list(video_ids)
+    found: list[Path] = []
+    sources: set[Path] = set()
+    for r in conn.execute(
+        sa.text(f"""SELECT file_path, source_path FROM {S}.videos
+                     WHERE video_id = ANY(CAST(:ids AS text[]))"""),
+        {"ids": ids},
+    ):
+        if r.source_path:
+            sources.add(Path(r.source_path))
+        if r.file_path:
+            found.append(paths.absolute(r.file_path))
+    for r in conn.execute(
+        sa.text(
+            f"SELECT frames_dir FROM {S}.video_frames WHERE video_id = ANY(CAST(:ids AS text[]))"
+        ),
+        {"ids": ids},
+    ):
+        found.append(paths.absolute(r.frames_dir))
+    for video_id in ids:
+        found.append(paths.root / "frames" / video_id)  # profiles the database no longer lists
+        found.extend(paths.videos_dir.glob(f"{video_id}.*"))  # partial downloads
+        found.extend(paths.embeddings_dir().glob(f"*/{video_id}.npz"))
+    return _existing([f for f in found if f not in sources])
+
+
+def _existing(candidates: Sequence[Path]) -> list[Path]:
+    """The candidates that exist, without those inside another one (removed with it)."""
+    unique = [p for p in dict.fromkeys(Path(c) for c in candidates) if p.exists() or p.is_symlink()]
+    return [p for p in unique if not any(o != p and o in p.parents for o in unique)]
+
+
+# --- transactions and locks -----------------------------------------------------------------------
+
+
+@contextmanager
+def _transaction(engine: sa.Engine, dry_run: bool) -> Iterator[sa.Connection]:
+    """One transaction; with `dry_run` it is rolled back, so the caller learns exactly what the
+    operation would do (or why it would be refused) without changing anything."""
+    with engine.connect() as conn, conn.begin() as transaction:
+        yield conn
+        if dry_run:
+            transaction.rollback()
+
+
+def _lock_project(conn: sa.Connection, name: str) -> sa.Row:
+    row = conn.execute(
+        sa.text(f"SELECT id, name, stage, output_dir FROM {S}.projects WHERE name = :n FOR UPDATE"),
+        {"n": name},
+    ).first()
+    if row is None:
+        raise UnknownProject(name)
+    return row
+
+
+def _lock_items(conn: sa.Connection, where: str, params: dict) -> list[sa.Row]:
+    """Lock the work items matching `where` (so that no run can claim them in this transaction)
+    and return them."""
+    return conn.execute(
+        sa.text(
+            f"SELECT id, stage, item_key, status, lease_owner, video_id FROM {W} w WHERE {where} "
+            "ORDER BY id FOR UPDATE"
+        ),
+        params,
+    ).all()
+
+
+def _running(items: Sequence[sa.Row]) -> list[RunningItem]:
+    return [RunningItem(i.stage, i.item_key, i.lease_owner) for i in items if i.status == RUNNING]
+
+
+def _lock_unused_videos(conn: sa.Connection, video_ids: Sequence[str]) -> list[str]:
+    """Of these videos, those that no project uses, locked so that no project can link them
+    before this transaction ends (linking needs a key-share lock on the video row)."""
+    if not video_ids:
+        return []
+    conn.execute(
+        sa.text(f"""SELECT video_id FROM {S}.videos WHERE video_id = ANY(CAST(:ids AS text[]))
+                     ORDER BY video_id FOR UPDATE"""),
+        {"ids": list(video_ids)},
+    )
+    # A new statement sees links committed before the lock was granted.
+    return list(
+        conn.execute(
+            sa.text(f"""SELECT v.video_id FROM {S}.videos v
+                         WHERE v.video_id = ANY(CAST(:ids AS text[])) AND NOT EXISTS
+                               (SELECT 1 FROM {S}.project_videos pv WHERE pv.video_id = v.video_id)
+                        ORDER BY v.id"""),
+            {"ids": list(video_ids)},
+        ).scalars()
+    )
+
+
+def _lock_video_items(conn: sa.Connection, video_ids: Sequence[str]) -> list[sa.Row]:
+    """Lock the items that belong to these videos alone (download, frames, backup)."""
+    return _lock_items(
+        conn,
+        "video_id = ANY(CAST(:ids AS text[])) AND stage = ANY(CAST(:stages AS text[]))",
+        {"ids": list(video_ids), "stages": list(VIDEO_ITEM_STAGES)},
+    )
+
+
+def _delete_videos(conn: sa.Connection, paths: DataPaths, video_ids: Sequence[str]) -> list[Path]:
+    """Delete videos (their work items and frame rows go with them); returns their files. The
+    caller has locked their items and checked that none is running."""
+    if not video_ids:
+        return []
+    files = _video_files(conn, paths, video_ids)
+    conn.execute(
+        sa.text(f"DELETE FROM {S}.videos WHERE video_id = ANY(CAST(:ids AS text[]))"),
+        {"ids": list(video_ids)},
+    )
+    return files
+
+
+def _delete_unused(
+    conn: sa.Connection, paths: DataPaths, video_ids: Sequence[str], what: str
+) -> list[Path]:
+    """Delete videos that nothing uses any more; refuses when one of their items is running."""
+    if running := _running(_lock_video_items(conn, video_ids)):
+        raise WorkRunning(what, running)
+    return _delete_videos(conn, paths, video_ids)
+
+
+# --- projects -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProjectDeletion:
+    project: str
+    output_dir: Path
+    output_dir_shared: list[str]  # what else is in or around it (then it is not listed in files)
+    videos: int  # videos the project used
+    orphaned: list[str]  # videos no other project uses (kept unless delete_unused)
+    deleted_videos: list[str]  # of those, deleted with their work items
+    files: list[Path]  # the output dir (when it exists) and the deleted videos' files
+
+
+def delete_project(
+    engine: sa.Engine,
+    paths: DataPaths,
+    name: str,
+    *,
+    delete_unused_videos: bool = False,
+    dry_run: bool = False,
+) -> ProjectDeletion:
+    """Delete a project: its row, its video links and its work items (filters, catalog, project
+    stages). Videos that no other project uses become orphans and stay, with their files, unless
+    `delete_unused_videos`. Refuses while one of the items concerned is running."""
+    with _transaction(engine, dry_run) as conn:
+        project = _lock_project(conn, name)
+        items = _lock_items(conn, "project_id = :p", {"p": project.id})
+        if running := _running(items):
+            raise WorkRunning(f"project {name} has running work", running)
+        members = list(
+            conn.execute(
+                sa.text(
+                    f"SELECT video_id FROM {S}.project_videos WHERE project_id = :p ORDER BY id"
+                ),
+                {"p": project.id},
+            ).scalars()
+        )
+        shared = _overlapping_outputs(conn, paths, project)
+        conn.execute(sa.text(f"DELETE FROM {S}.projects WHERE id = :p"), {"p": project.id})
+        orphaned = _lock_unused_videos(conn, members)
+        deleted: list[str] = []
+        files: list[Path] = []
+        if delete_unused_videos:
+            files = _delete_unused(
+                conn, paths, orphaned, f"a video only project {name} uses is being processed"
+            )
+            deleted = orphaned
+    output_dir = Path(project.output_dir)
+    return ProjectDeletion(
+        project=name,
+        output_dir=output_dir,
+        output_dir_shared=shared,
+        videos=len(members),
+        orphaned=orphaned,
+        deleted_videos=deleted,
+        files=([] if shared else _existing([output_dir])) + files,
+    )
+
+
+def _overlapping_outputs(conn: sa.Connection, paths: DataPaths, project: sa.Row) -> list[str]:
+    """What else lives in or around a project's output directory: other projects' outputs, or
+    the data directory. Such an output directory is never deleted."""
+    mine = Path(project.output_dir).resolve()
+
+    def overlaps(other: Path) -> bool:
+        other = other.resolve()
+        return other == mine or other in mine.parents or mine in other.parents
+
+    found = [
+        f"project {r.name}"
+        for r in conn.execute(
+            sa.text(f"SELECT name, output_dir FROM {S}.projects WHERE id <> :p ORDER BY name"),
+            {"p": project.id},
+        )
+        if overlaps(Path(r.output_dir))
+    ]
+    root = paths.root.resolve()
+    if root == mine or mine in root.parents:
+        found.append(f"the data directory {root}")
+    return found
+
+
+@dataclass(frozen=True)
+class VideoDeletion:
+    project: str
+    project_stage: str
+    matched: list[str]  # the project's videos with an item in the asked status (not running)
+    skipped_running: list[str]  # matched, but one of their items is running: left alone
+    had_results: (
+        int  # of the matched, videos whose filter was done (they fed the project's outputs)
+    )
+    orphaned: list[str]  # matched videos no other project uses
+    deleted_videos: list[str]  # of those, deleted with their work items
+    files: list[Path] = field(default_factory=list)  # filter tables and the deleted videos' files
+
+
+def _members_with_status(
+    conn: sa.Connection, project: sa.Row, status: str
+) -> tuple[list[str], set[str], set[str]]:
+    """Lock the download, extraction and filter items of a project's videos; returns the videos
+    with an item in `status` (in discovery order), those of them with a running item, and those
+    whose filter is done."""
+    members = list(
+        conn.execute(
+            sa.text(f"SELECT video_id FROM {S}.project_videos WHERE project_id = :p ORDER BY id"),
+            {"p": project.id},
+        ).scalars()
+    )
+    filter_keys = {project_video_key(project.name, v): v for v in members}
+    items = _lock_items(
+        conn,
+        f"""(stage IN ('{DOWNLOAD}', '{FRAMES}') AND item_key = ANY(CAST(:videos AS text[])))
+            OR (stage = '{FILTER}' AND item_key = ANY(CAST(:keys AS text[])))""",
+        {"videos": members, "keys": list(filter_keys)},
+    )
+    by_video: dict[str, list[sa.Row]] = {}
+    for item in items:
+        video = filter_keys[item.item_key] if item.stage == FILTER else item.item_key
+        by_video.setdefault(video, []).append(item)
+    wanted = [v for v in members if any(i.status == status for i in by_video.get(v, []))]
+    busy = {v for v in wanted if any(i.status == RUNNING for i in by_video[v])}
+    filtered = {
+        v for v in wanted if any(i.stage == FILTER and i.status == DONE for i in by_video[v])
+    }
+    return wanted, busy, filtered
+
+
+def delete_project_videos(
+    engine: sa.Engine,
+    paths: DataPaths,
+    name: str,
+    status: str,
+    *,
+    delete_unused_videos: bool = False,
+    dry_run: bool = False,
+) -> VideoDeletion:
+    """Remove from a project the videos whose download, extraction or (this project's) filter
+    item has `status`. Videos with a running item are never removed. The removed videos'
+    filter items go; videos that no other project uses become orphans, or are deleted with
+    `delete_unused_videos`."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
+    with _transaction(engine, dry_run) as conn:
+        project = _lock_project(conn, name)
+        wanted, busy, filtered = _members_with_status(conn, project, status)
+        matched = [v for v in wanted if v not in busy]
+        conn.execute(
+            sa.text(f"""DELETE FROM {W} WHERE stage = '{FILTER}'
+                           AND item_key = ANY(CAST(:keys AS text[]))"""),
+            {"keys": [project_video_key(name, v) for v in matched]},
+        )
+        conn.execute(
+            sa.text(f"""DELETE FROM {S}.project_videos WHERE project_id = :p
+                           AND video_id = ANY(CAST(:ids AS text[]))"""),
+            {"p": project.id, "ids": matched},
+        )
+        orphaned = _lock_unused_videos(conn, matched)
+        deleted: list[str] = []
+        video_files: list[Path] = []
+        if delete_unused_videos:
+            video_files = _delete_unused(
+                conn, paths, orphaned, f"a {status} video of project {name} is being processed"
+            )
+            deleted = orphaned
+    tables = [ProjectPaths(Path(project.output_dir)).filter_table(v) for v in matched]
+    return VideoDeletion(
+        project=name,
+        project_stage=project.stage,
+        matched=matched,
+        skipped_running=[v for v in wanted if v in busy],
+        had_results=sum(1 for v in matched if v in filtered),
+        orphaned=orphaned,
+        deleted_videos=deleted,
+        files=_existing(tables) + video_files,
+    )
+
+
+# --- orphans --------------------------------------------------------------------------------------
+
+
+def orphan_videos(engine: sa.Engine) -> list[str]:
+    """Videos that no project uses, oldest first."""
+    with engine.connect() as c:
+        return _orphan_videos(c)
+
+
+def _orphan_videos(conn: sa.Connection) -> list[str]:
+    return list(
+        conn.execute(
+            sa.text(f"""SELECT v.video_id FROM {S}.videos v WHERE NOT EXISTS
+                          (SELECT 1 FROM {S}.project_videos pv WHERE pv.video_id = v.video_id)
+                        ORDER BY v.id""")
+        ).scalars()
+    )
+
+
+@dataclass(frozen=True)
+class OrphanDeletion:
+    deleted_videos: list[str]
+    skipped_running: list[str]  # orphans with a running item: left for a later cleanup
+    files: list[Path]
+
+
+def delete_orphan_videos(
+    engine: sa.Engine, paths: DataPaths, *, dry_run: bool = False
+) -> OrphanDeletion:
+    """Delete the videos that no project uses (with their work items and frame rows), except
+    those with a running item; returns their files."""
+    with _transaction(engine, dry_run) as conn:
+        orphans = _lock_unused_videos(conn, _orphan_videos(conn))
+        busy = {i.video_id for i in _lock_video_items(conn, orphans) if i.status == RUNNING}
+        free = [v for v in orphans if v not in busy]
+        files = _delete_videos(conn, paths, free)
+    return OrphanDeletion(free, [v for v in orphans if v in busy], files)
+
+
+# --- forcing a project stage ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForcedStage:
+    project: str
+    stage: str
+    previous_stage: str
+    unfinished_members: int  # while > 0 the project transitions send it back to active
+    earlier_not_done: list[str]  # earlier project stages whose result this stage reads
+
+
+def force_stage(store: LeaseStore, name: str, stage: str) -> ForcedStage:
+    """Put a project on `stage` (dedup or detect) and queue that stage's item again, whatever
+    the project's stage was. Items of later stages are dropped (they are queued again when their
+    turn comes). Refused while this stage's or a later stage's item is running."""
+    if stage not in FORCEABLE_STAGES:
+        raise ValueError(f"only {', '.join(FORCEABLE_STAGES)} can be forced, not {stage!r}")
+    following = list(PROJECT_CHAIN[PROJECT_CHAIN.index(stage) :])
+    with store.engine.begin() as conn:
+        project = _lock_project(conn, name)
+        items = _lock_items(
+            conn,
+            "project_id = :p AND stage = ANY(CAST(:stages AS text[]))",
+            {"p": project.id, "stages": following},
+        )
+        if running := _running(items):
+            raise WorkRunning(f"cannot force {stage} of project {name}", running)
+        conn.execute(
+            sa.text(f"""UPDATE {S}.projects SET stage = :stage, error = NULL,
+                               stage_changed_at = now(), updated_at = now() WHERE id = :p"""),
+            {"stage": stage, "p": project.id},
+        )
+        conn.execute(
+            sa.text(
+                f"DELETE FROM {W} WHERE project_id = :p AND stage = ANY(CAST(:later AS text[]))"
+            ),
+            {"p": project.id, "later": following[1:]},
+        )
+        store.enqueue(
+            stage,
+            [name],
+            project_ids=[project.id],
+            reset=(DONE, FAILED, DEAD, BLOCKED),
+            conn=conn,
+        )
+        unfinished = _unfinished_members(conn, project.id)
+        earlier = PROJECT_CHAIN[: PROJECT_CHAIN.index(stage)]
+        done = set(
+            conn.execute(
+                sa.text(f"""SELECT stage FROM {W} WHERE project_id = :p AND status = '{DONE}'
+                               AND stage = ANY(CAST(:earlier AS text[]))"""),
+                {"p": project.id, "earlier": list(earlier)},
+            ).scalars()
+        )
+    return ForcedStage(
+        name, stage, project.stage, unfinished, [s for s in earlier if s not in done]
+    )
+
+
+def _unfinished_members(conn: sa.Connection, project_id: int) -> int:
+    # coalesce: a member without a filter item yet makes the finished test NULL, not false.
+    return conn.execute(
+        sa.text(f"""SELECT count(*) FROM {MEMBERS_JOIN}
+                     WHERE pv.project_id = :p AND NOT coalesce({MEMBER_FINISHED_SQL}, false)"""),
+        {"p": project_id},
+    ).scalar_one()
+
+
+# --- retrying -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryResult:
+    items: int  # work items made pending again
+    reopened: list[tuple[str, str]]  # (project, stage) of failed projects brought back
+
+
+def retry(
+    store: LeaseStore,
+    *,
+    project: str | None = None,
+    stages: Sequence[str] | None = None,
+    statuses: Sequence[str] = (FAILED, DEAD),
+) -> RetryResult:
+    """Queue failed/dead (or blocked) items again with fresh attempts (LeaseStore.retry), then
+    bring back failed projects whose failing project-level item is now pending: to `active` for
+    the catalog, to that stage for dedup, detect and dataset."""
+    project_id = None
+    if project is not None:
+        with store.engine.connect() as c:
+            project_id = c.execute(
+                sa.text(f"SELECT id FROM {S}.projects WHERE name = :n"), {"n": project}
+            ).scalar()
+        if project_id is None:
+            raise UnknownProject(project)
+    count = store.retry(stages=stages, project_id=project_id, statuses=statuses)
+    return RetryResult(count, reopen_failed_projects(store.engine, project_id))
+
+
+def reopen_failed_projects(
+    engine: sa.Engine, project_id: int | None = None
+) -> list[tuple[str, str]]:
+    """Failed projects with a pending project-level item go back to the stage of the earliest one
+    (compare-and-set on `failed`); returns (project, new stage)."""
+    order = [CATALOG, *PROJECT_CHAIN]
+    statement = sa.text(f"""
+        UPDATE {S}.projects p
+           SET stage = CASE WHEN w.stage = '{CATALOG}' THEN '{ACTIVE}' ELSE w.stage END,
+               error = NULL, stage_changed_at = now(), updated_at = now()
+          FROM (SELECT DISTINCT ON (project_id) project_id, stage FROM {W}
+                 WHERE stage = ANY(CAST(:order AS text[])) AND status = '{PENDING}'
+                 ORDER BY project_id, array_position(CAST(:order AS text[]), stage)) w
+         WHERE p.id = w.project_id AND p.stage = '{PROJECT_FAILED}'
+           AND (CAST(:project AS int) IS NULL OR p.id = :project)
+        RETURNING p.name, p.stage
+    """)
+    with engine.begin() as c:
+        rows = c.execute(statement, {"order": order, "project": project_id}).all()
+    return sorted((r.name, r.stage) for r in rows)
