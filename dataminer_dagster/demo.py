@@ -56,11 +56,15 @@ def serve_directory(directory: Path, port: int = 0) -> Iterator[str]:
         def log_message(self, format, *args):  # noqa: A002 - the base class's name
             pass
 
+    class QuietServer(http.server.ThreadingHTTPServer):
+        def handle_error(self, request, client_address):  # a client hanging up early is fine
+            pass
+
     handler = partial(QuietHandler, directory=str(directory))
     try:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+        server = QuietServer(("127.0.0.1", port), handler)
     except OSError:
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server = QuietServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -110,6 +110,8 @@ def detections(item: StageItem, ctx: StageContext) -> ItemResult:
     detector = load_project_detector(config)
     staging = staging_path(paths.detections_dir)
     staging.mkdir()
+    if config.visualizations:
+        (staging / "visualizations").mkdir()
     rows, images = [], []
     progress = Progress(f"detect {project.name}", len(kept), ctx.log.info, unit="frames")
     for start in range(0, len(kept), READ_CHUNK):
