@@ -29,4 +29,6 @@ def test_demo_writes_a_valid_dataset(dataminer_env, monkeypatch):
     coco = json.loads((dataset / "annotations.coco.json").read_text())
     validate_coco(coco)
     assert {image["file_name"] for image in coco["images"]} == set(manifest["file_name"])
-    assert manifest["source_url"].str.startswith("http://127.0.0.1:").all(), "videos went through yt-dlp"
+    assert manifest["source_url"].str.startswith("http://127.0.0.1:").all(), (
+        "videos went through yt-dlp"
+    )

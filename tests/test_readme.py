@@ -13,9 +13,13 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_config_reference_matches_the_schema():
-    match = re.search(r"<!-- config-reference:start -->\n(.*)\n<!-- config-reference:end -->", README, re.S)
+    match = re.search(
+        r"<!-- config-reference:start -->\n(.*)\n<!-- config-reference:end -->", README, re.S
+    )
     assert match, "README.md lost its config-reference markers"
-    assert match.group(1) == config_reference(), "regenerate with: python -m dataminer_dagster.config"
+    assert match.group(1) == config_reference(), (
+        "regenerate with: python -m dataminer_dagster.config"
+    )
 
 
 def test_ci_runs_the_readme_test_command():

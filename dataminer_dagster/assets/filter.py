@@ -16,7 +16,7 @@ import pandas as pd
 from dataminer_dagster.assets.frames import frames
 from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
 from dataminer_dagster.config import FilterConfig
-from dataminer_dagster.core.embedding_cache import EmbeddingCache
+from dataminer_dagster.core.embedding_cache import EmbeddingCache, quantize
 from dataminer_dagster.core.extract import read_manifest
 from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.filter_rule import FilterThresholds, apply_filter_rule
@@ -140,8 +140,9 @@ def _frame_embeddings(
     for batch in scorer.embed_images([frames_dir / manifest[i].file_name for i in todo]):
         ctx.check_lease(item)
         rows = todo[batch.indices]
-        result[rows] = batch.embeddings
-        new_rows.append(batch.embeddings)
+        stored = quantize(batch.embeddings)  # score exactly what a later run reads from the cache
+        result[rows] = stored
+        new_rows.append(stored)
         new_hashes += [hashes[i] for i in rows]
         errors.update({int(todo[i]): message for i, message in batch.errors.items()})
     if new_hashes:

@@ -26,7 +26,7 @@ from dataminer_dagster.core.extract import (
     read_manifest,
     write_manifest,
 )
-from dataminer_dagster.core.files import publish, remove_stale_staging, staging_path
+from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.media import VideoDecodeError
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.partitions import videos_partitions
@@ -110,7 +110,6 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
     started = time.monotonic()
     for profile, options in sorted(missing.items()):
         final = paths.frames_dir(item.video_id, profile)
-        remove_stale_staging(final.parent, final.name)
         staging = staging_path(final)
         staging.mkdir()
         staged.append(staging)

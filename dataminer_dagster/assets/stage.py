@@ -221,7 +221,7 @@ def _process_item(
     item = StageItem(lease)
     result: ItemResult | None = None
     try:
-        leases.check(lease)
+        leases.begin(lease)
         result = process(item, ctx)
         with leases.completing(lease, result.outcome) as conn:
             if result.commit is not None:

@@ -13,8 +13,15 @@ from pathlib import Path
 
 
 def staging_path(final: Path) -> Path:
-    """A fresh hidden sibling of `final` on the same filesystem (so that rename is atomic)."""
+    """A fresh hidden sibling of `final` on the same filesystem (so that rename is atomic).
+    Leftovers of an earlier attempt at the same output (killed mid-way) are removed first: one
+    output has one writer at a time, its work item's lease holder."""
     final.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in [
+        *final.parent.glob(f".staging-{final.name}-*"),
+        *final.parent.glob(f".replaced-{final.name}-*"),
+    ]:
+        remove(leftover)
     return final.parent / f".staging-{final.name}-{uuid.uuid4().hex[:8]}"
 
 
@@ -37,13 +44,6 @@ def remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
-
-
-def remove_stale_staging(parent: Path, name: str) -> None:
-    """Remove staging leftovers of `name` from a crashed earlier attempt."""
-    if parent.is_dir():
-        for leftover in parent.glob(f".staging-{name}-*"):
-            remove(leftover)
 
 
 def link_or_copy(source: Path, target: Path) -> bool:

@@ -101,19 +101,37 @@ _LEASE_COLUMNS = (
     "id, stage, item_key, lease_token, lease_owner, attempts, max_attempts, project_id, video_id"
 )
 
-_CLEAR_LEASE = "lease_owner = NULL, lease_token = NULL, leased_at = NULL, requested_at = NULL, updated_at = now()"
+_CLEAR_LEASE = (
+    "lease_owner = NULL, lease_token = NULL, leased_at = NULL, started_at = NULL, requested_at = NULL, "
+    "updated_at = now()"
+)
 
 
 # Failing an item: back to `failed` with exponential back-off and jitter, or `dead` once it has
 # used its attempts (or at once when the failure is permanent). Shared by fail, reap and release_run.
-def _fail_set(error_sql: str = ":error") -> str:
-    return f"""
-    status = CASE WHEN :retryable AND attempts < max_attempts THEN '{FAILED}' ELSE '{DEAD}' END,
-    next_attempt_at = now() + make_interval(secs => least(:max_delay,
-        :base_delay * power(2, greatest(attempts - 1, 0))) * (0.5 + random() * 0.5)),
-    finished_at = CASE WHEN :retryable AND attempts < max_attempts THEN NULL ELSE now() END,
-    last_error = {error_sql}, {_CLEAR_LEASE}
-"""
+def _fail_set(error_sql: str = ":error", *, spare_unstarted: bool = False) -> str:
+    """SET clause of a failure. With `spare_unstarted`, items the run never began (started_at
+    NULL) go back as if released: no attempt counted, no back-off."""
+    last = ":retryable AND attempts < max_attempts"
+    status = f"CASE WHEN {last} THEN '{FAILED}' ELSE '{DEAD}' END"
+    attempts = "attempts"
+    next_at = (
+        "now() + make_interval(secs => least(:max_delay, "
+        ":base_delay * power(2, greatest(attempts - 1, 0))) * (0.5 + random() * 0.5))"
+    )
+    finished = f"CASE WHEN {last} THEN NULL ELSE now() END"
+    if spare_unstarted:
+        status = f"CASE WHEN started_at IS NULL THEN {_UNCOUNTED_STATUS} ELSE {status} END"
+        attempts = "CASE WHEN started_at IS NULL THEN greatest(attempts - 1, 0) ELSE attempts END"
+        next_at = f"CASE WHEN started_at IS NULL THEN now() ELSE {next_at} END"
+        finished = f"CASE WHEN started_at IS NULL THEN NULL ELSE {finished} END"
+    return f"""status = {status}, attempts = {attempts}, next_attempt_at = {next_at},
+               finished_at = {finished}, last_error = {error_sql}, {_CLEAR_LEASE}"""
+
+
+# Giving an item back uncounted: `failed` if an earlier attempt failed (it keeps its error), else
+# `pending`.
+_UNCOUNTED_STATUS = f"CASE WHEN attempts > 1 THEN '{FAILED}' ELSE '{PENDING}' END"
 
 
 def _lease(row: sa.Row) -> Lease:
@@ -314,6 +332,17 @@ class LeaseStore:
         with self.engine.begin() as c:
             return set(c.execute(statement, {"owner": owner, "host": host, "pid": pid}).scalars())
 
+    def mark_started(self, lease: Lease) -> None:
+        """Note that the holder begins the item now (from here on, losing it costs an attempt).
+        Raises LeaseLost when the lease is gone."""
+        statement = sa.text(f"""
+            UPDATE {W} SET started_at = now() WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
+            RETURNING id
+        """)
+        with self.engine.begin() as c:
+            if c.execute(statement, {"id": lease.item_id, "token": lease.token}).first() is None:
+                raise LeaseLost(lease)
+
     # --- finishing --------------------------------------------------------------------------
 
     @contextmanager
@@ -371,8 +400,7 @@ class LeaseStore:
     def release(self, lease: Lease) -> bool:
         """Give an item back untouched (claimed but never started): the attempt is not counted."""
         statement = sa.text(f"""
-            UPDATE {W} SET status = CASE WHEN attempts > 1 THEN '{FAILED}' ELSE '{PENDING}' END,
-                   attempts = greatest(attempts - 1, 0), {_CLEAR_LEASE}
+            UPDATE {W} SET status = {_UNCOUNTED_STATUS}, attempts = greatest(attempts - 1, 0), {_CLEAR_LEASE}
              WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
             RETURNING id
         """)
@@ -386,7 +414,8 @@ class LeaseStore:
 
     def reap(self, stale_after_s: float, finished_runs: Sequence[str] = ()) -> list[Reaped]:
         """Take back the leases of runs that stopped heartbeating (or that Dagster reports as
-        finished), counting the attempt: the item retries with back-off, or is dead."""
+        finished). An item the run had begun counts the attempt: it retries with back-off, or is
+        dead; an item it had only claimed goes back uncounted."""
         statement = sa.text(f"""
             WITH stale AS (
                 SELECT id, lease_owner FROM {W} w
@@ -395,7 +424,7 @@ class LeaseStore:
                         OR NOT EXISTS (SELECT 1 FROM {H} h WHERE h.run_id = w.lease_owner
                                          AND h.heartbeat_at > now() - make_interval(secs => :stale)))
                    FOR UPDATE SKIP LOCKED)
-            UPDATE {W} w SET {_fail_set("'lease expired: run ' || stale.lease_owner || :error")}
+            UPDATE {W} w SET {_fail_set("'lease expired: run ' || stale.lease_owner || :error", spare_unstarted=True)}
               FROM stale WHERE w.id = stale.id
             RETURNING w.stage, w.item_key, stale.lease_owner AS owner, w.status
         """)
@@ -422,13 +451,14 @@ class LeaseStore:
             )
 
     def release_run(self, owner: str, reason: str, *, count_attempt: bool) -> int:
-        """Release every lease of a run at once (the run failed or was cancelled)."""
+        """Release every lease of a run at once (the run failed or was cancelled). With
+        `count_attempt`, items the run had begun count a failed attempt; the others never do."""
         if count_attempt:
-            set_clause = _fail_set()
+            set_clause = _fail_set(spare_unstarted=True)
             params = {"owner": owner, **self._fail_params(reason, True)}
         else:
-            set_clause = f"""status = CASE WHEN attempts > 1 THEN '{FAILED}' ELSE '{PENDING}' END,
-                             attempts = greatest(attempts - 1, 0), last_error = :error, {_CLEAR_LEASE}"""
+            set_clause = f"""status = {_UNCOUNTED_STATUS}, attempts = greatest(attempts - 1, 0),
+                             last_error = :error, {_CLEAR_LEASE}"""
             params = {"owner": owner, "error": reason}
         statement = sa.text(f"""
             UPDATE {W} SET {set_clause} WHERE lease_owner = :owner AND status = '{RUNNING}' RETURNING id

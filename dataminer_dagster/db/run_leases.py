@@ -91,6 +91,11 @@ class RunLeases:
     def is_lost(self, lease: Lease) -> bool:
         return lease.token in self._lost
 
+    def begin(self, lease: Lease) -> None:
+        """Begin work on an item: raises LeaseLost if it was taken away, and marks it started."""
+        self.check(lease)
+        self.store.mark_started(lease)
+
     def check(self, lease: Lease) -> None:
         """Raise LeaseLost when the heartbeat found the lease taken away."""
         if self.is_lost(lease):

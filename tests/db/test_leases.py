@@ -80,6 +80,7 @@ def test_reaped_lease_cannot_be_completed_by_its_old_owner(engine):
     _seed(store, 1)
     store.heartbeat("run-old", "host", 1)
     [old] = store.claim_next(STAGE, "run-old")
+    store.mark_started(old)
     with engine.begin() as c:  # the old run goes silent
         c.execute(
             sa.text("UPDATE dataminer.run_heartbeats SET heartbeat_at = now() - interval '1 hour'")
@@ -138,7 +139,8 @@ def test_claim_keys_explains_what_it_did_not_claim(engine):
 def _hold_leases(url: str, owner: str, keys: list[str], ready, heartbeat_s: float) -> None:
     leases = RunLeases(LeaseStore(get_engine(url)), owner, heartbeat_s=heartbeat_s)
     leases.start()
-    leases.claim_keys(STAGE, keys)
+    for lease in leases.claim_keys(STAGE, keys)[0]:
+        leases.begin(lease)
     ready.set()
     time.sleep(600)  # until killed
 
@@ -185,6 +187,23 @@ def test_killed_run_loses_its_leases_and_live_run_keeps_them(database_url, engin
         runs["run-alive"].kill()
 
 
+def test_items_a_dead_run_never_began_go_back_without_counting_an_attempt(engine):
+    store = LeaseStore(engine)
+    _seed(store, 3)
+    store.heartbeat("run-x", "host", 1)
+    first, second, third = store.claim_next(STAGE, "run-x", 3)
+    store.mark_started(first)  # the run died working on `first`; it never began the others
+    reaped = store.reap(stale_after_s=3600, finished_runs=["run-x"])
+    assert sorted((r.key, r.status) for r in reaped) == [
+        ("v000000", FAILED),
+        ("v000001", PENDING),
+        ("v000002", PENDING),
+    ]
+    assert [_status(engine, k).attempts for k in ("v000000", "v000001", "v000002")] == [1, 0, 0]
+    with pytest.raises(LeaseLost):
+        store.mark_started(second)
+
+
 def test_heartbeat_notices_a_lease_taken_away(engine):
     store = LeaseStore(engine)
     _seed(store, 2)
@@ -208,7 +227,8 @@ def test_finished_run_is_reaped_at_once(engine):
     store = LeaseStore(engine)
     _seed(store, 1)
     store.heartbeat("run-x", "host", 1)
-    store.claim_next(STAGE, "run-x")
+    [lease] = store.claim_next(STAGE, "run-x")
+    store.mark_started(lease)
     assert store.reap(stale_after_s=3600) == []
     [reaped] = store.reap(stale_after_s=3600, finished_runs=["run-x"])
     assert reaped.status == FAILED

