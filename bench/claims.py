@@ -23,6 +23,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from dataminer_dagster.db import migrate
+from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.server import with_driver
 
@@ -69,7 +70,7 @@ def _seed(url: str, variant: str, rows: int) -> None:
 
 
 def _claimer(url: str, variant: str, batch: int, start_at: float, stop_at: float) -> int:
-    engine = sa.create_engine(url, pool_size=1)
+    engine = get_engine(url)  # the product's engine settings (pre-ping included)
     owner = f"bench-{uuid.uuid4().hex[:8]}"
     done = 0
     store = LeaseStore(engine)
@@ -78,14 +79,14 @@ def _claimer(url: str, variant: str, batch: int, start_at: float, stop_at: float
         time.sleep(0.001)
     while time.time() < stop_at:
         if variant == "reference":
-            with engine.begin() as c:
+            with engine.begin() as c:  # as the reference: a session per statement, then commit
                 video = c.execute(REFERENCE_CLAIM, {"w": owner}).scalar()
             if video is None:
                 break
             with engine.begin() as c:
                 c.execute(REFERENCE_RELEASE, {"v": video, "w": owner})
             done += 1
-        else:
+        else:  # the product's path: claim, then finish each item in its own transaction
             leases = store.claim_next(STAGE, owner, batch)
             if not leases:
                 break

@@ -8,11 +8,13 @@ import threading
 import sqlalchemy as sa
 
 _lock = threading.Lock()
-_engines: dict[tuple[str, int], sa.Engine] = {}
+_engines: dict[tuple[str, int, bool], sa.Engine] = {}
 
 
-def get_engine(url: str) -> sa.Engine:
-    key = (url, os.getpid())  # a forked child must not reuse its parent's connections
+def get_engine(url: str, *, autocommit: bool = False) -> sa.Engine:
+    """The process's engine for `url`. `autocommit`: a separate pool whose connections run each
+    statement on its own (one round trip, no BEGIN/COMMIT), for single-statement operations."""
+    key = (url, os.getpid(), autocommit)  # a forked child must not reuse its parent's connections
     with _lock:
         engine = _engines.get(key)
         if engine is None:
@@ -22,6 +24,7 @@ def get_engine(url: str) -> sa.Engine:
                 pool_size=4,
                 max_overflow=8,
                 connect_args={"application_name": "dataminer"},
+                **({"isolation_level": "AUTOCOMMIT"} if autocommit else {}),
             )
             _engines[key] = engine
         return engine

@@ -17,6 +17,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
+from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.schema import (
     BLOCKED,
     CLAIMABLE,
@@ -152,6 +153,11 @@ class LeaseStore:
     def __init__(self, engine: sa.Engine, retry: RetryPolicy | None = None):
         self.engine = engine
         self.policy = retry or RetryPolicy()
+        # Each operation is one statement: run it in autocommit, one round trip instead of three
+        # (BEGIN, statement, COMMIT). `completing` keeps a real transaction for the caller's writes.
+        self._autocommit = get_engine(
+            engine.url.render_as_string(hide_password=False), autocommit=True
+        )
 
     # --- queueing ---------------------------------------------------------------------------
 
@@ -246,7 +252,7 @@ class LeaseStore:
              WHERE w.id = pick.id
             RETURNING w.{_LEASE_COLUMNS.replace(", ", ", w.")}
         """)
-        with self.engine.begin() as c:
+        with self._autocommit.connect() as c:
             rows = c.execute(statement, {"stage": stage, "owner": owner, "limit": limit}).all()
         return sorted((_lease(r) for r in rows), key=lambda lease: lease.item_id)
 
@@ -285,7 +291,7 @@ class LeaseStore:
             "statuses": statuses,
             "respect_backoff": respect_backoff,
         }
-        with self.engine.begin() as c:
+        with self._autocommit.connect() as c:
             leases = sorted(
                 (_lease(r) for r in c.execute(statement, params)), key=lambda x: x.item_id
             )
@@ -329,7 +335,7 @@ class LeaseStore:
             SELECT w.lease_token FROM {W} w JOIN beat ON w.lease_owner = beat.run_id
              WHERE w.status = '{RUNNING}'
         """)
-        with self.engine.begin() as c:
+        with self._autocommit.connect() as c:
             return set(c.execute(statement, {"owner": owner, "host": host, "pid": pid}).scalars())
 
     def mark_started(self, lease: Lease) -> None:
@@ -339,7 +345,7 @@ class LeaseStore:
             UPDATE {W} SET started_at = now() WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
             RETURNING id
         """)
-        with self.engine.begin() as c:
+        with self._autocommit.connect() as c:
             if c.execute(statement, {"id": lease.item_id, "token": lease.token}).first() is None:
                 raise LeaseLost(lease)
 
@@ -350,26 +356,29 @@ class LeaseStore:
         """Mark the item done and yield the transaction, in which the caller records its results
         and publishes its files. The row stays locked until commit, so no reaper can take the
         lease in between; an exception in the block rolls everything back. Raises LeaseLost."""
+        with self.engine.begin() as c:
+            self._complete(c, lease, outcome)
+            yield c
+
+    def complete(self, lease: Lease, outcome: dict | None = None) -> bool:
+        """Mark done (nothing else to record); False, and nothing changed, when the lease was lost."""
+        try:
+            with self._autocommit.connect() as c:
+                self._complete(c, lease, outcome)
+        except LeaseLost:
+            return False
+        return True
+
+    def _complete(self, conn: sa.Connection, lease: Lease, outcome: dict | None) -> None:
         statement = sa.text(f"""
             UPDATE {W} SET status = '{DONE}', outcome = CAST(:outcome AS jsonb), last_error = NULL,
                    finished_at = now(), {_CLEAR_LEASE}
              WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
             RETURNING id
         """)
-        with self.engine.begin() as c:
-            params = {"id": lease.item_id, "token": lease.token, "outcome": _json(outcome)}
-            if c.execute(statement, params).first() is None:
-                raise LeaseLost(lease)
-            yield c
-
-    def complete(self, lease: Lease, outcome: dict | None = None) -> bool:
-        """Mark done; False (and nothing changed) when the lease was lost."""
-        try:
-            with self.completing(lease, outcome):
-                pass
-        except LeaseLost:
-            return False
-        return True
+        params = {"id": lease.item_id, "token": lease.token, "outcome": _json(outcome)}
+        if conn.execute(statement, params).first() is None:
+            raise LeaseLost(lease)
 
     def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> FailResult:
         """Record a failure: retry later with back-off, or dead after the last attempt (or at
@@ -380,7 +389,7 @@ class LeaseStore:
             RETURNING status, next_attempt_at
         """)
         params = {"id": lease.item_id, "token": lease.token, **self._fail_params(error, retryable)}
-        with self.engine.begin() as c:
+        with self._autocommit.connect() as c:
             row = c.execute(statement, params).first()
         if row is None:
             return FailResult(False, None, None)
@@ -393,7 +402,7 @@ class LeaseStore:
              WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
             RETURNING id
         """)
-        with self.engine.begin() as c:
+        with self._autocommit.connect() as c:
             params = {"id": lease.item_id, "token": lease.token, "reason": reason}
             return c.execute(statement, params).first() is not None
 
@@ -404,7 +413,7 @@ class LeaseStore:
              WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
             RETURNING id
         """)
-        with self.engine.begin() as c:
+        with self._autocommit.connect() as c:
             return (
                 c.execute(statement, {"id": lease.item_id, "token": lease.token}).first()
                 is not None
@@ -463,7 +472,7 @@ class LeaseStore:
         statement = sa.text(f"""
             UPDATE {W} SET {set_clause} WHERE lease_owner = :owner AND status = '{RUNNING}' RETURNING id
         """)
-        with self.engine.begin() as c:
+        with self._autocommit.connect() as c:
             return len(c.execute(statement, params).all())
 
     def retry(
@@ -489,7 +498,7 @@ class LeaseStore:
             "stages": list(stages) if stages else None,
             "project": project_id,
         }
-        with self.engine.begin() as c:
+        with self._autocommit.connect() as c:
             return len(c.execute(statement, params).all())
 
     # --- helpers ----------------------------------------------------------------------------
@@ -507,7 +516,7 @@ class LeaseStore:
         if conn is not None:
             yield conn
         else:
-            with self.engine.begin() as c:
+            with self._autocommit.connect() as c:
                 yield c
 
 
