@@ -312,3 +312,23 @@ def test_lease_tokens_are_unique(engine):
     leases = store.claim_next(STAGE, "run", 50)
     assert len({lease.token for lease in leases}) == 50
     assert all(isinstance(lease.token, uuid.UUID) for lease in leases)
+
+
+def test_the_migrations_create_exactly_the_schema_of_the_code(engine):
+    """db/schema.py (used by the code) and migrations/ (used to create databases) agree."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from dataminer_dagster.db.schema import SCHEMA, metadata
+
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn,
+            opts={
+                "include_schemas": True,
+                "version_table_schema": SCHEMA,
+                "include_name": lambda name, type_, parent: type_ != "schema" or name == SCHEMA,
+            },
+        )
+        differences = compare_metadata(context, metadata)
+    assert differences == []
