@@ -25,7 +25,9 @@ def _url(config_value: dict) -> str:
     return config_value.get("postgres_url") or dagster_database_url(load_settings())
 
 
-class DataminerRunStorage(PostgresRunStorage):
+class _UrlFromEnvironment:
+    """Config-driven construction for the three Postgres storages: the URL is resolved here."""
+
     @classmethod
     def config_type(cls):
         return _CONFIG
@@ -35,21 +37,13 @@ class DataminerRunStorage(PostgresRunStorage):
         return cls(postgres_url=_url(config_value), inst_data=inst_data)
 
 
-class DataminerEventLogStorage(PostgresEventLogStorage):
-    @classmethod
-    def config_type(cls):
-        return _CONFIG
-
-    @classmethod
-    def from_config_value(cls, inst_data, config_value):
-        return cls(postgres_url=_url(config_value), inst_data=inst_data)
+class DataminerRunStorage(_UrlFromEnvironment, PostgresRunStorage):
+    pass
 
 
-class DataminerScheduleStorage(PostgresScheduleStorage):
-    @classmethod
-    def config_type(cls):
-        return _CONFIG
+class DataminerEventLogStorage(_UrlFromEnvironment, PostgresEventLogStorage):
+    pass
 
-    @classmethod
-    def from_config_value(cls, inst_data, config_value):
-        return cls(postgres_url=_url(config_value), inst_data=inst_data)
+
+class DataminerScheduleStorage(_UrlFromEnvironment, PostgresScheduleStorage):
+    pass
