@@ -30,8 +30,9 @@ DEFAULT_QUEUE = "dagster"
 GPU_QUEUE = "gpu"
 # Variables passed from the environment of `setup` to every program (tunables, model caches).
 PASSTHROUGH_PREFIXES = ("DATAMINER_", "DAGSTER_", "HF_")
-# A Unix socket path is limited to 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
+# A Unix socket path is limited to 108 bytes including the terminating NUL, and supervisord
+# binds a temporary name (the path plus "." and its pid) before renaming it: keep well below.
+MAX_SOCKET_PATH = 90
 
 
 class ServicesError(Exception):
@@ -54,7 +55,16 @@ class ServicesPaths:
 
     @property
     def socket(self) -> Path:
-        return self.services_dir / "supervisor.sock"
+        """In the services directory, or, when that path is too long for a Unix socket, in the
+        temporary directory under a name derived from the home (the same for every command)."""
+        inside = self.services_dir / "supervisor.sock"
+        if len(str(inside)) <= MAX_SOCKET_PATH:
+            return inside
+        import hashlib
+        import tempfile
+
+        digest = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"dataminer-supervisor-{digest}.sock"
 
     @property
     def pidfile(self) -> Path:
@@ -98,11 +108,6 @@ class ServicesOptions:
             raise ServicesError("worker counts must be 0 or more")
         if self.workers_only and self.executor != "celery":
             raise ServicesError("--workers-only needs the celery executor (--executor celery)")
-        if len(str(self.paths.socket)) > MAX_SOCKET_PATH:
-            raise ServicesError(
-                f"the supervisord socket path {self.paths.socket} is longer than "
-                f"{MAX_SOCKET_PATH} characters; use a shorter DATAMINER_HOME"
-            )
 
     @property
     def paths(self) -> ServicesPaths:

@@ -153,7 +153,6 @@ def test_multiprocess_executor_starts_no_workers_and_workers_only_no_webserver(t
         ({"executor": "ray"}, "executor must be one of multiprocess, celery"),
         ({"port": 0}, "port must be between 1 and 65535"),
         ({"workers_only": True}, "--workers-only needs the celery executor"),
-        ({"home": Path("/tmp") / ("h" * 100)}, "use a shorter DATAMINER_HOME"),
     ],
 )
 def test_bad_options_are_refused_with_the_reason(tmp_path, overrides, message):
@@ -366,3 +365,15 @@ def test_real_webserver_and_daemon_serve_then_stop_with_their_children(
     while (left := _processes_with_env(marker)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert left == [], [(pid, _cmdline(pid)) for pid in left]
+
+
+def test_a_long_home_puts_the_socket_in_the_temporary_directory(tmp_path):
+    from dataminer_dagster.services import MAX_SOCKET_PATH, ServicesPaths
+
+    short = ServicesPaths(Path("/srv/dm"))
+    assert short.socket.parent == short.services_dir
+    long_home = tmp_path / ("very-long-directory-name-" * 5) / "home"
+    paths = ServicesPaths(long_home)
+    assert len(str(paths.socket)) <= MAX_SOCKET_PATH
+    assert paths.socket == ServicesPaths(long_home).socket, "the same for every command"
+    assert paths.socket != ServicesPaths(tmp_path / "other").socket
