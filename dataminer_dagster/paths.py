@@ -65,9 +65,5 @@ class ProjectPaths:
         return self.detections_dir / "annotations.coco.json"
 
     @property
-    def visualizations_dir(self) -> Path:
-        return self.detections_dir / "visualizations"
-
-    @property
     def dataset_dir(self) -> Path:
         return self.root / "dataset"

@@ -433,12 +433,6 @@ def delete_project_videos(
 # --- orphans --------------------------------------------------------------------------------------
 
 
-def orphan_videos(engine: sa.Engine) -> list[str]:
-    """Videos that no project uses, oldest first."""
-    with engine.connect() as c:
-        return _orphan_videos(c)
-
-
 def _orphan_videos(conn: sa.Connection) -> list[str]:
     return list(
         conn.execute(

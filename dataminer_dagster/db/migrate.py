@@ -52,9 +52,3 @@ def current_revision(engine: sa.Engine) -> str | None:
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"version_table_schema": SCHEMA})
         return context.get_current_revision()
-
-
-def head_revision() -> str:
-    from alembic.script import ScriptDirectory
-
-    return ScriptDirectory(str(migrations_dir())).get_current_head()

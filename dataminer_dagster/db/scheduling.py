@@ -60,17 +60,6 @@ def clear_requested(engine: sa.Engine, stage: str, first_id: int, last_id: int) 
         ).rowcount
 
 
-def pending_counts(engine: sa.Engine) -> dict[str, int]:
-    """Claimable items per stage (whether or not already requested)."""
-    with engine.connect() as c:
-        rows = c.execute(
-            sa.text(
-                f"SELECT stage, count(*) FROM {W} WHERE status IN ('{PENDING}', '{FAILED}') GROUP BY 1"
-            )
-        ).all()
-    return dict(rows)
-
-
 def next_due(engine: sa.Engine) -> float | None:
     """Seconds until the next waiting item becomes claimable (negative: overdue); None if none."""
     with engine.connect() as c:

@@ -132,12 +132,6 @@ def load_once(key: tuple, load: Callable[[], T]) -> T:
         return _loaded[key]
 
 
-def forget_loaded_models() -> None:
-    """Drop every model `load_once` holds (they are freed once nothing else refers to them)."""
-    with _loaded_lock:
-        _loaded.clear()
-
-
 def load_pretrained(
     reference: str | os.PathLike[str],
     *,
