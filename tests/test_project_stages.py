@@ -10,7 +10,6 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from dataminer_dagster.assets import STAGE_ASSETS
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.coco import validate_coco
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
@@ -19,8 +18,7 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.status import stage_counts
 from dataminer_dagster.driver import drive
 from dataminer_dagster.paths import DataPaths
-from dataminer_dagster.sensors.pipeline_sensors import stage_jobs
-from tests.helpers.pipeline import resources, write_videos
+from tests.helpers.pipeline import pipeline_definitions, resources, write_videos
 
 pytestmark = pytest.mark.slow
 
@@ -109,11 +107,7 @@ def test_two_projects_sharing_videos_each_get_their_own_dataset(
     )
     for config in (a, b):
         catalog.register_project(config)
-    defs = dg.Definitions(
-        assets=list(STAGE_ASSETS.values()),
-        jobs=list(stage_jobs(STAGE_ASSETS).values()),
-        resources=resources(database_url, data_dir),
-    )
+    defs = pipeline_definitions(resources(database_url, data_dir))
     with dg.instance_for_test() as instance:
         result = drive(
             ["alpha", "beta"],

@@ -37,13 +37,13 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import CLAIMABLE, DEAD, DONE, FAILED, PENDING
 from dataminer_dagster.driver import DriveResult, drive
 from dataminer_dagster.paths import FRAMES_MANIFEST, DataPaths, ProjectPaths
-from dataminer_dagster.sensors.pipeline_sensors import stage_jobs
 from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_discovery
 from dataminer_dagster.settings import load_settings
 from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from tests.helpers.pipeline import (
     CannedSearchSources,
     materialize_partitions,
+    pipeline_definitions,
     work_items,
 )
 from tests.helpers.processes import (
@@ -63,7 +63,6 @@ pytestmark = pytest.mark.slow
 HEARTBEAT_S = 0.5
 STALE_S = 3.0
 SPEC = SyntheticVideoSpec(width=96, height=64, fps=10, seconds=2.0, scene_cuts=(1.0,))
-JOBS = stage_jobs(STAGE_ASSETS)
 
 
 @pytest.fixture(autouse=True)
@@ -225,11 +224,7 @@ class Pipeline:
     def drive(
         self, instance: dg.DagsterInstance, hooks: Sequence[Hook] = (), **options
     ) -> DriveResult:
-        defs = dg.Definitions(
-            assets=list(STAGE_ASSETS.values()),
-            jobs=list(JOBS.values()),
-            resources=self.resources(hooks),
-        )
+        defs = pipeline_definitions(self.resources(hooks))
         return drive(
             [self.name],
             instance=instance,

@@ -8,16 +8,14 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from dataminer_dagster.assets import STAGE_ASSETS
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.driver import drive
 from dataminer_dagster.paths import DataPaths
-from dataminer_dagster.sensors.pipeline_sensors import stage_jobs
 from tests.helpers.http_server import LocalHTTPServer
-from tests.helpers.pipeline import resources, work_items, write_videos
+from tests.helpers.pipeline import pipeline_definitions, resources, work_items, write_videos
 
 pytestmark = pytest.mark.slow
 
@@ -61,11 +59,7 @@ def test_cleanup_and_backup_then_a_later_project_gets_everything_back(
     data_dir, backup_dir = tmp_path / "data", tmp_path / "backup"
     store = LeaseStore(engine)
     catalog = Catalog(engine, store, DataPaths(data_dir))
-    defs = dg.Definitions(
-        assets=list(STAGE_ASSETS.values()),
-        jobs=list(stage_jobs(STAGE_ASSETS).values()),
-        resources=resources(database_url, data_dir),
-    )
+    defs = pipeline_definitions(resources(database_url, data_dir))
     with LocalHTTPServer(www) as server, dg.instance_for_test() as instance:
         urls = [server.url(f"/v{i}.mp4") for i in range(2)]
         first = _config(

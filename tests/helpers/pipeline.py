@@ -40,6 +40,18 @@ def resources(database_url: str, data_dir: Path, **extra) -> dict:
     }
 
 
+def pipeline_definitions(resources: dict) -> dg.Definitions:
+    """The product's stage assets and their jobs, on test resources (what `drive` executes)."""
+    from dataminer_dagster.assets import STAGE_ASSETS
+    from dataminer_dagster.sensors.pipeline_sensors import stage_jobs
+
+    return dg.Definitions(
+        assets=list(STAGE_ASSETS.values()),
+        jobs=list(stage_jobs(STAGE_ASSETS).values()),
+        resources=resources,
+    )
+
+
 def materialize_partitions(
     assets: Sequence[dg.AssetsDefinition],
     keys: Sequence[str],
