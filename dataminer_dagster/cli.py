@@ -537,6 +537,18 @@ def _admin_call(function, *args, **kwargs):
         raise UserError(str(exc)) from None
 
 
+def _report_left_videos(done, files: bool, subject: str) -> None:
+    """After a deletion: the videos deleted with their files, or left over as orphans."""
+    if files:
+        click.echo(f"deleted {len(done.deleted_videos)} videos that no other project used")
+        _remove_files(done.files)
+    elif done.orphaned:
+        click.echo(
+            f"{len(done.orphaned)} {subject} are now used by no project; they and their files stay "
+            "(dataminer cleanup-orphans --files removes them)"
+        )
+
+
 def _remove_files(paths) -> None:
     from dataminer_dagster.core.files import remove
 
@@ -632,16 +644,9 @@ def project_delete(name: str, files: bool, yes: bool) -> None:
     _confirm(f"Delete {what}?", yes)
     done = delete(dry_run=False)
     click.echo(f"deleted project {name}")
-    if files:
-        click.echo(f"deleted {len(done.deleted_videos)} videos that no other project used")
-        _remove_files(done.files)
-    elif done.orphaned:
-        click.echo(
-            f"{len(done.orphaned)} videos are now used by no project; they and their files stay "
-            "(dataminer cleanup-orphans --files removes them)"
-        )
-        if done.files:
-            click.echo(f"its output directory stays: {done.output_dir} (--files removes it)")
+    _report_left_videos(done, files, "videos")
+    if not files and done.orphaned and done.files:
+        click.echo(f"its output directory stays: {done.output_dir} (--files removes it)")
 
 
 @main.command("delete-videos")
@@ -697,14 +702,7 @@ def delete_videos(project_name: str, status_name: str, files: bool, yes: bool) -
     _confirm(f"Remove {what}?", yes)
     done = delete(dry_run=False)
     click.echo(f"removed {len(done.matched)} {status_name} videos from project {project_name}")
-    if files:
-        click.echo(f"deleted {len(done.deleted_videos)} videos that no other project used")
-        _remove_files(done.files)
-    elif done.orphaned:
-        click.echo(
-            f"{len(done.orphaned)} of them are now used by no project; they and their files stay "
-            "(dataminer cleanup-orphans --files removes them)"
-        )
+    _report_left_videos(done, files, "of them")
     if done.had_results and done.project_stage != "active":
         click.echo(
             f"{done.had_results} of them had passed the filter, so the project's dedup, "

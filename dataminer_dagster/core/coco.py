@@ -249,6 +249,16 @@ def _check_images(images: list[Any], problems: list[str]) -> dict[int, tuple[flo
     return sizes
 
 
+def _record_id(where: str, value: Any, seen: set[int], kind: str, problems: list[str]) -> None:
+    """Note a problem unless `value` is an integer id not seen before; record it when it is."""
+    if not _is_int(value):
+        problems.append(f"{where}.id must be an integer, got {value!r}")
+    elif value in seen:
+        problems.append(f"{where}.id {value} is used by another {kind}")
+    else:
+        seen.add(value)
+
+
 def _check_categories(categories: list[Any], problems: list[str]) -> set[int]:
     ids: set[int] = set()
     names: set[str] = set()
@@ -257,13 +267,7 @@ def _check_categories(categories: list[Any], problems: list[str]) -> set[int]:
         if not isinstance(category, Mapping):
             problems.append(f"{where} must be an object, got {_kind(category)}")
             continue
-        category_id = category.get("id")
-        if not _is_int(category_id):
-            problems.append(f"{where}.id must be an integer, got {category_id!r}")
-        elif category_id in ids:
-            problems.append(f"{where}.id {category_id} is used by another category")
-        else:
-            ids.add(category_id)
+        _record_id(where, category.get("id"), ids, "category", problems)
         name = category.get("name")
         if not isinstance(name, str) or not name:
             problems.append(f"{where}.name must be a non-empty string, got {name!r}")
@@ -292,13 +296,7 @@ def _check_annotations(
         if not isinstance(annotation, Mapping):
             problems.append(f"{where} must be an object, got {_kind(annotation)}")
             continue
-        annotation_id = annotation.get("id")
-        if not _is_int(annotation_id):
-            problems.append(f"{where}.id must be an integer, got {annotation_id!r}")
-        elif annotation_id in ids:
-            problems.append(f"{where}.id {annotation_id} is used by another annotation")
-        else:
-            ids.add(annotation_id)
+        _record_id(where, annotation.get("id"), ids, "annotation", problems)
         image_id = annotation.get("image_id")
         if image_id not in image_sizes:
             problems.append(f"{where}.image_id {image_id!r} does not name a listed image")

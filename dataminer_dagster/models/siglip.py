@@ -260,24 +260,9 @@ class SiglipScorer(ImageEmbedder):
 
     processor_class_name = "AutoProcessor"
 
-    def __init__(
-        self,
-        model_ref: str | os.PathLike[str],
-        *,
-        device: str = "auto",
-        dtype: str | None = None,
-        batch_size: int = 32,
-        prefetch_workers: int = 2,
-        revision: str | None = None,
-    ):
-        super().__init__(
-            model_ref,
-            device=device,
-            dtype=dtype,
-            batch_size=batch_size,
-            prefetch_workers=prefetch_workers,
-            revision=revision,
-        )
+    def __init__(self, model_ref: str | os.PathLike[str], **options: Any):
+        """`options` as for ImageEmbedder: device, dtype, batch_size, prefetch_workers, revision."""
+        super().__init__(model_ref, **options)
         missing = [
             name
             for name in ("get_text_features", "get_image_features", "logit_scale", "logit_bias")
