@@ -1,10 +1,18 @@
 """Claim throughput: our lease statements vs the reference system's claim statement.
 
-Each configuration starts from a freshly seeded table of N pending rows and runs C claimer
-processes for a fixed time; a cycle is "claim, then complete" (ours) or "claim, then release" (the
-reference: a single-row UPDATE ... WHERE id = (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 1) on a table
-without a status index, as in its db/operations.py; "reference+index" is the same statement with
-an index on (status, created_at)). Everything runs on the same server.
+Each configuration starts from a freshly seeded table of N pending rows and lets C claimers work on
+it; the figure is items claimed and finished per second. A cycle is "claim, then complete" (ours)
+or "claim, then release" (the reference: a single-row UPDATE ... WHERE id = (SELECT ... FOR UPDATE
+SKIP LOCKED LIMIT 1) on a table without a status index, as in its db/operations.py;
+"reference+index" is the same statement with an index on (status, created_at)). Everything runs on
+the same server, in the same run.
+
+Two kinds of claimer:
+* Python: C processes calling the product's LeaseStore (SQLAlchemy, psycopg, the connection pool
+  with its pre-ping), or for the reference, SQLAlchemy as the reference used it.
+* pgbench: C clients of PostgreSQL's own benchmark tool running the very same statements (ours are
+  taken from db/leases.py), so the client costs almost nothing: what the statements alone allow.
+  Skipped when pgbench is not installed.
 
     python bench/claims.py                       # embedded PostgreSQL in a temporary directory
     python bench/claims.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
@@ -14,18 +22,22 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import re
+import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 import uuid
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from dataminer_dagster.db import migrate
 from dataminer_dagster.db.engine import get_engine
-from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.leases import COMPLETE, LeaseStore, claim_next_statement
 from dataminer_dagster.db.server import with_driver
 
 STAGE = "download"
@@ -37,24 +49,46 @@ CREATE TABLE ref_videos (
     created_at timestamp NOT NULL, updated_at timestamp NOT NULL)
 """
 REFERENCE_CLAIM = sa.text("""
-UPDATE ref_videos SET locked_by = :w, locked_at = NOW(), heartbeat_at = NOW(), status = 'DOWNLOADING'
+UPDATE ref_videos SET locked_by = :owner, locked_at = NOW(), heartbeat_at = NOW(), status = 'DOWNLOADING'
  WHERE video_id = (SELECT video_id FROM ref_videos WHERE status = 'PENDING' AND locked_by IS NULL
                     ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT 1)
 RETURNING video_id
 """)
 REFERENCE_RELEASE = sa.text("""
 UPDATE ref_videos SET status = 'DOWNLOADED', locked_by = NULL, locked_at = NULL, heartbeat_at = NULL,
-       updated_at = NOW() WHERE video_id = :v AND locked_by = :w
+       updated_at = NOW() WHERE video_id = :video_id AND locked_by = :owner
 """)
 
 
-def _seed(url: str, variant: str, rows: int) -> None:
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    table: str  # reference | reference+index | ours
+    claim: int = 1  # items per claim statement
+    complete_together: bool = False  # ours: one statement completes the whole claim
+
+
+PYTHON_VARIANTS = (
+    Variant("reference", "reference"),
+    Variant("reference+index", "reference+index"),
+    Variant("ours, 1 per claim", "ours"),
+    Variant("ours, 100/claim, 1/completion", "ours", 100),
+    Variant("ours, 100/claim+completion", "ours", 100, True),
+)
+PGBENCH_VARIANTS = (
+    Variant("reference+index", "reference+index"),
+    Variant("ours, 1 per claim", "ours"),
+    Variant("ours, 100/claim+completion", "ours", 100, True),
+)
+
+
+def _seed(url: str, table: str, rows: int) -> None:
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     with engine.begin() as c:
-        if variant.startswith("reference"):
+        if table.startswith("reference"):
             c.execute(sa.text("DROP TABLE IF EXISTS ref_videos"))
             c.execute(sa.text(REFERENCE_DDL))
-            if variant == "reference+index":  # the index the reference lacked (its bug 20)
+            if table == "reference+index":  # the index the reference lacked (its bug 20)
                 c.execute(sa.text("CREATE INDEX ON ref_videos (status, created_at)"))
             c.execute(
                 sa.text("""INSERT INTO ref_videos SELECT 'v' || g, 'https://x/' || g, 'PENDING', NULL, NULL,
@@ -72,7 +106,10 @@ def _seed(url: str, variant: str, rows: int) -> None:
     engine.dispose()
 
 
-def _claimer(url: str, variant: str, batch: int, start_at: float, stop_at: float) -> int:
+# --- Python claimers ------------------------------------------------------------------------------
+
+
+def _claimer(url: str, variant: Variant, start_at: float, stop_at: float) -> int:
     engine = get_engine(url)  # the product's engine settings (pre-ping included)
     owner = f"bench-{uuid.uuid4().hex[:8]}"
     done = 0
@@ -81,34 +118,79 @@ def _claimer(url: str, variant: str, batch: int, start_at: float, stop_at: float
     while time.time() < start_at:
         time.sleep(0.001)
     while time.time() < stop_at:
-        if variant.startswith("reference"):
+        if variant.table.startswith("reference"):
             with engine.begin() as c:  # as the reference: a session per statement, then commit
-                video = c.execute(REFERENCE_CLAIM, {"w": owner}).scalar()
+                video = c.execute(REFERENCE_CLAIM, {"owner": owner}).scalar()
             if video is None:
                 break
             with engine.begin() as c:
-                c.execute(REFERENCE_RELEASE, {"v": video, "w": owner})
+                c.execute(REFERENCE_RELEASE, {"video_id": video, "owner": owner})
             done += 1
-        else:  # the product's path: claim, then finish each item in its own transaction
-            leases = store.claim_next(STAGE, owner, batch)
+        else:
+            leases = store.claim_next(STAGE, owner, variant.claim)
             if not leases:
                 break
-            for lease in leases:
-                store.complete(lease)
+            if variant.complete_together:
+                store.complete_many(leases)
+            else:
+                for lease in leases:
+                    store.complete(lease)
             done += len(leases)
     engine.dispose()
     return done
 
 
-def run_one(url: str, variant: str, rows: int, claimers: int, seconds: float, batch: int) -> float:
-    _seed(url, variant, rows)
+def run_python(url: str, variant: Variant, rows: int, claimers: int, seconds: float) -> float:
+    _seed(url, variant.table, rows)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(claimers) as pool:
         start_at = time.time() + 2.0  # let every process start and connect first
         stop_at = start_at + seconds
-        counts = pool.starmap(_claimer, [(url, variant, batch, start_at, stop_at)] * claimers)
+        counts = pool.starmap(_claimer, [(url, variant, start_at, stop_at)] * claimers)
         elapsed = min(time.time(), stop_at) - start_at
     return sum(counts) / elapsed
+
+
+# --- pgbench claimers -----------------------------------------------------------------------------
+
+
+def _pgbench_script(variant: Variant) -> str:
+    """The statements as pgbench runs them: bind parameters become pgbench variables, each client
+    is its own lease owner (as each Python claimer is), and what the claim returns feeds the
+    completion (\\gset)."""
+    if variant.table.startswith("reference"):
+        script = f"{REFERENCE_CLAIM.text.strip()} \\gset\n{REFERENCE_RELEASE.text.strip()};\n"
+    else:
+        script = (
+            f"WITH claimed AS ({claim_next_statement(variant.claim).text.strip()}) SELECT array_agg(id)::text AS ids, "
+            f"array_agg(lease_token)::text AS tokens FROM claimed \\gset\n"
+            f"{COMPLETE.text.strip()};\n"
+        )
+    return script.replace(":owner", "('pgbench-' || :client_id)")
+
+
+def run_pgbench(url: str, variant: Variant, rows: int, claimers: int, seconds: float) -> float:
+    """pgbench runs a fixed number of cycles, chosen so that the table never runs dry."""
+    _seed(url, variant.table, rows)
+    cycles = max(1, min(int(rows * 0.8) // variant.claim, int(3000 * seconds)) // claimers)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql") as script:
+        script.write(_pgbench_script(variant))
+        script.flush()
+        variables = {"stage": STAGE, "outcome": "null"}
+        command = [
+            "pgbench", "--no-vacuum", "--protocol=prepared", f"--client={claimers}",
+            f"--jobs={min(claimers, 2)}", f"--transactions={cycles}", f"--file={script.name}",
+            *(f"--define={k}={v}" for k, v in variables.items()),
+            sa.engine.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False),
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True)
+    tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", result.stdout)
+    if result.returncode != 0 or tps is None:
+        raise RuntimeError(f"pgbench failed:\n{result.stdout}\n{result.stderr}")
+    return float(tps.group(1)) * variant.claim
+
+
+# --- driver ---------------------------------------------------------------------------------------
 
 
 def _server_url(args, tmp: Path) -> str:
@@ -130,6 +212,24 @@ def _server_url(args, tmp: Path) -> str:
     return url
 
 
+def _table(title: str, variants, runner, url: str, args) -> None:
+    print(f"\n{title}\n")
+    print(
+        f"| {'rows':>7} | {'claimers':>8} | " + " | ".join(f"{v.name:>15}" for v in variants) + " |"
+    )
+    print("|" + "---:|" * (len(variants) + 2))
+    for rows in args.rows:
+        for claimers in args.claimers:
+            rates = [
+                statistics.median(
+                    runner(url, variant, rows, claimers, args.seconds) for _ in range(args.repeats)
+                )
+                for variant in variants
+            ]
+            cells = " | ".join(f"{rate:>15,.0f}" for rate in rates)
+            print(f"| {rows:>7,} | {claimers:>8} | {cells} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -142,43 +242,24 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=1, help="median over this many runs")
     parser.add_argument(
-        "--batch", type=int, default=100, help="items per claim statement (batched variant)"
+        "--client", choices=["python", "pgbench", "both"], default="both", help="which claimers"
     )
     args = parser.parse_args()
 
-    variants = [
-        ("reference", 1),
-        ("reference+index", 1),
-        ("ours, 1 per claim", 1),
-        (f"ours, {args.batch} per claim", args.batch),
-    ]
     with tempfile.TemporaryDirectory() as tmp:
         url = _server_url(args, Path(tmp))
         with sa.create_engine(url).connect() as c:
             version = c.execute(sa.text("SHOW server_version")).scalar()
-        print(
-            f"PostgreSQL {version}; {args.seconds:g} s per configuration; items claimed+finished per second\n"
-        )
-        header = f"| {'rows':>7} | {'claimers':>8} | " + " | ".join(
-            f"{name:>20}" for name, _ in variants
-        )
-        print(header + f" | {'ours/ref':>8} |")
-        print("|" + "---|" * (len(variants) + 3))
-        for rows in args.rows:
-            for claimers in args.claimers:
-                rates = []
-                for name, batch in variants:
-                    variant = name if name.startswith("reference") else "ours"
-                    runs = [
-                        run_one(url, variant, rows, claimers, args.seconds, batch)
-                        for _ in range(args.repeats)
-                    ]
-                    rates.append(statistics.median(runs))
-                cells = " | ".join(f"{rate:>20,.0f}" for rate in rates)
-                print(
-                    f"| {rows:>7,} | {claimers:>8} | {cells} | {rates[2] / rates[0]:>7.1f}x |",
-                    flush=True,
-                )
+        print(f"PostgreSQL {version}; items claimed and finished per second")
+        if args.client in ("python", "both"):
+            title = f"Python claimers (processes), {args.seconds:g} s per configuration"
+            _table(title, PYTHON_VARIANTS, run_python, url, args)
+        if args.client in ("pgbench", "both"):
+            if shutil.which("pgbench") is None:
+                print("\npgbench is not installed: its table is skipped")
+            else:
+                title = "pgbench claimers (C clients running the same statements)"
+                _table(title, PGBENCH_VARIANTS, run_pgbench, url, args)
 
 
 if __name__ == "__main__":

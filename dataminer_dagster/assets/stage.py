@@ -193,8 +193,7 @@ def run_stage(
                 yield event
             progress.advance()
     finally:
-        for lease in pending:  # interrupted: give back what was never started
-            db.leases.release(lease)
+        db.leases.release_many(pending)  # interrupted: give back what was never started
 
     selected = {key.name for key in context.selected_asset_check_keys}
     for check in checks:

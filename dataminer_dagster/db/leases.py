@@ -8,9 +8,10 @@ so. Liveness is per run: one `run_heartbeats` row, refreshed by the run's resour
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -135,6 +136,47 @@ def _fail_set(error_sql: str = ":error", *, spare_unstarted: bool = False) -> st
 _UNCOUNTED_STATUS = f"CASE WHEN attempts > 1 THEN '{FAILED}' ELSE '{PENDING}' END"
 
 
+# The hot statements, also run as they are by bench/claims.py.
+@functools.lru_cache(maxsize=32)
+def claim_next_statement(limit: int) -> sa.TextClause:
+    """Claim up to `limit` items of `:stage` for `:owner`. The limit is part of the text, so that
+    the plan PostgreSQL keeps for the prepared statement is the right one: with a `$n` limit it
+    estimates a tenth of the table, finds that plan dear and plans the statement again every time.
+    `id = ANY(ARRAY(...))` keeps the plan an index lookup whatever the limit."""
+    return sa.text(f"""
+        UPDATE {W} w
+           SET status = '{RUNNING}', lease_owner = :owner, lease_token = gen_random_uuid(),
+               leased_at = now(), attempts = w.attempts + 1, updated_at = now()
+         WHERE w.id = ANY(ARRAY(
+                SELECT id FROM {W}
+                 WHERE stage = :stage AND status IN ('{PENDING}', '{FAILED}') AND next_attempt_at <= now()
+                 ORDER BY next_attempt_at, id LIMIT {int(limit)} FOR UPDATE SKIP LOCKED))
+        RETURNING {_LEASE_COLUMNS}
+    """)
+
+
+# The rows of the given leases (`:ids`, `:tokens`) that their holder still owns. Tokens are unique,
+# so a row whose token is among the tokens is the row that token was issued for.
+_HELD = f"""WHERE w.id = ANY(CAST(:ids AS bigint[])) AND w.lease_token = ANY(CAST(:tokens AS uuid[]))
+               AND w.status = '{RUNNING}'"""
+
+COMPLETE = sa.text(f"""
+    UPDATE {W} w SET status = '{DONE}', outcome = CAST(:outcome AS jsonb), last_error = NULL,
+           finished_at = now(), {_CLEAR_LEASE}
+      {_HELD}
+    RETURNING w.id
+""")
+
+
+def _held(leases: Sequence[Lease]) -> dict:
+    return {"ids": [lease.item_id for lease in leases], "tokens": [lease.token for lease in leases]}
+
+
+def _lost(leases: Sequence[Lease], changed_ids: Iterable[int]) -> list[Lease]:
+    changed = set(changed_ids)
+    return [lease for lease in leases if lease.item_id not in changed]
+
+
 def _lease(row: sa.Row) -> Lease:
     return Lease(
         item_id=row.id,
@@ -241,19 +283,10 @@ class LeaseStore:
     # --- claiming ---------------------------------------------------------------------------
 
     def claim_next(self, stage: str, owner: str, limit: int = 1) -> list[Lease]:
-        """Claim up to `limit` claimable items of `stage`, oldest first, skipping locked rows."""
-        statement = sa.text(f"""
-            UPDATE {W} w
-               SET status = '{RUNNING}', lease_owner = :owner, lease_token = gen_random_uuid(),
-                   leased_at = now(), attempts = w.attempts + 1, updated_at = now()
-              FROM (SELECT id FROM {W}
-                     WHERE stage = :stage AND status IN ('{PENDING}', '{FAILED}') AND next_attempt_at <= now()
-                     ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED) pick
-             WHERE w.id = pick.id
-            RETURNING w.{_LEASE_COLUMNS.replace(", ", ", w.")}
-        """)
+        """Claim up to `limit` claimable items of `stage`, skipping locked rows: the longest due
+        first, and items due at the same time in the order they were queued."""
         with self._autocommit.connect() as c:
-            rows = c.execute(statement, {"stage": stage, "owner": owner, "limit": limit}).all()
+            rows = c.execute(claim_next_statement(limit), {"stage": stage, "owner": owner}).all()
         return sorted((_lease(r) for r in rows), key=lambda lease: lease.item_id)
 
     def claim_keys(
@@ -357,28 +390,27 @@ class LeaseStore:
         and publishes its files. The row stays locked until commit, so no reaper can take the
         lease in between; an exception in the block rolls everything back. Raises LeaseLost."""
         with self.engine.begin() as c:
-            self._complete(c, lease, outcome)
+            if self._complete(c, [lease], outcome):
+                raise LeaseLost(lease)
             yield c
 
     def complete(self, lease: Lease, outcome: dict | None = None) -> bool:
         """Mark done (nothing else to record); False, and nothing changed, when the lease was lost."""
-        try:
-            with self._autocommit.connect() as c:
-                self._complete(c, lease, outcome)
-        except LeaseLost:
-            return False
-        return True
+        return not self.complete_many([lease], outcome)
 
-    def _complete(self, conn: sa.Connection, lease: Lease, outcome: dict | None) -> None:
-        statement = sa.text(f"""
-            UPDATE {W} SET status = '{DONE}', outcome = CAST(:outcome AS jsonb), last_error = NULL,
-                   finished_at = now(), {_CLEAR_LEASE}
-             WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
-            RETURNING id
-        """)
-        params = {"id": lease.item_id, "token": lease.token, "outcome": _json(outcome)}
-        if conn.execute(statement, params).first() is None:
-            raise LeaseLost(lease)
+    def complete_many(self, leases: Sequence[Lease], outcome: dict | None = None) -> list[Lease]:
+        """Mark many items done in one statement, the batched counterpart of `claim_next(limit)`
+        for work that has nothing else to record. Returns the leases that were lost (unchanged)."""
+        if not leases:
+            return []
+        with self._autocommit.connect() as c:
+            return self._complete(c, leases, outcome)
+
+    def _complete(
+        self, conn: sa.Connection, leases: Sequence[Lease], outcome: dict | None
+    ) -> list[Lease]:
+        params = {**_held(leases), "outcome": _json(outcome)}
+        return _lost(leases, conn.execute(COMPLETE, params).scalars())
 
     def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> FailResult:
         """Record a failure: retry later with back-off, or dead after the last attempt (or at
@@ -408,16 +440,19 @@ class LeaseStore:
 
     def release(self, lease: Lease) -> bool:
         """Give an item back untouched (claimed but never started): the attempt is not counted."""
+        return not self.release_many([lease])
+
+    def release_many(self, leases: Sequence[Lease]) -> list[Lease]:
+        """`release` for many items in one statement; returns the leases that were lost."""
+        if not leases:
+            return []
         statement = sa.text(f"""
-            UPDATE {W} SET status = {_UNCOUNTED_STATUS}, attempts = greatest(attempts - 1, 0), {_CLEAR_LEASE}
-             WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
-            RETURNING id
+            UPDATE {W} w SET status = {_UNCOUNTED_STATUS}, attempts = greatest(attempts - 1, 0), {_CLEAR_LEASE}
+              {_HELD}
+            RETURNING w.id
         """)
         with self._autocommit.connect() as c:
-            return (
-                c.execute(statement, {"id": lease.item_id, "token": lease.token}).first()
-                is not None
-            )
+            return _lost(leases, c.execute(statement, _held(leases)).scalars())
 
     # --- recovery ---------------------------------------------------------------------------
 

@@ -137,6 +137,13 @@ class RunLeases:
         finally:
             self._forget(lease)
 
+    def release_many(self, leases: Sequence[Lease]) -> list[Lease]:
+        try:
+            return self.store.release_many(leases)
+        finally:
+            for lease in leases:
+                self._forget(lease)
+
     def _forget(self, lease: Lease) -> None:
         with self._lock:
             self._held.pop(lease.token, None)

@@ -30,7 +30,7 @@ def requestable(
         SELECT id, item_key FROM {W}
          WHERE stage = :stage AND status IN ('{PENDING}', '{FAILED}') AND next_attempt_at <= now()
            AND (requested_at IS NULL OR requested_at < now() - make_interval(secs => :again))
-         ORDER BY id LIMIT :limit
+         ORDER BY next_attempt_at, id LIMIT :limit
     """)
     with engine.connect() as c:
         rows = c.execute(

@@ -147,9 +147,12 @@ work_items = sa.Table(
     sa.UniqueConstraint("stage", "item_key", name="work_items_stage_key"),
     sa.CheckConstraint(f"status IN {STATUSES!r}", name="work_item_status"),
     sa.CheckConstraint("(status = 'running') = (lease_token IS NOT NULL)", name="work_item_lease"),
+    # Claims walk this in due order and stop at the first item not yet due: rows waiting for
+    # their back-off and finished rows are never visited, however many there are.
     sa.Index(
         "work_items_claimable",
         "stage",
+        "next_attempt_at",
         "id",
         postgresql_where=sa.text("status IN ('pending', 'failed')"),
     ),

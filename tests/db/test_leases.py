@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from dataminer_dagster.db.engine import get_engine
-from dataminer_dagster.db.leases import LeaseLost, LeaseStore
+from dataminer_dagster.db.leases import LeaseLost, LeaseStore, claim_next_statement
 from dataminer_dagster.db.run_leases import RunLeases
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, PENDING, RUNNING
 from dataminer_dagster.settings import RetryPolicy
@@ -280,6 +280,69 @@ def test_release_does_not_count_the_attempt(engine):
     assert store.release(lease)
     row = _status(engine, "v000000")
     assert (row.status, row.attempts) == (PENDING, 0)
+
+
+def test_batched_completion_and_release_change_only_the_leases_still_held(engine):
+    store = LeaseStore(engine)
+    _seed(store, 6)
+    leases = store.claim_next(STAGE, "run", 6)
+    stale = leases[1]
+    assert store.release_many([stale]) == []
+    [retaken], _ = store.claim_keys(STAGE, [stale.key], "run-other")
+
+    assert store.complete_many(leases[:3], {"batch": 1}) == [stale], "the lost lease is reported"
+    assert store.release_many(leases[3:] + [stale]) == [stale]
+    rows = {lease.key: _status(engine, lease.key) for lease in leases}
+    for lease in (leases[0], leases[2]):
+        assert (rows[lease.key].status, rows[lease.key].outcome) == (DONE, {"batch": 1})
+    for lease in leases[3:]:
+        assert (rows[lease.key].status, rows[lease.key].attempts) == (PENDING, 0)
+    assert rows[stale.key].lease_token == retaken.token, "the new owner's lease stands"
+    assert store.complete_many([retaken]) == []
+    assert store.complete_many([]) == [] and store.release_many([]) == []
+
+
+def test_claims_take_items_in_due_order_and_skip_those_not_yet_due(engine):
+    store = LeaseStore(engine, RetryPolicy(max_attempts=5, base_delay_s=3600))
+    _seed(store, 4)
+    [first] = store.claim_next(STAGE, "run")
+    store.fail(first, "HTTP 503")  # waits an hour
+    with engine.begin() as c:  # v000003 has waited longest
+        c.execute(
+            sa.text("""UPDATE dataminer.work_items SET next_attempt_at = now() - interval '1 minute'
+                        WHERE item_key = 'v000003'""")
+        )
+    assert [lease.key for lease in store.claim_next(STAGE, "run", 1)] == ["v000003"]
+    assert [lease.key for lease in store.claim_next(STAGE, "run", 10)] == ["v000001", "v000002"]
+    assert store.claim_next(STAGE, "run", 10) == []
+    store.enqueue(STAGE, ["v000004", "v000005"])
+    assert [lease.key for lease in store.claim_next(STAGE, "run", 1)] == ["v000004"]
+
+
+def test_claims_use_the_claimable_index_even_when_most_rows_are_pending(engine):
+    """With statistics saying nearly every row is claimable, the planner once preferred walking the
+    primary key and stepped over every finished row before the first claimable one."""
+    store = LeaseStore(engine)
+    store.enqueue(STAGE, [f"v{i:06d}" for i in range(20_000)])
+    with engine.begin() as c:
+        c.execute(sa.text("ANALYZE dataminer.work_items"))
+    store.complete_many(store.claim_next(STAGE, "run", 5_000))
+    params = {"stage": STAGE, "owner": "run"}
+    with engine.begin() as c:  # rolled back: EXPLAIN ANALYZE runs the statement
+        plan = c.execute(
+            sa.text(f"EXPLAIN (ANALYZE, FORMAT JSON) {claim_next_statement(1).text}"), params
+        ).scalar()
+        c.rollback()
+    scans = list(_plan_nodes(plan[0]["Plan"]))
+    claim_scan = next(node for node in scans if node.get("Node Type", "").startswith("Index"))
+    assert claim_scan["Index Name"] == "work_items_claimable"
+    assert claim_scan.get("Rows Removed by Filter", 0) == 0, "no finished row is visited"
+
+
+def _plan_nodes(node: dict):
+    yield node
+    for child in node.get("Plans", []):
+        yield from _plan_nodes(child)
 
 
 def test_enqueue_is_idempotent_and_resets_only_what_it_is_told(engine):
