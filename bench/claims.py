@@ -95,11 +95,16 @@ def _seed(url: str, table: str, rows: int) -> None:
                            NULL, now() + g * interval '1 microsecond', now() FROM generate_series(1, :n) g"""),
                 {"n": rows},
             )
-        else:
-            c.execute(sa.text("TRUNCATE dataminer.work_items"))
+        else:  # download items as the catalog queues them: each about a video of its own
+            c.execute(sa.text("TRUNCATE dataminer.work_items, dataminer.videos CASCADE"))
             c.execute(
-                sa.text("""INSERT INTO dataminer.work_items (stage, item_key, max_attempts)
-                           SELECT :stage, 'v' || g, 4 FROM generate_series(1, :n) g"""),
+                sa.text("""INSERT INTO dataminer.videos (video_id, url)
+                           SELECT 'v' || g, 'https://x/' || g FROM generate_series(1, :n) g"""),
+                {"n": rows},
+            )
+            c.execute(
+                sa.text("""INSERT INTO dataminer.work_items (stage, item_key, video_id, max_attempts)
+                           SELECT :stage, 'v' || g, 'v' || g, 4 FROM generate_series(1, :n) g"""),
                 {"stage": STAGE, "n": rows},
             )
         c.execute(sa.text("ANALYZE"))

@@ -131,12 +131,6 @@ class RunLeases:
         finally:
             self._forget(lease)
 
-    def release(self, lease: Lease) -> bool:
-        try:
-            return self.store.release(lease)
-        finally:
-            self._forget(lease)
-
     def release_many(self, leases: Sequence[Lease]) -> list[Lease]:
         try:
             return self.store.release_many(leases)
