@@ -18,6 +18,7 @@ from dataminer_dagster.db.scheduling import next_due
 from dataminer_dagster.sensors.planning import (
     DiscoveryCursor,
     plan_discovery,
+    plan_pruning,
     plan_work,
     record_requests,
 )
@@ -58,6 +59,9 @@ def drive(
         found = plan_discovery(engine, cursor)
         for name, keys in found.additions.items():
             instance.add_dynamic_partitions(name, keys)
+        for name, keys in ({} if found.count else plan_pruning(instance, engine)).items():
+            for key in keys:
+                instance.delete_dynamic_partition(name, key)
         cursor = found.cursor
         for reaped in store.reap(stale_after_s):
             log(

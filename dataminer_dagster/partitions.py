@@ -1,5 +1,6 @@
 """The three dynamic partition sets. Keys are added by the discovery sensor (or by `dataminer run`)
-from the claim tables, which stay the source of truth for work state."""
+from the claim tables, which stay the source of truth for work state, and removed by it when their
+row is deleted."""
 
 import dagster as dg
 

@@ -26,6 +26,7 @@ from dagster._core.storage.dagster_run import DagsterRun
 from dataminer_dagster.assets import STAGE_ASSETS
 from dataminer_dagster.assets.stage import REQUESTED_BY_TAG, STAGE_TAG
 from dataminer_dagster.config import parse_project_config
+from dataminer_dagster.db.admin import delete_orphan_videos, delete_project
 from dataminer_dagster.db.catalog import Candidate, Catalog, ProjectRow
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import DEAD, DONE, FAILED, PENDING, RUNNING
@@ -108,16 +109,21 @@ def link(catalog: Catalog, project: ProjectRow, video_ids: Sequence[str]) -> Non
         catalog.advance_videos(conn, list(video_ids))
 
 
-def apply_additions(instance: dg.DagsterInstance, result: dg.SensorResult) -> None:
+def apply_partition_requests(instance: dg.DagsterInstance, result: dg.SensorResult) -> None:
+    """What the daemon does with the discovery sensor's requests."""
     for request in result.dynamic_partitions_requests:
-        instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
+        if isinstance(request, dg.DeleteDynamicPartitionsRequest):
+            for key in request.partition_keys:
+                instance.delete_dynamic_partition(request.partitions_def_name, key)
+        else:
+            instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
 
 
 def add_partitions(instance: dg.DagsterInstance, db: DatabaseResource) -> None:
     """What the discovery sensor and the daemon do together: every catalog row is a partition."""
     result = tick("discovery", instance, db)
     if isinstance(result, dg.SensorResult):
-        apply_additions(instance, result)
+        apply_partition_requests(instance, result)
 
 
 def project_row(engine: sa.Engine, name: str) -> sa.Row:
@@ -219,7 +225,7 @@ def test_discovery_adds_at_most_25000_partitions_per_tick(instance, db, catalog,
         assert counts <= MAX_PARTITION_ADDS_PER_TICK
         for r in result.dynamic_partitions_requests:
             seen[r.partitions_def_name] += r.partition_keys
-        apply_additions(instance, result)
+        apply_partition_requests(instance, result)
         cursor = result.cursor
     assert ticks == 2
     assert seen["projects"] == ["alpha"]
@@ -246,6 +252,37 @@ def test_plan_discovery_chunks_by_budget_without_skipping_or_repeating(engine, c
         {"project_videos": ["beta.d"]},
     ]
     assert DiscoveryCursor.parse(cursor.dump()) == cursor
+
+
+def test_discovery_removes_the_partitions_of_deleted_rows_once_caught_up(instance, db, catalog):
+    add_project(catalog, "alpha", ["v0", "v1"])
+    add_project(catalog, "beta", ["v1", "v2"])
+    first = tick("discovery", instance, db)
+    apply_partition_requests(instance, first)
+
+    delete_project(db.store.engine, db.paths, "beta")  # v2 stays, an orphan
+    link(catalog, add_project(catalog, "gamma"), ["v3"])
+    second = tick("discovery", instance, db, first.cursor)
+    assert [type(r) for r in second.dynamic_partitions_requests] == [
+        dg.AddDynamicPartitionsRequest
+    ] * 3, "new rows first: nothing is removed while partitions are still being added"
+    apply_partition_requests(instance, second)
+
+    third = tick("discovery", instance, db, second.cursor)
+    removed = {
+        r.partitions_def_name: list(r.partition_keys)
+        for r in third.dynamic_partitions_requests
+        if isinstance(r, dg.DeleteDynamicPartitionsRequest)
+    }
+    assert removed == {"projects": ["beta"], "project_videos": ["beta.v1", "beta.v2"]}
+    apply_partition_requests(instance, third)
+    assert instance.get_dynamic_partitions("projects") == ["alpha", "gamma"]
+    assert instance.get_dynamic_partitions("videos") == ["v0", "v1", "v2", "v3"]
+
+    delete_orphan_videos(db.store.engine, db.paths)
+    apply_partition_requests(instance, tick("discovery", instance, db, third.cursor))
+    assert instance.get_dynamic_partitions("videos") == ["v0", "v1", "v3"]
+    assert isinstance(tick("discovery", instance, db, third.cursor), dg.SkipReason)
 
 
 # --- work ----------------------------------------------------------------------------------------

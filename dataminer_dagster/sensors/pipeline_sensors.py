@@ -1,6 +1,7 @@
 """The sensors that replace the monitor worker.
 
-* discovery: new catalog rows become dynamic partitions (<= 25,000 per tick, cursor-chunked)
+* discovery: new catalog rows become dynamic partitions (<= 25,000 per tick, cursor-chunked), and
+  the partitions of deleted rows go
 * work: claimable items become batched run requests, per stage (the per-video chain, project stages)
 * transitions: projects move through dedup -> detect -> dataset -> complete, or reopen
 * lease reaper: leases of runs that stopped heartbeating or finished come back, counted as attempts
@@ -23,6 +24,7 @@ from dataminer_dagster.sensors.planning import (
     DiscoveryCursor,
     batch_range,
     plan_discovery,
+    plan_pruning,
     plan_work,
     record_requests,
 )
@@ -51,17 +53,23 @@ def build_sensors(
 
     @dg.sensor(name="discovery", minimum_interval_seconds=10, default_status=RUNNING)
     def discovery(context: dg.SensorEvaluationContext, db: DatabaseResource):
-        """Adds a dynamic partition for every new project, video and project video."""
+        """Adds a dynamic partition for every new project, video and project video; once every
+        row has one, removes those whose row was deleted."""
         found = plan_discovery(db.store.engine, DiscoveryCursor.parse(context.cursor))
-        if not found.count:
-            return dg.SkipReason("no new projects or videos")
+        gone = {} if found.count else plan_pruning(context.instance, db.store.engine)
+        if not found.count and not gone:
+            return dg.SkipReason("no new or deleted projects or videos")
         context.log.info(
-            ", ".join(f"{len(keys)} new {name}" for name, keys in found.additions.items())
+            ", ".join(
+                [f"{len(keys)} new {name}" for name, keys in found.additions.items()]
+                + [f"{len(keys)} deleted {name}" for name, keys in gone.items()]
+            )
         )
         return dg.SensorResult(
             dynamic_partitions_requests=[
                 partitions[name].build_add_request(keys) for name, keys in found.additions.items()
-            ],
+            ]
+            + [partitions[name].build_delete_request(keys) for name, keys in gone.items()],
             cursor=found.cursor.dump(),
         )
 

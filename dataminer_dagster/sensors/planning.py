@@ -75,42 +75,53 @@ class Discovery:
         return sum(len(keys) for keys in self.additions.values())
 
 
+# The catalog rows behind each partition set: (partitions name, cursor field, key query).
+_DISCOVERED = [
+    ("projects", "project", f"SELECT id, name AS key FROM {SCHEMA}.projects"),
+    ("videos", "video", f"SELECT id, video_id AS key FROM {SCHEMA}.videos"),
+    (
+        "project_videos",
+        "project_video",
+        f"""SELECT pv.id, p.name || '.' || pv.video_id AS key FROM {SCHEMA}.project_videos pv
+            JOIN {SCHEMA}.projects p ON p.id = pv.project_id""",
+    ),
+]
+
+
 def plan_discovery(
     engine: sa.Engine, cursor: DiscoveryCursor, budget: int = MAX_PARTITION_ADDS_PER_TICK
 ) -> Discovery:
     """New catalog rows become partitions: projects, videos, project videos (in that order, in
     discovery order, at most `budget` per call)."""
-    queries = [
-        (
-            "projects",
-            "project",
-            f"SELECT id, name AS key FROM {SCHEMA}.projects WHERE id > :after ORDER BY id LIMIT :n",
-        ),
-        (
-            "videos",
-            "video",
-            f"SELECT id, video_id AS key FROM {SCHEMA}.videos WHERE id > :after ORDER BY id LIMIT :n",
-        ),
-        (
-            "project_videos",
-            "project_video",
-            f"""SELECT pv.id, p.name || '.' || pv.video_id AS key FROM {SCHEMA}.project_videos pv
-                JOIN {SCHEMA}.projects p ON p.id = pv.project_id WHERE pv.id > :after ORDER BY pv.id LIMIT :n""",
-        ),
-    ]
     result = Discovery(cursor=DiscoveryCursor(**cursor.__dict__))
     with engine.connect() as c:
-        for partitions_name, field_name, query in queries:
+        for partitions_name, field_name, query in _DISCOVERED:
             left = budget - result.count
             if left <= 0:
                 break
             rows = c.execute(
-                sa.text(query), {"after": getattr(cursor, field_name), "n": left}
+                sa.text(f"SELECT * FROM ({query}) q WHERE id > :after ORDER BY id LIMIT :n"),
+                {"after": getattr(cursor, field_name), "n": left},
             ).all()
             if rows:
                 result.additions[partitions_name] = [r.key for r in rows]
                 setattr(result.cursor, field_name, rows[-1].id)
     return result
+
+
+def plan_pruning(instance: dg.DagsterInstance, engine: sa.Engine) -> dict[str, list[str]]:
+    """Partitions whose catalog row is gone (a project or videos deleted with the CLI), by
+    partitions name. Dagster's keys are read before the catalog's, so that a row created meanwhile
+    can only be missing from the first list, never wrongly pruned."""
+    listed = {name: instance.get_dynamic_partitions(name) for name, _, _ in _DISCOVERED}
+    gone: dict[str, list[str]] = {}
+    with engine.connect() as c:
+        for name, _, query in _DISCOVERED:
+            if listed[name]:
+                current = set(c.execute(sa.text(f"SELECT key FROM ({query}) q")).scalars())
+                if keys := [k for k in listed[name] if k not in current]:
+                    gone[name] = keys
+    return gone
 
 
 # --- work -------------------------------------------------------------------------------------
