@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from psycopg.rows import namedtuple_row
@@ -178,7 +179,7 @@ def _lost(leases: Sequence[Lease], changed_ids: Iterable[int]) -> list[Lease]:
     return [lease for lease in leases if lease.item_id not in changed]
 
 
-def _lease(row: sa.Row) -> Lease:
+def _lease(row: Any) -> Lease:  # a row with the lease columns as attributes
     return Lease(
         item_id=row.id,
         stage=row.stage,
