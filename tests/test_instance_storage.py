@@ -1,0 +1,94 @@
+"""The repository's dagster.yaml: Dagster's own storage on the embedded PostgreSQL by default, with
+no external service, and its history kept across a restart of that server."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+
+from dataminer_dagster.db import migrate
+from dataminer_dagster.db.server import stop_embedded, with_driver
+from dataminer_dagster.settings import load_settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# Each part runs in a process of its own, as `dagster dev` before and after a restart would.
+_MATERIALIZE = """
+import sys, dagster as dg
+@dg.asset
+def greeting() -> str:
+    return "hello"
+instance = dg.DagsterInstance.from_config(sys.argv[1])
+assert instance.run_storage.postgres_url.startswith("postgresql")
+print(dg.materialize([greeting], instance=instance).run_id)
+instance.dispose()
+"""
+_HISTORY = """
+import sys, dagster as dg
+instance = dg.DagsterInstance.from_config(sys.argv[1])
+event = instance.get_latest_materialization_event(dg.AssetKey("greeting"))
+print(*[f"{run.run_id} {run.status.value}" for run in instance.get_runs()], event.run_id)
+instance.dispose()
+"""
+
+
+def _python(code: str, dagster_home: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(dagster_home)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def embedded_home(monkeypatch, tmp_path: Path):
+    """DAGSTER_HOME with the repository's dagster.yaml, DATAMINER_HOME of its own, no database URL:
+    the instance must start the embedded server itself."""
+    dagster_home = tmp_path / "dagster"
+    dagster_home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", dagster_home / "dagster.yaml")
+    # Not under pytest's tmp dir, which another session may lock (see conftest.py).
+    dataminer_home = Path(tempfile.mkdtemp(prefix="dataminer-test-home-"))
+    monkeypatch.setenv("DATAMINER_HOME", str(dataminer_home))
+    for name in ("DATAMINER_DATABASE_URL", "DATAMINER_DAGSTER_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    yield dagster_home
+    stop_embedded(load_settings())
+    shutil.rmtree(dataminer_home, ignore_errors=True)
+
+
+def test_dagster_history_survives_a_restart_of_the_embedded_server(embedded_home):
+    run_id = _python(_MATERIALIZE, embedded_home).splitlines()[-1]
+    settings = load_settings()
+    assert stop_embedded(settings), "the instance started the embedded server"
+    assert not (settings.embedded_pgdata / "postmaster.pid").exists()
+
+    history = _python(_HISTORY, embedded_home).splitlines()[-1]  # starts the server again
+    assert history == f"{run_id} SUCCESS {run_id}"
+
+
+def test_dagster_tables_and_claim_tables_share_the_server_in_their_own_schemas(embedded_home):
+    instance = dg.DagsterInstance.from_config(str(embedded_home))
+    try:
+        url = instance.run_storage.postgres_url
+    finally:
+        instance.dispose()
+    engine = sa.create_engine(with_driver(url, "psycopg"))
+    migrate.upgrade(engine)
+    with engine.connect() as c:
+        schemas = dict(
+            c.execute(
+                sa.text("""SELECT table_name, table_schema FROM information_schema.tables
+                            WHERE table_name IN ('runs', 'event_logs', 'work_items')""")
+            ).all()
+        )
+    engine.dispose()
+    assert schemas == {"runs": "public", "event_logs": "public", "work_items": "dataminer"}
