@@ -18,7 +18,6 @@ from dataminer_dagster.db.scheduling import next_due
 from dataminer_dagster.sensors.planning import (
     DiscoveryCursor,
     plan_discovery,
-    plan_pruning,
     plan_work,
     record_requests,
 )
@@ -56,10 +55,10 @@ def drive(
     started = time.monotonic()
     runs = failed = 0
     while True:
-        found = plan_discovery(engine, cursor)
+        found = plan_discovery(engine, cursor, instance=instance)
         for name, keys in found.additions.items():
             instance.add_dynamic_partitions(name, keys)
-        for name, keys in ({} if found.count else plan_pruning(instance, engine)).items():
+        for name, keys in found.removals.items():
             for key in keys:
                 instance.delete_dynamic_partition(name, key)
         cursor = found.cursor

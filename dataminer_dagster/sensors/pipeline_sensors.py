@@ -24,7 +24,6 @@ from dataminer_dagster.sensors.planning import (
     DiscoveryCursor,
     batch_range,
     plan_discovery,
-    plan_pruning,
     plan_work,
     record_requests,
 )
@@ -55,21 +54,24 @@ def build_sensors(
     def discovery(context: dg.SensorEvaluationContext, db: DatabaseResource):
         """Adds a dynamic partition for every new project, video and project video; once every
         row has one, removes those whose row was deleted."""
-        found = plan_discovery(db.store.engine, DiscoveryCursor.parse(context.cursor))
-        gone = {} if found.count else plan_pruning(context.instance, db.store.engine)
-        if not found.count and not gone:
+        found = plan_discovery(
+            db.store.engine, DiscoveryCursor.parse(context.cursor), instance=context.instance
+        )
+        if not found.count and not found.removals:
             return dg.SkipReason("no new or deleted projects or videos")
         context.log.info(
             ", ".join(
                 [f"{len(keys)} new {name}" for name, keys in found.additions.items()]
-                + [f"{len(keys)} deleted {name}" for name, keys in gone.items()]
+                + [f"{len(keys)} deleted {name}" for name, keys in found.removals.items()]
             )
         )
         return dg.SensorResult(
             dynamic_partitions_requests=[
                 partitions[name].build_add_request(keys) for name, keys in found.additions.items()
             ]
-            + [partitions[name].build_delete_request(keys) for name, keys in gone.items()],
+            + [
+                partitions[name].build_delete_request(keys) for name, keys in found.removals.items()
+            ],
             cursor=found.cursor.dump(),
         )
 

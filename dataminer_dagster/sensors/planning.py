@@ -68,6 +68,7 @@ class DiscoveryCursor:
 @dataclass
 class Discovery:
     additions: dict[str, list[str]] = field(default_factory=dict)  # partitions def name -> new keys
+    removals: dict[str, list[str]] = field(default_factory=dict)  # ... -> keys whose row is gone
     cursor: DiscoveryCursor = field(default_factory=DiscoveryCursor)
 
     @property
@@ -89,10 +90,15 @@ _DISCOVERED = [
 
 
 def plan_discovery(
-    engine: sa.Engine, cursor: DiscoveryCursor, budget: int = MAX_PARTITION_ADDS_PER_TICK
+    engine: sa.Engine,
+    cursor: DiscoveryCursor,
+    budget: int = MAX_PARTITION_ADDS_PER_TICK,
+    *,
+    instance: dg.DagsterInstance | None = None,
 ) -> Discovery:
     """New catalog rows become partitions: projects, videos, project videos (in that order, in
-    discovery order, at most `budget` per call)."""
+    discovery order, at most `budget` per call). With the `instance`, once nothing is new, the
+    partitions whose row was deleted are to be removed."""
     result = Discovery(cursor=DiscoveryCursor(**cursor.__dict__))
     with engine.connect() as c:
         for partitions_name, field_name, query in _DISCOVERED:
@@ -106,10 +112,14 @@ def plan_discovery(
             if rows:
                 result.additions[partitions_name] = [r.key for r in rows]
                 setattr(result.cursor, field_name, rows[-1].id)
+    if instance is not None and not result.count:
+        result.removals = _partitions_of_deleted_rows(instance, engine)
     return result
 
 
-def plan_pruning(instance: dg.DagsterInstance, engine: sa.Engine) -> dict[str, list[str]]:
+def _partitions_of_deleted_rows(
+    instance: dg.DagsterInstance, engine: sa.Engine
+) -> dict[str, list[str]]:
     """Partitions whose catalog row is gone (a project or videos deleted with the CLI), by
     partitions name. Dagster's keys are read before the catalog's, so that a row created meanwhile
     can only be missing from the first list, never wrongly pruned."""
