@@ -16,9 +16,8 @@ from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.status import stage_counts
-from dataminer_dagster.driver import drive
 from dataminer_dagster.paths import DataPaths
-from tests.helpers.pipeline import pipeline_definitions, resources, write_videos
+from tests.helpers.pipeline import drive_quietly, pipeline_definitions, resources, write_videos
 
 pytestmark = pytest.mark.slow
 
@@ -109,14 +108,8 @@ def test_two_projects_sharing_videos_each_get_their_own_dataset(
         catalog.register_project(config)
     defs = pipeline_definitions(resources(database_url, data_dir))
     with dg.instance_for_test() as instance:
-        result = drive(
-            ["alpha", "beta"],
-            instance=instance,
-            defs=defs,
-            store=store,
-            stale_after_s=60,
-            timeout_s=600,
-            log=lambda m: None,
+        result = drive_quietly(
+            ["alpha", "beta"], instance=instance, defs=defs, store=store, timeout_s=600
         )
 
     assert result.stages == {"alpha": "complete", "beta": "complete"}, result

@@ -12,10 +12,15 @@ from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.driver import drive
 from dataminer_dagster.paths import DataPaths
 from tests.helpers.http_server import LocalHTTPServer
-from tests.helpers.pipeline import pipeline_definitions, resources, work_items, write_videos
+from tests.helpers.pipeline import (
+    drive_quietly,
+    pipeline_definitions,
+    resources,
+    work_items,
+    write_videos,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -71,26 +76,10 @@ def test_cleanup_and_backup_then_a_later_project_gets_everything_back(
             backup={"dest": str(backup_dir), "delete_after_backup": True},
         )
         catalog.register_project(first)
-        result = drive(
-            ["first"],
-            instance=instance,
-            defs=defs,
-            store=store,
-            stale_after_s=60,
-            timeout_s=300,
-            log=lambda m: None,
-        )
+        result = drive_quietly(["first"], instance=instance, defs=defs, store=store)
         assert result.stages == {"first": "complete"}
         # The backup stage may finish after the project: drive it until no backup work is left.
-        drive(
-            ["first"],
-            instance=instance,
-            defs=defs,
-            store=store,
-            stale_after_s=60,
-            timeout_s=60,
-            log=lambda m: None,
-        )
+        drive_quietly(["first"], instance=instance, defs=defs, store=store, timeout_s=60)
 
         ids = sorted(r for r in work_items(engine, "download"))
         rows = catalog.videos(ids)
@@ -121,15 +110,7 @@ def test_cleanup_and_backup_then_a_later_project_gets_everything_back(
             extract={"strategy": "time", "every_seconds": 1.0},
         )
         catalog.register_project(second)
-        result = drive(
-            ["second"],
-            instance=instance,
-            defs=defs,
-            store=store,
-            stale_after_s=60,
-            timeout_s=300,
-            log=lambda m: None,
-        )
+        result = drive_quietly(["second"], instance=instance, defs=defs, store=store)
         assert result.stages == {"second": "complete"}
         assert work_items(engine, "download")[ids[0]].attempts >= 1
         assert all(catalog.frame_profiles([v]).get(v) for v in ids), (

@@ -11,7 +11,9 @@ import sqlalchemy as sa
 
 from dataminer_dagster.assets.stage import REQUESTED_BY_TAG
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
+from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.downloading import SearchHit
+from dataminer_dagster.driver import DriveResult, drive
 from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.resources.video_sources import YtDlpSources
 
@@ -49,6 +51,26 @@ def pipeline_definitions(resources: dict) -> dg.Definitions:
         assets=list(STAGE_ASSETS.values()),
         jobs=list(stage_jobs(STAGE_ASSETS).values()),
         resources=resources,
+    )
+
+
+def drive_quietly(
+    projects: Sequence[str],
+    *,
+    instance: dg.DagsterInstance,
+    defs: dg.Definitions,
+    store: LeaseStore,
+    timeout_s: float = 300,
+) -> DriveResult:
+    """`dataminer run`'s loop, without its log lines; a lease counts as stale after a minute."""
+    return drive(
+        projects,
+        instance=instance,
+        defs=defs,
+        store=store,
+        stale_after_s=60,
+        timeout_s=timeout_s,
+        log=lambda message: None,
     )
 
 
