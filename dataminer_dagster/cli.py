@@ -27,7 +27,7 @@ def _context():
 
     settings = load_settings()
     engine = get_engine(claims_database_url(settings))
-    migrate.upgrade(engine)
+    migrate.ensure_schema(engine)
     store = LeaseStore(engine, settings.retry)
     return settings, store, Catalog(engine, store, DataPaths(settings.data_dir))
 

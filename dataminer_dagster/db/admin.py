@@ -117,6 +117,7 @@ def reset_schema(engine: sa.Engine) -> None:
 
     with engine.begin() as c:
         c.execute(sa.text(f"DROP SCHEMA IF EXISTS {S} CASCADE"))
+    migrate.forget(engine)
     migrate.upgrade(engine)
 
 
