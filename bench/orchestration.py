@@ -90,6 +90,7 @@ def build_noop_stages():
 def run(videos: int, root: Path) -> dict:
     import dagster as dg
 
+    from dataminer_dagster.assets import lane_assets
     from dataminer_dagster.config import parse_project_config
     from dataminer_dagster.db import migrate
     from dataminer_dagster.db.catalog import Candidate, Catalog
@@ -100,9 +101,9 @@ def run(videos: int, root: Path) -> dict:
     from dataminer_dagster.driver import drive
     from dataminer_dagster.paths import DataPaths
     from dataminer_dagster.resources.database import DatabaseResource
-    from dataminer_dagster.sensors.pipeline_sensors import stage_jobs
+    from dataminer_dagster.sensors.pipeline_sensors import lane_jobs
     from dataminer_dagster.settings import load_settings
-    from dataminer_dagster.stages import CATALOG
+    from dataminer_dagster.stages import CATALOG, LANES
 
     settings = load_settings()
     engine = get_engine(claims_database_url(settings))
@@ -132,9 +133,10 @@ def run(videos: int, root: Path) -> dict:
 
     stages = build_noop_stages()
     defs = dg.Definitions(
-        assets=list(stages.values()),
-        jobs=list(stage_jobs(stages).values()),
+        assets=list(lane_assets(stages, LANES).values()),
+        jobs=list(lane_jobs(stages, LANES).values()),
         resources={"db": DatabaseResource()},
+        executor=dg.in_process_executor,
     )
     instance = dg.DagsterInstance.get()
     WORK_SECONDS["total"] = 0.0
@@ -146,7 +148,7 @@ def run(videos: int, root: Path) -> dict:
         store=store,
         stale_after_s=600,
         log=lambda m: None,
-        stage_assets=stages,
+        stages=stages,
     )
     wall = time.perf_counter() - started
     assert result.stages == {name: "complete"}, result

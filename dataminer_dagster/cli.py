@@ -223,7 +223,7 @@ def _instance():
 
 
 def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> int:
-    from dataminer_dagster.definitions import defs
+    from dataminer_dagster.definitions import LANES, defs
     from dataminer_dagster.driver import drive
     from dataminer_dagster.reporting import ProgressBoard
 
@@ -246,6 +246,7 @@ def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> i
             on_tick=board.update if board else (lambda: None),
             log=say,
             timeout_s=timeout,
+            lanes=LANES,
         )
     finally:
         if board:

@@ -1,9 +1,15 @@
-"""The one Definitions object: assets, sensors, resources and the executor.
+"""The one Definitions object: assets, lane jobs, sensors, resources and the executor.
 
-Cross-cutting policy lives here only. GPU stages (filter, dedup, detect) carry the op tag
-`dataminer/device: gpu` and the `gpu` pool: the executor runs one of them at a time within a run,
-the pool one at a time across runs (dagster.yaml). The same tags route them to a `gpu` queue under
-dagster-celery (`dagster-celery/queue: gpu`); see docs/deployment.md.
+Cross-cutting policy lives here only.
+
+* Executor: in-process by default. A lane's run executes its stages one after another in the run
+  worker, so a run costs one process start, and resources (the run's heartbeat, its claims) are
+  set up once, before any step. `DATAMINER_EXECUTOR=multiprocess` gives each step its own process
+  (with at most one GPU step at a time within a run); `celery` sends steps to dagster-celery
+  workers through their queues (docs/deployment.md).
+* GPU use is bounded by the `gpu` pool (dagster.yaml): filter, dedup and detect take a slot of it
+  for the length of their step, across all runs. The op tag `dataminer/device: gpu` only routes
+  (the `gpu` celery queue) and, under the multiprocess executor, limits steps within one run.
 """
 
 from __future__ import annotations
@@ -12,31 +18,43 @@ import os
 
 import dagster as dg
 
-from dataminer_dagster.assets import STAGE_ASSETS
+from dataminer_dagster.assets import LANE_ASSETS, STAGES
 from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.resources.video_sources import YtDlpSources
-from dataminer_dagster.sensors.pipeline_sensors import build_sensors, stage_jobs
+from dataminer_dagster.sensors.pipeline_sensors import build_sensors, lane_jobs
+from dataminer_dagster.settings import load_settings
+from dataminer_dagster.stages import configured_lanes
+from dataminer_dagster.tags import DEVICE_TAG
 
-GPU_LIMIT = [{"key": "dataminer/device", "value": "gpu", "limit": 1}]
+EXECUTORS = ("in_process", "multiprocess", "celery")
+GPU_LIMIT = [{"key": DEVICE_TAG, "value": "gpu", "limit": 1}]
 
 
 def _executor() -> dg.ExecutorDefinition:
-    """multiprocess by default; DATAMINER_EXECUTOR=celery for a broker (DATAMINER_CELERY_BROKER,
-    default dagster-celery's pyamqp://guest@localhost//) and workers per queue."""
-    if os.environ.get("DATAMINER_EXECUTOR", "multiprocess") == "celery":
+    """DATAMINER_EXECUTOR: in_process (default), multiprocess, or celery for a broker
+    (DATAMINER_CELERY_BROKER, default dagster-celery's pyamqp://guest@localhost//) and workers
+    per queue."""
+    choice = os.environ.get("DATAMINER_EXECUTOR") or "in_process"
+    if choice == "celery":
         from dagster_celery import celery_executor
 
         broker = os.environ.get("DATAMINER_CELERY_BROKER")
         return celery_executor.configured({"broker": broker}) if broker else celery_executor
-    return dg.multiprocess_executor.configured({"tag_concurrency_limits": GPU_LIMIT})
+    if choice == "multiprocess":
+        return dg.multiprocess_executor.configured({"tag_concurrency_limits": GPU_LIMIT})
+    if choice == "in_process":
+        return dg.in_process_executor
+    raise ValueError(f"DATAMINER_EXECUTOR={choice!r}: expected one of {', '.join(EXECUTORS)}")
 
 
-STAGE_JOBS = stage_jobs(STAGE_ASSETS)
+SETTINGS = load_settings()
+LANES = configured_lanes(SETTINGS)
+LANE_JOBS = lane_jobs(STAGES, LANES)
 
 defs = dg.Definitions(
-    assets=list(STAGE_ASSETS.values()),
-    jobs=list(STAGE_JOBS.values()),
-    sensors=build_sensors(STAGE_ASSETS, STAGE_JOBS),
+    assets=list(LANE_ASSETS.values()),
+    jobs=list(LANE_JOBS.values()),
+    sensors=build_sensors(STAGES, LANE_JOBS, LANES, SETTINGS),
     resources={"db": DatabaseResource(), "video_sources": YtDlpSources()},
     executor=_executor(),
 )

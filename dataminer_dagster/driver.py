@@ -9,18 +9,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.project_flow import COMPLETE, PROJECT_FAILED, advance_projects
+from dataminer_dagster.db.project_flow import COMPLETE, PROJECT_FAILED
 from dataminer_dagster.db.scheduling import next_due
-from dataminer_dagster.sensors.planning import (
-    DiscoveryCursor,
-    plan_discovery,
-    plan_work,
-    record_requests,
-)
+from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_cycle, record_requests
+from dataminer_dagster.stages import LANES, Lane
+
+if TYPE_CHECKING:
+    from dataminer_dagster.assets.stage import StageAsset
 
 
 @dataclass(frozen=True)
@@ -43,52 +43,63 @@ def drive(
     idle_poll_s: float = 1.0,
     timeout_s: float | None = None,
     log_level: str = "WARNING",
-    stage_assets: Mapping[str, dg.AssetsDefinition] | None = None,
+    stages: Mapping[str, StageAsset] | None = None,
+    lanes: Sequence[Lane] = LANES,
 ) -> DriveResult:
-    if stage_assets is None:
-        from dataminer_dagster.assets import STAGE_ASSETS as stage_assets
-    from dataminer_dagster.sensors.pipeline_sensors import stage_jobs
+    """Drive `projects` to complete or failed. `defs` holds the lane jobs of `stages` (default:
+    the pipeline's) and `lanes`."""
+    if stages is None:
+        from dataminer_dagster.assets import STAGES as stages
+    from dataminer_dagster.sensors.pipeline_sensors import lane_jobs, lanes_of
 
+    lanes = lanes_of(stages, lanes)
+    jobs = {name: job.name for name, job in lane_jobs(stages, lanes).items()}
+    stage_keys = {stage: s.key for stage, s in stages.items()}
     engine = store.engine
-    jobs = {stage: job.name for stage, job in stage_jobs(stage_assets).items()}
     cursor = DiscoveryCursor()
     started = time.monotonic()
+    deadline = None if timeout_s is None else started + timeout_s
     runs = failed = 0
     while True:
-        found = plan_discovery(engine, cursor, instance=instance)
-        for name, keys in found.additions.items():
-            instance.add_dynamic_partitions(name, keys)
-        for name, keys in found.removals.items():
-            for key in keys:
-                instance.delete_dynamic_partition(name, key)
-        cursor = found.cursor
         for reaped in store.reap(stale_after_s):
             log(
                 f"{reaped.stage} {reaped.key}: lease of run {reaped.owner} taken back ({reaped.status})"
             )
-        for t in advance_projects(store):
+        # Nothing is in flight between two cycles (every run below ends before the next), so
+        # no run is requested ahead of its input.
+        cycle = plan_cycle(
+            instance,
+            store,
+            lanes,
+            cursor,
+            jobs=jobs,
+            stage_keys=stage_keys,
+            ahead=False,
+            rerequest_after_s=0,
+        )
+        cycle.discovery.apply(instance)
+        cursor = cycle.discovery.cursor
+        for t in cycle.transitions:
             log(f"project {t.project}: {t.old} -> {t.new} ({t.reason})")
         on_tick()
 
         stages = _stages(store, projects)
         if all(stage in (COMPLETE, PROJECT_FAILED) for stage in stages.values()):
             return DriveResult(stages, runs, failed, time.monotonic() - started)
-        if timeout_s is not None and time.monotonic() - started > timeout_s:
-            raise TimeoutError(f"projects not finished after {timeout_s:.0f} s: {stages}")
+        _check_deadline(deadline, timeout_s, stages)
 
-        planned = plan_work(
-            instance, engine, stage_assets, jobs=jobs, count_in_flight=False, rerequest_after_s=0
-        )
-        if not planned:
+        if not cycle.runs:
             due = next_due(engine)
             time.sleep(idle_poll_s if due is None else min(max(due, 0.05), idle_poll_s * 5))
             continue
-        record_requests(engine, planned)
-        for run in planned:
+        record_requests(engine, cycle.runs)
+        for run in cycle.runs:
+            _check_deadline(deadline, timeout_s, stages)
             job = defs.resolve_job_def(run.request.job_name)
             result = job.execute_in_process(
                 instance=instance,
                 tags=run.request.tags,
+                asset_selection=run.request.asset_selection,
                 run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
                 raise_on_error=False,
             )
@@ -97,6 +108,11 @@ def drive(
                 failed += 1
                 store.release_run(result.run_id, f"run {result.run_id} failed", count_attempt=True)
             on_tick()
+
+
+def _check_deadline(deadline: float | None, timeout_s: float | None, stages: dict) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise TimeoutError(f"projects not finished after {timeout_s:.0f} s: {stages}")
 
 
 def _stages(store: LeaseStore, projects: Sequence[str]) -> dict[str, str]:

@@ -1,76 +1,212 @@
-"""Process-wide settings, read from the environment once per call site.
+"""Process-wide settings: one settings file, with environment variables on top.
 
-Everything a deployment changes lives here, so that the CLI, the Dagster code location, the
-instance storage and the tests agree on one source. Project-specific choices live in the project
-config (config.py), never here.
+Everything a deployment tunes lives here, so that the CLI, the Dagster code location, the instance
+storage and the tests agree on one source: where the database and the data are, retries, leases,
+how runs are watched, how often the sensors look, and each lane's batch size and share of runs.
+The file is `$DATAMINER_SETTINGS`, else `$DATAMINER_HOME/settings.yaml` when it exists; every key
+is optional (README, "Settings"). Project-specific choices live in the project config
+(config.py), never here.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ENV_HOME = "DATAMINER_HOME"
 ENV_DATABASE_URL = "DATAMINER_DATABASE_URL"
 ENV_DAGSTER_DATABASE_URL = "DATAMINER_DAGSTER_DATABASE_URL"
 ENV_DATA_DIR = "DATAMINER_DATA_DIR"
+ENV_SETTINGS = "DATAMINER_SETTINGS"
+SETTINGS_FILE = "settings.yaml"
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RetryPolicy(_Section):
     """How often an item is tried and how long to wait between tries."""
 
-    max_attempts: int = 4
-    base_delay_s: float = 30.0
-    max_delay_s: float = 3600.0
+    max_attempts: int = Field(4, ge=1)
+    base_delay_s: float = Field(30.0, ge=0)
+    max_delay_s: float = Field(3600.0, ge=0)
 
 
-@dataclass(frozen=True)
-class LeasePolicy:
-    heartbeat_s: float = 15.0  # how often a run proves it is alive
-    stale_after_s: float = 120.0  # a run silent this long loses its leases
+class LeasePolicy(_Section):
+    heartbeat_s: float = Field(15.0, gt=0, description="how often a run proves it is alive")
+    stale_after_s: float = Field(
+        120.0, gt=0, description="a run silent this long loses its leases and is failed"
+    )
 
 
-@dataclass(frozen=True)
-class Settings:
+class RunPolicy(_Section):
+    """How the lease reaper judges runs that Dagster still shows as in progress."""
+
+    start_grace_s: float = Field(
+        180.0, gt=0, description="a started run with no heartbeat after this long is failed"
+    )
+    queued_timeout_s: float = Field(
+        3600.0, gt=0, description="a run the queue never started in this long is cancelled"
+    )
+    ahead_wait_s: float = Field(
+        900.0, ge=0, description="how long a run requested ahead of its work waits for it"
+    )
+
+
+class SensorPolicy(_Section):
+    """Minimum seconds between ticks (dagster-daemon evaluates sensors at most every 5 s)."""
+
+    work_interval_s: int = Field(1, ge=1)
+    reaper_interval_s: int = Field(15, ge=1)
+
+
+class LongRunningPolicy(_Section):
+    """When a lease counts as long-running: held `factor` times longer than its stage's median
+    item, and at least `min_s`; `without_history_s` for a stage that has finished nothing yet."""
+
+    factor: float = Field(10.0, gt=1)
+    min_s: float = Field(120.0, ge=0)
+    without_history_s: float = Field(1800.0, gt=0)
+
+
+class LanePolicy(_Section):
+    batch: int = Field(ge=1, description="partitions per run")
+    max_runs: int = Field(ge=1, description="runs of this lane queued or running at once")
+
+
+class LanePolicyOverride(_Section):
+    batch: int | None = Field(None, ge=1)
+    max_runs: int | None = Field(None, ge=1)
+
+
+class SettingsFile(_Section):
+    """The settings file's schema (every section and key optional)."""
+
+    retry: RetryPolicy = RetryPolicy()
+    leases: LeasePolicy = LeasePolicy()
+    runs: RunPolicy = RunPolicy()
+    sensors: SensorPolicy = SensorPolicy()
+    long_running: LongRunningPolicy = LongRunningPolicy()
+    lanes: dict[str, LanePolicyOverride] = {}
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
     home: Path
     database_url: str | None  # None: the embedded server under `home`
     dagster_database_url: str | None  # None: the same server as the claim tables
     data_dir: Path  # videos, frames and caches shared by all projects
+    source: Path | None  # the settings file read, if any
     retry: RetryPolicy
     lease: LeasePolicy
+    runs: RunPolicy
+    sensors: SensorPolicy
+    long_running: LongRunningPolicy
+    lanes: dict[str, LanePolicyOverride]
 
     @property
     def embedded_pgdata(self) -> Path:
         return self.home / "pg"
 
+    def lane(self, name: str, default: LanePolicy) -> LanePolicy:
+        override = self.lanes.get(name)
+        if override is None:
+            return default
+        return default.model_copy(update=override.model_dump(exclude_none=True))
 
-def _float_env(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw in (None, ""):
-        return default
+
+class SettingsError(ValueError):
+    """The settings file or an environment variable is invalid (the message says which)."""
+
+
+# Environment variables that override one setting each: (variable, section, key).
+ENV_OVERRIDES = (
+    ("DATAMINER_MAX_ATTEMPTS", "retry", "max_attempts"),
+    ("DATAMINER_RETRY_BASE_SECONDS", "retry", "base_delay_s"),
+    ("DATAMINER_RETRY_MAX_SECONDS", "retry", "max_delay_s"),
+    ("DATAMINER_HEARTBEAT_SECONDS", "leases", "heartbeat_s"),
+    ("DATAMINER_LEASE_STALE_SECONDS", "leases", "stale_after_s"),
+)
+
+
+def settings_path(home: Path) -> Path | None:
+    explicit = os.environ.get(ENV_SETTINGS)
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise SettingsError(f"{ENV_SETTINGS}={explicit}: no such file")
+        return path
+    default = home / SETTINGS_FILE
+    return default if default.is_file() else None
+
+
+def _read_file(path: Path | None) -> dict:
+    if path is None:
+        return {}
     try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SettingsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
+    return raw
+
+
+def _apply_env(raw: dict) -> dict:
+    merged = {section: dict(values or {}) for section, values in raw.items()}
+    for variable, section, key in ENV_OVERRIDES:
+        value = os.environ.get(variable)
+        if value not in (None, ""):
+            merged.setdefault(section, {})[key] = value
+    return merged
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    if loc[0] == "lanes":
+        return sorted(LanePolicyOverride.model_fields)
+    section = SettingsFile.model_fields.get(str(loc[0])) if len(loc) == 2 else None
+    model = section.annotation if section else SettingsFile
+    return sorted(model.model_fields)
+
+
+def _describe(error: ValidationError, path: Path | None) -> str:
+    problems = []
+    for e in error.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        variable = next((v for v, s, k in ENV_OVERRIDES if f"{s}.{k}" == key), None)
+        if variable and os.environ.get(variable):
+            key = f"{key} (from {variable}={os.environ[variable]!r})"
+        if e["type"] == "extra_forbidden":
+            allowed = ", ".join(_allowed_keys(e["loc"]))
+            problems.append(f"{key}: unknown key; allowed: {allowed}")
+        else:
+            problems.append(f"{key}: {e['msg']}")
+    return f"{path or 'settings'}: " + "; ".join(problems)
 
 
 def load_settings() -> Settings:
     home = Path(os.environ.get(ENV_HOME) or ".dataminer").expanduser().resolve()
     data_dir = Path(os.environ.get(ENV_DATA_DIR) or home / "data").expanduser().resolve()
+    path = settings_path(home)
+    try:
+        parsed = SettingsFile.model_validate(_apply_env(_read_file(path)))
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc, path)) from None
     return Settings(
         home=home,
         database_url=os.environ.get(ENV_DATABASE_URL) or None,
         dagster_database_url=os.environ.get(ENV_DAGSTER_DATABASE_URL) or None,
         data_dir=data_dir,
-        retry=RetryPolicy(
-            max_attempts=int(_float_env("DATAMINER_MAX_ATTEMPTS", RetryPolicy.max_attempts)),
-            base_delay_s=_float_env("DATAMINER_RETRY_BASE_SECONDS", RetryPolicy.base_delay_s),
-            max_delay_s=_float_env("DATAMINER_RETRY_MAX_SECONDS", RetryPolicy.max_delay_s),
-        ),
-        lease=LeasePolicy(
-            heartbeat_s=_float_env("DATAMINER_HEARTBEAT_SECONDS", LeasePolicy.heartbeat_s),
-            stale_after_s=_float_env("DATAMINER_LEASE_STALE_SECONDS", LeasePolicy.stale_after_s),
-        ),
+        source=path,
+        retry=parsed.retry,
+        lease=parsed.leases,
+        runs=parsed.runs,
+        sensors=parsed.sensors,
+        long_running=parsed.long_running,
+        lanes=parsed.lanes,
     )

@@ -85,13 +85,13 @@ def routing_job(gpu_queue: str, record_dir: str) -> dg.JobDefinition:
 def test_pipeline_gpu_assets_route_to_the_queue_the_services_start_workers_for():
     from dagster_celery.tags import DAGSTER_CELERY_QUEUE_TAG
 
-    from dataminer_dagster.assets import STAGE_ASSETS
+    from dataminer_dagster.assets import LANE_ASSETS
     from dataminer_dagster.services import GPU_QUEUE
 
     assert QUEUE_TAG == DAGSTER_CELERY_QUEUE_TAG
     queues = {
         key.to_user_string(): asset.op.tags.get(QUEUE_TAG)
-        for asset in STAGE_ASSETS.values()
+        for asset in LANE_ASSETS.values()
         for key in asset.keys
     }
     assert {a for a, q in queues.items() if q == GPU_QUEUE} >= {

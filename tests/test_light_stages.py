@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     from dataminer_dagster.db.catalog import Catalog
     from dataminer_dagster.db.engine import get_engine
     from dataminer_dagster.db.leases import LeaseStore
-    from dataminer_dagster.assets import STAGE_ASSETS
+    from dataminer_dagster.assets import LANE_ASSETS, STAGES
     from dataminer_dagster.resources.video_sources import YtDlpSources
     from dataminer_dagster.paths import DataPaths
     from dataminer_dagster.resources.database import DatabaseResource
@@ -44,10 +44,10 @@ SCRIPT = textwrap.dedent(
             for name, keys in found.additions.items():
                 existing = set(instance.get_dynamic_partitions(name))
                 instance.add_dynamic_partitions(name, [k for k in keys if k not in existing])
-            asset = STAGE_ASSETS[stage]
+            asset = STAGES[stage]
             keys = instance.get_dynamic_partitions(asset.partitions_def.name)
             tags = {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
-            result = dg.materialize([asset], instance=instance, tags=tags, resources=resources)
+            result = dg.materialize(list(LANE_ASSETS.values()), selection=[asset.key], instance=instance, tags=tags, resources=resources)
             assert result.success and result.get_asset_materialization_events(), stage
     print(" ".join(m for m in HEAVY if m in sys.modules) or "none")
     """

@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 
-from dataminer_dagster.assets import STAGE_ASSETS
+from dataminer_dagster.assets import STAGES
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from dataminer_dagster.core.video_ids import video_id_for_file
@@ -39,10 +39,11 @@ from dataminer_dagster.driver import DriveResult, drive
 from dataminer_dagster.paths import FRAMES_MANIFEST, DataPaths, ProjectPaths
 from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_discovery
 from dataminer_dagster.settings import load_settings
-from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
+from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES, LANES
 from tests.helpers.pipeline import (
     CannedSearchSources,
     materialize_partitions,
+    one_stage_lanes,
     pipeline_definitions,
     work_items,
 )
@@ -152,7 +153,7 @@ class Pipeline:
     ) -> dg.ExecuteInProcessResult:
         """A run of every item of `stage` in this process, as a person would start it."""
         self.discover(instance)
-        asset = STAGE_ASSETS[stage]
+        asset = STAGES[stage]
         result = materialize_partitions(
             [asset],
             list(self.items(stage)),
@@ -160,7 +161,7 @@ class Pipeline:
             resources=self.resources(),
             partitions=asset.partitions_def,
             raise_on_error=False,
-            run_config={"ops": {asset.op.name: {"config": {"redo": redo}}}},
+            redo=redo,
         )
         assert result.success
         return result
@@ -224,7 +225,7 @@ class Pipeline:
     def drive(
         self, instance: dg.DagsterInstance, hooks: Sequence[Hook] = (), **options
     ) -> DriveResult:
-        defs = pipeline_definitions(self.resources(hooks))
+        defs = pipeline_definitions(self.resources(hooks), options.get("lanes", LANES))
         return drive(
             [self.name],
             instance=instance,
@@ -292,7 +293,7 @@ def run_stage_by_stage(p: Pipeline, kills: dict[str, Hook]) -> dict[str, dict]:
                     raise StopDriving
 
             with pytest.raises(StopDriving):
-                p.drive(instance, on_tick=ready)
+                p.drive(instance, on_tick=ready, lanes=one_stage_lanes())
             statuses = {k: r.status for k, r in p.items(stage).items()}
             assert set(statuses.values()) <= set(CLAIMABLE), statuses
             if stage in kills:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 
@@ -23,24 +24,20 @@ from dagster._core.remote_origin import (
 )
 from dagster._core.storage.dagster_run import DagsterRun
 
-from dataminer_dagster.assets import STAGE_ASSETS
-from dataminer_dagster.assets.stage import REQUESTED_BY_TAG, STAGE_TAG
+from dataminer_dagster.assets import STAGES
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.db.admin import delete_orphan_videos, delete_project
 from dataminer_dagster.db.catalog import Candidate, Catalog, ProjectRow
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import DEAD, DONE, FAILED, PENDING, RUNNING
 from dataminer_dagster.resources.database import DatabaseResource
-from dataminer_dagster.sensors.pipeline_sensors import build_sensors, stage_jobs
+from dataminer_dagster.sensors.pipeline_sensors import build_sensors, lane_jobs
 from dataminer_dagster.sensors.planning import (
-    BATCH_TAG,
     MAX_PARTITION_ADDS_PER_TICK,
-    POLICIES,
-    RANGE_END,
-    RANGE_START,
     DiscoveryCursor,
     plan_discovery,
 )
+from dataminer_dagster.settings import load_settings
 from dataminer_dagster.stages import (
     CATALOG,
     DATASET,
@@ -49,14 +46,26 @@ from dataminer_dagster.stages import (
     DOWNLOAD,
     FILTER,
     FRAMES,
-    PROJECT_STAGES,
-    VIDEO_STAGES,
+    LANE_OF_STAGE,
+    LANES,
+    LANES_BY_NAME,
+)
+from dataminer_dagster.tags import (
+    AHEAD_TAG,
+    BATCH_TAG,
+    ITEMS_TAG,
+    LANE_TAG,
+    PRIORITY_TAG,
+    RANGE_END,
+    RANGE_START,
+    REQUESTED_BY_TAG,
+    STAGES_TAG,
 )
 from tests.helpers.pipeline import work_items
 
-JOBS = stage_jobs(STAGE_ASSETS)
-SENSORS = {s.name: s for s in build_sensors(STAGE_ASSETS, JOBS)}
-JOB_NAMES = {stage: job.name for stage, job in JOBS.items()}
+JOBS = lane_jobs(STAGES, LANES)
+SENSORS = {s.name: s for s in build_sensors(STAGES, JOBS, LANES, load_settings())}
+JOB_NAMES = {lane: job.name for lane, job in JOBS.items()}
 
 
 # --- fixtures and helpers ------------------------------------------------------------------------
@@ -120,10 +129,9 @@ def apply_partition_requests(instance: dg.DagsterInstance, result: dg.SensorResu
 
 
 def add_partitions(instance: dg.DagsterInstance, db: DatabaseResource) -> None:
-    """What the discovery sensor and the daemon do together: every catalog row is a partition."""
-    result = tick("discovery", instance, db)
-    if isinstance(result, dg.SensorResult):
-        apply_partition_requests(instance, result)
+    """Every catalog row becomes a partition, as the work sensor's discovery does, without
+    requesting any run."""
+    plan_discovery(db.store.engine, DiscoveryCursor()).apply(instance)
 
 
 def project_row(engine: sa.Engine, name: str) -> sa.Row:
@@ -133,27 +141,67 @@ def project_row(engine: sa.Engine, name: str) -> sa.Row:
         ).one()
 
 
-def add_run(
-    instance: dg.DagsterInstance, stage: str, status: dg.DagsterRunStatus, **tags: str
+def _add_run(
+    instance: dg.DagsterInstance, lane: str, status: dg.DagsterRunStatus, tags: dict
 ) -> DagsterRun:
-    """A run of a stage's job in the instance, as if the daemon had launched (or queued) it."""
     repository = RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("dataminer"), "__repository__")
     run = DagsterRun(
-        job_name=JOB_NAMES[stage],
+        job_name=JOB_NAMES[lane],
         run_id=str(uuid.uuid4()),
         status=status,
-        tags={STAGE_TAG: stage, **tags},
-        remote_job_origin=RemoteJobOrigin(repository, JOB_NAMES[stage]),
+        tags={LANE_TAG: lane, **tags},
+        remote_job_origin=RemoteJobOrigin(repository, JOB_NAMES[lane]),
     )
     return instance.add_run(run)
 
 
-def requests_by_stage(result) -> dict[str, list[dg.RunRequest]]:
+def add_run(
+    instance: dg.DagsterInstance, stage: str, status: dg.DagsterRunStatus, **tags: str
+) -> DagsterRun:
+    """A run of a stage's lane job in the instance, as if the daemon had launched (or queued)
+    it for that stage."""
+    return _add_run(instance, LANE_OF_STAGE[stage].name, status, {STAGES_TAG: stage, **tags})
+
+
+def launch(instance: dg.DagsterInstance, result) -> list[DagsterRun]:
+    """What the daemon does with a work tick's result: apply its partition requests and queue
+    a run for each run request."""
+    if not isinstance(result, dg.SensorResult):
+        return []
+    apply_partition_requests(instance, result)
+    return [
+        _add_run(instance, r.tags[LANE_TAG], dg.DagsterRunStatus.QUEUED, dict(r.tags))
+        for r in result.run_requests
+    ]
+
+
+def run_requests(result) -> list[dg.RunRequest]:
+    return list(result.run_requests) if isinstance(result, dg.SensorResult) else []
+
+
+def partition_requests(result) -> list:
+    return list(result.dynamic_partitions_requests) if isinstance(result, dg.SensorResult) else []
+
+
+def requests_by_lane(result) -> dict[str, list[dg.RunRequest]]:
     assert isinstance(result, dg.SensorResult), result
     grouped: dict[str, list[dg.RunRequest]] = {}
     for request in result.run_requests:
-        grouped.setdefault(request.tags[STAGE_TAG], []).append(request)
+        grouped.setdefault(request.tags[LANE_TAG], []).append(request)
     return grouped
+
+
+def ready_requests(result, lane: str) -> list[dg.RunRequest]:
+    return [r for r in requests_by_lane(result).get(lane, []) if AHEAD_TAG not in r.tags]
+
+
+def ahead_requests(result, lane: str) -> list[dg.RunRequest]:
+    return [r for r in requests_by_lane(result).get(lane, []) if AHEAD_TAG in r.tags]
+
+
+def covered(request: dg.RunRequest, order: Sequence[str]) -> list[str]:
+    start, end = order.index(request.tags[RANGE_START]), order.index(request.tags[RANGE_END])
+    return list(order[start : end + 1])
 
 
 def batch_ids(request: dg.RunRequest) -> tuple[int, int]:
@@ -161,10 +209,10 @@ def batch_ids(request: dg.RunRequest) -> tuple[int, int]:
     return int(first), int(last)
 
 
-def keys_for(stage: str, n: int) -> list[str]:
-    if stage in VIDEO_STAGES:
+def keys_for(partitions: str, n: int) -> list[str]:
+    if partitions == "videos":
         return [f"v{i:05d}" for i in range(n)]
-    if stage in PROJECT_STAGES:
+    if partitions == "projects":
         return [f"p{i:05d}" for i in range(n)]
     return [f"p.v{i:05d}" for i in range(n)]
 
@@ -173,11 +221,13 @@ def keys_for(stage: str, n: int) -> list[str]:
 
 
 def test_discovery_adds_new_rows_in_discovery_order_and_moves_its_cursor(instance, db, catalog):
-    assert isinstance(tick("discovery", instance, db), dg.SkipReason)
+    skipped = tick("work", instance, db)
+    assert isinstance(skipped, dg.SkipReason)
+    assert skipped.skip_message == "nothing new, no project can move, no work to request"
 
     alpha = add_project(catalog, "alpha", ["v2", "v0", "v1"])
     add_project(catalog, "beta", ["v0", "v3"])
-    result = tick("discovery", instance, db)
+    result = tick("work", instance, db)
 
     assert isinstance(result, dg.SensorResult)
     added = {
@@ -193,11 +243,13 @@ def test_discovery_adds_new_rows_in_discovery_order_and_moves_its_cursor(instanc
     cursor = json.loads(result.cursor)
     assert set(cursor) == {"project", "video", "project_video"} and all(cursor.values())
 
-    # Nothing new: the cursor keeps the sensor from adding anything twice.
-    assert isinstance(tick("discovery", instance, db, result.cursor), dg.SkipReason)
+    # Nothing new: the cursor keeps the sensor from adding anything twice, and the runs it
+    # requested, once queued, keep it from requesting them again.
+    launch(instance, result)
+    assert isinstance(tick("work", instance, db, result.cursor), dg.SkipReason)
 
     link(catalog, alpha, ["v4", "v3"])
-    again = tick("discovery", instance, db, result.cursor)
+    again = tick("work", instance, db, result.cursor)
     added = {
         r.partitions_def_name: list(r.partition_keys) for r in again.dynamic_partitions_requests
     }
@@ -219,7 +271,7 @@ def test_discovery_adds_at_most_25000_partitions_per_tick(instance, db, catalog,
 
     seen: dict[str, list[str]] = {"projects": [], "videos": [], "project_videos": []}
     cursor, ticks = None, 0
-    while isinstance(result := tick("discovery", instance, db, cursor), dg.SensorResult):
+    while (result := tick("work", instance, db, cursor)).dynamic_partitions_requests:
         ticks += 1
         counts = sum(len(r.partition_keys) for r in result.dynamic_partitions_requests)
         assert counts <= MAX_PARTITION_ADDS_PER_TICK
@@ -257,129 +309,206 @@ def test_plan_discovery_chunks_by_budget_without_skipping_or_repeating(engine, c
 def test_discovery_removes_the_partitions_of_deleted_rows_once_caught_up(instance, db, catalog):
     add_project(catalog, "alpha", ["v0", "v1"])
     add_project(catalog, "beta", ["v1", "v2"])
-    first = tick("discovery", instance, db)
-    apply_partition_requests(instance, first)
+    first = tick("work", instance, db)
+    launch(instance, first)
 
     delete_project(db.store.engine, db.paths, "beta")  # v2 stays, an orphan
     link(catalog, add_project(catalog, "gamma"), ["v3"])
-    second = tick("discovery", instance, db, first.cursor)
+    second = tick("work", instance, db, first.cursor)
     assert [type(r) for r in second.dynamic_partitions_requests] == [
         dg.AddDynamicPartitionsRequest
     ] * 3, "new rows first: nothing is removed while partitions are still being added"
-    apply_partition_requests(instance, second)
+    launch(instance, second)
 
-    third = tick("discovery", instance, db, second.cursor)
+    third = tick("work", instance, db, second.cursor)
     removed = {
         r.partitions_def_name: list(r.partition_keys)
         for r in third.dynamic_partitions_requests
         if isinstance(r, dg.DeleteDynamicPartitionsRequest)
     }
     assert removed == {"projects": ["beta"], "project_videos": ["beta.v1", "beta.v2"]}
-    apply_partition_requests(instance, third)
+    launch(instance, third)
     assert instance.get_dynamic_partitions("projects") == ["alpha", "gamma"]
     assert instance.get_dynamic_partitions("videos") == ["v0", "v1", "v2", "v3"]
 
     delete_orphan_videos(db.store.engine, db.paths)
-    apply_partition_requests(instance, tick("discovery", instance, db, third.cursor))
+    launch(instance, tick("work", instance, db, third.cursor))
     assert instance.get_dynamic_partitions("videos") == ["v0", "v1", "v3"]
-    assert isinstance(tick("discovery", instance, db, third.cursor), dg.SkipReason)
+    assert isinstance(tick("work", instance, db, third.cursor), dg.SkipReason)
 
 
 # --- work ----------------------------------------------------------------------------------------
 
 
-def test_work_requests_only_items_whose_partitions_exist(instance, db, catalog, engine):
+def test_a_new_project_gets_its_partitions_and_its_runs_in_one_tick(instance, db, catalog, engine):
     add_project(catalog, "alpha", ["v0", "v1", "v2"])
-    skipped = tick("work", instance, db)
-    assert isinstance(skipped, dg.SkipReason)
-    assert all(r.requested_at is None for r in work_items(engine, DOWNLOAD).values()), (
-        "an item that could not be requested is not marked as requested"
-    )
-
-    add_partitions(instance, db)
-    grouped = requests_by_stage(tick("work", instance, db))
-    assert set(grouped) == {CATALOG, DOWNLOAD}
-    [catalog_run] = grouped[CATALOG]
-    assert catalog_run.job_name == "video_catalog_job"
+    result = tick("work", instance, db)
+    assert {r.partitions_def_name for r in partition_requests(result)} == {
+        "projects",
+        "videos",
+        "project_videos",
+    }
+    [catalog_run] = ready_requests(result, "catalog")
+    assert catalog_run.job_name == "catalog_job"
     assert (catalog_run.tags[RANGE_START], catalog_run.tags[RANGE_END]) == ("alpha", "alpha")
-    [download_run] = grouped[DOWNLOAD]
-    assert download_run.job_name == "downloads_job"
-    assert (download_run.tags[RANGE_START], download_run.tags[RANGE_END]) == ("v0", "v2")
-    assert download_run.tags[REQUESTED_BY_TAG] == "sensor"
+    [video_run] = ready_requests(result, "video")
+    assert video_run.job_name == "video_job"
+    assert (video_run.tags[RANGE_START], video_run.tags[RANGE_END]) == ("v0", "v2")
+    assert video_run.tags[REQUESTED_BY_TAG] == "sensor"
+    assert video_run.tags[STAGES_TAG] == "download,frames"
+    assert video_run.tags[ITEMS_TAG] == "3"
     downloads = work_items(engine, DOWNLOAD)
-    assert batch_ids(download_run) == (downloads["v0"].id, downloads["v2"].id)
+    assert batch_ids(video_run) == (downloads["v0"].id, downloads["v2"].id)
     assert all(r.requested_at is not None for r in downloads.values())
 
 
-def test_work_does_not_request_a_new_partition_until_it_is_added(instance, db, catalog, engine):
-    alpha = add_project(catalog, "alpha", ["v0"])
-    add_partitions(instance, db)
-    requests_by_stage(tick("work", instance, db))
-    link(catalog, alpha, ["v1"])  # a row the discovery sensor has not turned into a partition
+def test_work_requests_only_items_whose_partitions_exist_or_are_being_added(
+    instance, db, store, engine
+):
+    store.enqueue(DOWNLOAD, ["stray"])  # a work item without a catalog row: never a partition
     assert isinstance(tick("work", instance, db), dg.SkipReason)
-    add_partitions(instance, db)
-    [run] = requests_by_stage(tick("work", instance, db))[DOWNLOAD]
+    assert work_items(engine, DOWNLOAD)["stray"].requested_at is None, (
+        "an item that could not be requested is not marked as requested"
+    )
+
+
+def test_a_video_linked_later_gets_its_partition_and_run_in_the_same_tick(
+    instance, db, catalog, engine
+):
+    alpha = add_project(catalog, "alpha", ["v0"])
+    first = tick("work", instance, db)
+    launch(instance, first)
+    link(catalog, alpha, ["v1"])
+    result = tick("work", instance, db, first.cursor)
+    added = {r.partitions_def_name: list(r.partition_keys) for r in partition_requests(result)}
+    assert added == {"videos": ["v1"], "project_videos": ["alpha.v1"]}
+    [run] = ready_requests(result, "video")
     assert (run.tags[RANGE_START], run.tags[RANGE_END]) == ("v1", "v1")
 
 
-@pytest.mark.parametrize("stage", list(STAGE_ASSETS))
-def test_work_batches_each_stage_by_its_policy(stage, instance, db, store, engine):
-    policy = POLICIES[stage]
-    keys = keys_for(stage, policy.batch * policy.max_runs + 3)
-    store.enqueue(stage, keys)
-    instance.add_dynamic_partitions(STAGE_ASSETS[stage].partitions_def.name, keys)
+def _lane_params():
+    return [pytest.param(lane, id=lane.name) for lane in LANES]
+
+
+def catalog_rows(catalog: Catalog, store: LeaseStore, lane, n: int) -> list[str]:
+    """`n` partitions of the lane's set, backed by catalog rows, each with a pending item of the
+    lane's first stage."""
+    if lane.partitions == "projects":
+        keys = keys_for("projects", n)
+        for key in keys:
+            add_project(catalog, key)
+    else:
+        videos = keys_for("videos", n)
+        add_project(catalog, "p", videos)
+        keys = videos if lane.partitions == "videos" else [f"p.{v}" for v in videos]
+    store.enqueue(lane.stages[0], keys)
+    return keys
+
+
+@pytest.mark.parametrize("lane", _lane_params())
+def test_work_batches_each_lane_by_its_policy(lane, instance, db, catalog, store, engine):
+    policy = lane.policy
+    stage = lane.stages[0]
+    keys = catalog_rows(catalog, store, lane, policy.batch * policy.max_runs + 3)
     ids = {k: r.id for k, r in work_items(engine, stage).items()}
 
-    runs = requests_by_stage(tick("work", instance, db))[stage]
+    runs = ready_requests(tick("work", instance, db), lane.name)
     assert len(runs) == policy.max_runs
     expected = [
         keys[i : i + policy.batch] for i in range(0, policy.batch * policy.max_runs, policy.batch)
     ]
     for run, chunk in zip(runs, expected, strict=True):
-        assert run.job_name == JOB_NAMES[stage] == f"{STAGE_ASSETS[stage].key.to_user_string()}_job"
+        assert run.job_name == JOB_NAMES[lane.name] == lane.job_name
         assert (run.tags[RANGE_START], run.tags[RANGE_END]) == (chunk[0], chunk[-1])
         assert batch_ids(run) == (ids[chunk[0]], ids[chunk[-1]])
-        assert run.tags[STAGE_TAG] == stage and run.tags[REQUESTED_BY_TAG] == "sensor"
+        assert run.tags[STAGES_TAG] == ",".join(lane.stages)
+        assert run.tags[REQUESTED_BY_TAG] == "sensor" and AHEAD_TAG not in run.tags
 
     # Requested items are not asked for again; the three left over are, on the following ticks.
     later: list[str] = []
-    while isinstance(result := tick("work", instance, db), dg.SensorResult):
-        runs = requests_by_stage(result)[stage]
+    for _ in range(5):
+        if not (runs := ready_requests(tick("work", instance, db), lane.name)):
+            break
         assert len(runs) <= policy.max_runs
         for run in runs:
-            start, end = keys.index(run.tags[RANGE_START]), keys.index(run.tags[RANGE_END])
-            later += keys[start : end + 1]
+            later += covered(run, keys)
     assert later == keys[-3:]
 
 
-def test_work_ranges_follow_the_partition_order(instance, db, store):
-    keys = keys_for(DOWNLOAD, 5)
-    store.enqueue(DOWNLOAD, keys)
+def test_a_run_starts_at_the_first_stage_of_its_lane_that_has_work(
+    instance, db, catalog, store, engine
+):
+    add_project(catalog, "p", ["v0"])
+    store.mark(DOWNLOAD, "v0", DONE, "downloaded in a test")
+    store.enqueue(FRAMES, ["v0"])  # e.g. a new project wants another extraction profile
+    [run] = ready_requests(tick("work", instance, db), "video")
+    assert run.tags[STAGES_TAG] == "frames"
+    assert run.asset_selection == [dg.AssetKey("frames")]
+
+
+def test_work_ranges_follow_the_partition_order(instance, db, catalog, store):
+    keys = keys_for("videos", 5)
+    add_project(catalog, "p", keys)
     instance.add_dynamic_partitions("videos", list(reversed(keys)))
-    [run] = requests_by_stage(tick("work", instance, db))[DOWNLOAD]
+    [run] = ready_requests(tick("work", instance, db), "video")
     assert (run.tags[RANGE_START], run.tags[RANGE_END]) == (keys[-1], keys[0])
 
 
-def test_work_requests_no_more_runs_than_a_stage_may_have_in_flight(instance, db, store):
-    keys = keys_for(DOWNLOAD, 100)
-    store.enqueue(DOWNLOAD, keys)
-    instance.add_dynamic_partitions("videos", keys)
+def test_work_requests_no_more_runs_than_a_lane_may_have_in_flight(instance, db, catalog, store):
+    keys = keys_for("videos", 100)
+    add_project(catalog, "p", keys)
     add_run(instance, DOWNLOAD, dg.DagsterRunStatus.QUEUED)
     add_run(instance, DOWNLOAD, dg.DagsterRunStatus.STARTED)
     add_run(instance, DOWNLOAD, dg.DagsterRunStatus.SUCCESS)  # finished: does not count
-    add_run(instance, FRAMES, dg.DagsterRunStatus.QUEUED)  # another stage's share
+    add_run(instance, FILTER, dg.DagsterRunStatus.QUEUED)  # another lane's share
 
-    [run] = requests_by_stage(tick("work", instance, db))[DOWNLOAD]
+    [run] = ready_requests(tick("work", instance, db), "video")
     assert (run.tags[RANGE_START], run.tags[RANGE_END]) == (keys[0], keys[24])
 
     add_run(instance, DOWNLOAD, dg.DagsterRunStatus.NOT_STARTED)
-    skipped = tick("work", instance, db)
-    assert isinstance(skipped, dg.SkipReason), "three download runs are in flight already"
+    assert ready_requests(tick("work", instance, db), "video") == [], (
+        "three video runs are in flight already"
+    )
 
 
-def test_work_waits_for_the_retry_back_off(instance, db, store, engine):
-    store.enqueue(DOWNLOAD, ["v0", "v1"])
-    instance.add_dynamic_partitions("videos", ["v0", "v1"])
+def test_a_dead_run_does_not_count_as_in_flight(instance, db, catalog, store):
+    """A run worker killed under the default launcher leaves its run STARTED for ever; its
+    stale heartbeat must not use up its lane's share (issue 10: filter stuck at 0/6)."""
+    keys = catalog_rows(catalog, store, LANES_BY_NAME["filter"], 3)
+    add_partitions(instance, db)
+    store.mark(CATALOG, "p", DONE, "catalog done in a test")
+    for v in keys_for("videos", 3):
+        store.mark(DOWNLOAD, v, DONE, "downloaded in a test")
+    zombie = add_run(instance, FILTER, dg.DagsterRunStatus.STARTED)
+    store.heartbeat(zombie.run_id, "gone-host", 4242)
+    assert ready_requests(tick("work", instance, db), "filter") == [], "the lane's one run"
+
+    with store.engine.begin() as c:
+        c.execute(
+            sa.text("""UPDATE dataminer.run_heartbeats SET heartbeat_at = now() - interval '1 hour'
+                        WHERE run_id = :r"""),
+            {"r": zombie.run_id},
+        )
+    [run] = ready_requests(tick("work", instance, db), "filter")
+    assert covered(run, keys) == keys
+
+
+def test_partitions_a_live_run_covers_are_not_requested_again(instance, db, catalog, store):
+    keys = keys_for("videos", 6)
+    add_project(catalog, "p", keys)
+    add_partitions(instance, db)
+    add_run(
+        instance,
+        DOWNLOAD,
+        dg.DagsterRunStatus.STARTED,
+        **{RANGE_START: keys[0], RANGE_END: keys[3]},
+    )
+    [run] = ready_requests(tick("work", instance, db), "video")
+    assert covered(run, keys) == keys[4:]
+
+
+def test_work_waits_for_the_retry_back_off(instance, db, catalog, store, engine):
+    add_project(catalog, "p", ["v0", "v1"])
     [lease] = store.claim_keys(DOWNLOAD, ["v0"], "some-run")[0]
     store.fail(lease, "connection reset")  # a failure whose back-off has not elapsed
     with engine.begin() as c:
@@ -387,9 +516,72 @@ def test_work_waits_for_the_retry_back_off(instance, db, store, engine):
             sa.text("""UPDATE dataminer.work_items SET next_attempt_at = now() + interval '1 hour'
                         WHERE item_key = 'v0'""")
         )
-    [run] = requests_by_stage(tick("work", instance, db))[DOWNLOAD]
+    [run] = ready_requests(tick("work", instance, db), "video")
     assert (run.tags[RANGE_START], run.tags[RANGE_END]) == ("v1", "v1")
     assert work_items(engine, DOWNLOAD)["v0"].status == FAILED
+
+
+# --- runs requested ahead ------------------------------------------------------------------------
+
+
+def test_the_filter_lane_is_requested_ahead_of_videos_in_flight(instance, db, catalog, engine):
+    add_project(catalog, "alpha", ["v0", "v1"])
+    result = tick("work", instance, db)
+    [video] = ready_requests(result, "video")
+    [ahead] = ahead_requests(result, "filter")
+    assert (ahead.tags[RANGE_START], ahead.tags[RANGE_END]) == ("alpha.v0", "alpha.v1")
+    assert ahead.tags[PRIORITY_TAG] == "-1", "behind the runs whose output it waits for"
+    assert BATCH_TAG not in ahead.tags and ahead.tags[ITEMS_TAG] == "2"
+    assert ahead.tags[STAGES_TAG] == FILTER
+    assert "filter" not in work_items(engine, FILTER), "requesting ahead creates no item"
+
+    # Once the daemon has queued it, the next tick asks for nothing more.
+    launch(instance, result)
+    assert isinstance(tick("work", instance, db, result.cursor), dg.SkipReason)
+
+
+def test_nothing_is_requested_ahead_of_work_that_waits(instance, db, catalog, store, engine):
+    add_project(catalog, "alpha", ["v0"])
+    add_partitions(instance, db)
+    store.mark(CATALOG, "alpha", DONE, "catalog done in a test")
+    [lease], _ = store.claim_keys(DOWNLOAD, ["v0"], "video-run")
+    store.fail(lease, "HTTP 429")  # waits for its retry: nothing is in flight
+    with engine.begin() as c:
+        c.execute(
+            sa.text("UPDATE dataminer.work_items SET next_attempt_at = now() + interval '1 hour'")
+        )
+    assert run_requests(tick("work", instance, db)) == []
+
+
+def test_a_project_is_requested_ahead_once_all_its_unfinished_members_are_in_flight(
+    instance, db, catalog, store, engine
+):
+    add_project(catalog, "alpha", ["v0", "v1"])
+    add_partitions(instance, db)
+    store.mark(CATALOG, "alpha", DONE, "catalog done in a test")
+    for v in ("v0", "v1"):
+        store.mark(DOWNLOAD, v, DONE, "downloaded in a test")
+        store.mark(FRAMES, v, DONE, "extracted in a test")
+    store.mark(FILTER, "alpha.v0", DONE, "filtered in a test")
+    store.enqueue(FILTER, ["alpha.v1"])
+    [lease], _ = store.claim_keys(FILTER, ["alpha.v1"], "filter-run")
+    store.fail(lease, "CUDA error")  # the last member waits for a retry
+    with engine.begin() as c:
+        c.execute(
+            sa.text("UPDATE dataminer.work_items SET next_attempt_at = now() + interval '1 hour'")
+        )
+    assert ahead_requests(tick("work", instance, db), "project") == []
+
+    with engine.begin() as c:
+        c.execute(sa.text("UPDATE dataminer.work_items SET next_attempt_at = now()"))
+    result = tick("work", instance, db)  # the filter is requested again, and the project ahead
+    assert [covered(r, ["alpha.v0", "alpha.v1"]) for r in ready_requests(result, "filter")] == [
+        ["alpha.v1"]
+    ]
+    [ahead] = ahead_requests(result, "project")
+    assert ahead.tags[STAGES_TAG] == "dedup,detect,dataset"
+    assert (ahead.tags[RANGE_START], ahead.tags[RANGE_END]) == ("alpha", "alpha")
+    assert project_row(engine, "alpha").stage == "active"
 
 
 # --- project transitions -------------------------------------------------------------------------
@@ -421,21 +613,21 @@ def test_transitions_take_a_project_through_its_stages_to_complete(
     extracted(store, "alpha", ["v0", "v1"])
     finish_members(store, "alpha", ["v0"])
 
-    skipped = tick("project_transitions", instance, db)
-    assert isinstance(skipped, dg.SkipReason) and skipped.skip_message == "no project can move"
+    tick("work", instance, db)
     assert project_row(engine, "alpha").stage == "active", "one member is not finished"
 
     finish_members(store, "alpha", ["v1"])
-    moved = tick("project_transitions", instance, db)
-    assert moved.skip_message == "1 project transitions"
+    moved = tick("work", instance, db)
     assert project_row(engine, "alpha").stage == DEDUP
     assert work_items(engine, DEDUP)["alpha"].status == PENDING
+    [run] = ready_requests(moved, "project")  # in the tick that moved it
+    assert (run.tags[RANGE_START], run.tags[STAGES_TAG]) == ("alpha", "dedup,detect,dataset")
 
     for stage, following in ((DEDUP, DETECT), (DETECT, DATASET), (DATASET, "complete")):
-        assert isinstance(tick("project_transitions", instance, db), dg.SkipReason)
+        tick("work", instance, db)
         assert project_row(engine, "alpha").stage == stage, "waits for the stage's item"
         run_stage(store, stage, "alpha")
-        tick("project_transitions", instance, db)
+        tick("work", instance, db)
         assert project_row(engine, "alpha").stage == following
         if following != "complete":
             assert work_items(engine, following)["alpha"].status == PENDING
@@ -447,7 +639,7 @@ def test_members_that_died_upstream_count_as_finished(instance, db, catalog, sto
     finish_members(store, "alpha", ["v0"])
     store.mark(DOWNLOAD, "v1", DEAD, "HTTP 404")
     store.mark(FRAMES, "v2", DEAD, "moov atom not found")
-    tick("project_transitions", instance, db)
+    tick("work", instance, db)
     assert project_row(engine, "alpha").stage == DEDUP
 
 
@@ -455,21 +647,21 @@ def test_new_videos_reopen_a_complete_project(instance, db, catalog, store, engi
     alpha = add_project(catalog, "alpha", ["v0"])
     store.mark(CATALOG, "alpha", DONE, "catalog done in a test")
     finish_members(store, "alpha", ["v0"])
-    tick("project_transitions", instance, db)
+    tick("work", instance, db)
     for stage in (DEDUP, DETECT, DATASET):
         run_stage(store, stage, "alpha")
-        tick("project_transitions", instance, db)
+        tick("work", instance, db)
     assert project_row(engine, "alpha").stage == "complete"
 
     link(catalog, alpha, ["v1"])
     extracted(store, "alpha", ["v1"])
-    tick("project_transitions", instance, db)
+    tick("work", instance, db)
     row = project_row(engine, "alpha")
     assert row.stage == "active" and row.error is None
     assert "alpha" not in work_items(engine, DEDUP), "the old project-stage results are forgotten"
 
     finish_members(store, "alpha", ["v1"])
-    tick("project_transitions", instance, db)
+    tick("work", instance, db)
     assert project_row(engine, "alpha").stage == DEDUP
     assert work_items(engine, DEDUP)["alpha"].status == PENDING
 
@@ -478,20 +670,20 @@ def test_a_running_dedup_is_never_disturbed_by_new_videos(instance, db, catalog,
     alpha = add_project(catalog, "alpha", ["v0"])
     store.mark(CATALOG, "alpha", DONE, "catalog done in a test")
     finish_members(store, "alpha", ["v0"])
-    tick("project_transitions", instance, db)
+    tick("work", instance, db)
     [lease], _ = store.claim_keys(DEDUP, ["alpha"], "dedup-run")
 
     link(catalog, alpha, ["v1"])
     extracted(store, "alpha", ["v1"])
     for _ in range(2):
-        assert tick("project_transitions", instance, db).skip_message == "no project can move"
+        tick("work", instance, db)
     running = work_items(engine, DEDUP)["alpha"]
     assert project_row(engine, "alpha").stage == DEDUP
     assert (running.status, running.lease_token) == (RUNNING, lease.token)
 
     # Once the dedup is over, the project reopens for the new video instead of moving on.
     assert store.complete(lease)
-    tick("project_transitions", instance, db)
+    tick("work", instance, db)
     assert project_row(engine, "alpha").stage == "active"
     assert "alpha" not in work_items(engine, DETECT)
 
@@ -502,7 +694,7 @@ def test_a_member_still_downloading_keeps_its_project_active(instance, db, catal
     add_project(catalog, "alpha", ["v0", "v1"])
     store.mark(CATALOG, "alpha", DONE, "catalog done in a test")
     finish_members(store, "alpha", ["v0"])
-    tick("project_transitions", instance, db)
+    tick("work", instance, db)
     assert project_row(engine, "alpha").stage == "active", "dedup must wait for v1"
 
 
@@ -512,13 +704,13 @@ def test_a_new_video_still_to_download_reopens_a_complete_project(
     alpha = add_project(catalog, "alpha", ["v0"])
     store.mark(CATALOG, "alpha", DONE, "catalog done in a test")
     finish_members(store, "alpha", ["v0"])
-    tick("project_transitions", instance, db)
+    tick("work", instance, db)
     for stage in (DEDUP, DETECT, DATASET):
         run_stage(store, stage, "alpha")
-        tick("project_transitions", instance, db)
+        tick("work", instance, db)
     assert project_row(engine, "alpha").stage == "complete"
     link(catalog, alpha, ["v1"])  # a new video: its download is queued
-    tick("project_transitions", instance, db)
+    tick("work", instance, db)
     assert project_row(engine, "alpha").stage == "active"
 
 
@@ -528,20 +720,20 @@ def test_a_dead_project_stage_fails_the_project_with_its_error(
     alpha = add_project(catalog, "alpha", ["v0"])
     store.mark(CATALOG, "alpha", DONE, "catalog done in a test")
     finish_members(store, "alpha", ["v0"])
-    tick("project_transitions", instance, db)
+    tick("work", instance, db)
     run_stage(store, DEDUP, "alpha")
-    tick("project_transitions", instance, db)
+    tick("work", instance, db)
     [lease], _ = store.claim_keys(DETECT, ["alpha"], "detect-run")
     store.fail(lease, "CUDA out of memory", retryable=False)
 
-    tick("project_transitions", instance, db)
+    tick("work", instance, db)
     row = project_row(engine, "alpha")
     assert row.stage == "failed"
     assert row.error == "detect failed: CUDA out of memory"
 
     # New videos bring a failed project back.
     link(catalog, alpha, ["v1"])
-    tick("project_transitions", instance, db)
+    tick("work", instance, db)
     row = project_row(engine, "alpha")
     assert (row.stage, row.error) == ("active", None)
 
@@ -553,7 +745,7 @@ def test_a_project_without_videos_or_with_a_dead_catalog_fails(
     store.mark(CATALOG, "empty", DONE, "no video matched")
     add_project(catalog, "broken")
     store.mark(CATALOG, "broken", DEAD, "search failed: HTTP 429")
-    assert tick("project_transitions", instance, db).skip_message == "2 project transitions"
+    tick("work", instance, db)
     assert project_row(engine, "empty").error == "no video was found for this project"
     assert project_row(engine, "broken").error == "catalog failed: search failed: HTTP 429"
 
@@ -620,6 +812,114 @@ def test_reaper_with_no_leases_skips(instance, db):
     assert tick("lease_reaper", instance, db).skip_message == "every lease belongs to a live run"
 
 
+def with_settings(db: DatabaseResource, monkeypatch, tmp_path, **sections) -> DatabaseResource:
+    """The resource as it is set up once these settings are in the settings file."""
+    import yaml
+
+    path = tmp_path / "settings.yaml"
+    path.write_text(yaml.safe_dump(sections))
+    monkeypatch.setenv("DATAMINER_SETTINGS", str(path))
+    return DatabaseResource(database_url=db.database_url, data_dir=db.data_dir)
+
+
+def age_heartbeat(engine: sa.Engine, run_id: str, seconds: int = 3600) -> None:
+    with engine.begin() as c:
+        c.execute(
+            sa.text("""UPDATE dataminer.run_heartbeats
+                          SET heartbeat_at = now() - make_interval(secs => :s) WHERE run_id = :r"""),
+            {"r": run_id, "s": seconds},
+        )
+
+
+def failure_message(instance: dg.DagsterInstance, run_id: str, event: DagsterEventType) -> str:
+    [record] = instance.all_logs(run_id, of_type=event)
+    return record.dagster_event.message
+
+
+def test_reaper_fails_a_run_that_stopped_heartbeating_and_frees_its_pool_slot(
+    instance, db, store, engine
+):
+    """The issue-10 zombie: a run worker SIGKILLed under the default launcher stays STARTED for
+    ever in Dagster and keeps its `gpu` slot; its heartbeat tells it is dead."""
+    zombie = add_run(instance, FILTER, dg.DagsterRunStatus.STARTED)
+    live = add_run(instance, FILTER, dg.DagsterRunStatus.STARTED)
+    hold(store, zombie.run_id, ["v0"])
+    hold(store, live.run_id, ["v1"])
+    events = instance.event_log_storage
+    events.set_concurrency_slots("gpu", 1)
+    assert events.claim_concurrency_slot("gpu", zombie.run_id, "filter_lane").is_claimed
+    age_heartbeat(engine, zombie.run_id)
+
+    result = tick("lease_reaper", instance, db)
+    assert result.skip_message == "ended 1 dead runs; reaped 1 leases"
+    assert instance.get_run_by_id(zombie.run_id).status == dg.DagsterRunStatus.FAILURE
+    message = failure_message(instance, zombie.run_id, DagsterEventType.RUN_FAILURE)
+    assert "Failed by dataminer: no heartbeat for 3600 s" in message
+    assert events.get_concurrency_info("gpu").claimed_slots == [], "its gpu slot is free again"
+    assert instance.get_run_by_id(live.run_id).status == dg.DagsterRunStatus.STARTED
+    rows = work_items(engine, DOWNLOAD)
+    assert rows["v0"].status == FAILED and rows["v0"].lease_owner is None
+    assert rows["v1"].lease_owner == live.run_id
+
+
+def test_reaper_fails_runs_that_never_heartbeat_and_cancels_runs_never_started(
+    instance, db, engine, monkeypatch, tmp_path
+):
+    db = with_settings(
+        db, monkeypatch, tmp_path, runs={"start_grace_s": 0.5, "queued_timeout_s": 0.5}
+    )
+    never_beat = add_run(instance, FILTER, dg.DagsterRunStatus.STARTED)
+    never_queued = add_run(instance, DOWNLOAD, dg.DagsterRunStatus.NOT_STARTED)
+    never_dequeued = add_run(instance, DOWNLOAD, dg.DagsterRunStatus.QUEUED)
+    someone_elses = instance.add_run(
+        DagsterRun(job_name="reports", run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.STARTED)
+    )
+    time.sleep(1.0)
+    assert tick("lease_reaper", instance, db).skip_message == "ended 3 dead runs"
+
+    assert instance.get_run_by_id(never_beat.run_id).status == dg.DagsterRunStatus.FAILURE
+    assert "never reported a heartbeat" in failure_message(
+        instance, never_beat.run_id, DagsterEventType.RUN_FAILURE
+    )
+    for run in (never_queued, never_dequeued):
+        assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.CANCELED
+    assert "queued for" in failure_message(
+        instance, never_dequeued.run_id, DagsterEventType.RUN_CANCELED
+    )
+    assert instance.get_run_by_id(someone_elses.run_id).status == dg.DagsterRunStatus.STARTED
+
+
+def test_leases_held_far_longer_than_their_stage_usually_takes_are_reported_once(
+    instance, db, store, engine, monkeypatch, tmp_path
+):
+    db = with_settings(db, monkeypatch, tmp_path, long_running={"factor": 10, "min_s": 5})
+    hold(store, "earlier-run", ["d0", "d1", "d2"])
+    with engine.begin() as c:  # three finished downloads that took 2 s each
+        c.execute(
+            sa.text("""UPDATE dataminer.work_items SET status = 'done', lease_token = NULL,
+                              lease_owner = NULL, finished_at = now(),
+                              started_at = now() - interval '2 seconds'
+                        WHERE item_key IN ('d0', 'd1', 'd2')""")
+        )
+    hold(store, "slow-run", ["v0", "v1"])
+    with engine.begin() as c:  # v0 began 100 s ago (50x the usual), v1 just now
+        c.execute(
+            sa.text("""UPDATE dataminer.work_items SET started_at = now() - interval '100 seconds'
+                        WHERE item_key = 'v0'""")
+        )
+
+    [slow] = store.long_running(db.settings.long_running)
+    assert (slow.stage, slow.key, slow.owner) == (DOWNLOAD, "v0", "slow-run")
+    assert slow.usual_s == pytest.approx(2.0, abs=0.1)
+    assert "running for 1m40s in run slow-run; its stage's items usually take 2s" in (
+        slow.describe()
+    )
+
+    with dg.build_sensor_context(instance=instance, resources={"db": db}) as context:
+        assert SENSORS["lease_reaper"](context).skip_message == "1 long-running leases"
+        assert json.loads(context.cursor) == [str(slow.token)], "remembered: warned once"
+
+
 # --- run failure / cancellation ------------------------------------------------------------------
 
 
@@ -634,11 +934,11 @@ def _status_context(instance, db, run: DagsterRun, event_type: DagsterEventType,
     )
 
 
-def _batch_run(instance, store, engine, status: dg.DagsterRunStatus) -> DagsterRun:
+def _batch_run(instance, catalog, store, engine, status: dg.DagsterRunStatus) -> DagsterRun:
     """A sensor-requested run for v0..v3 that claimed v0..v2 and began v0 and v1 before it ended;
     v4 is in no batch."""
     keys = ["v0", "v1", "v2", "v3", "v4"]
-    store.enqueue(DOWNLOAD, keys)
+    add_project(catalog, "p", keys)  # their downloads are queued
     ids = {k: r.id for k, r in work_items(engine, DOWNLOAD).items()}
     with engine.begin() as c:
         c.execute(sa.text("UPDATE dataminer.work_items SET requested_at = now()"))
@@ -651,8 +951,8 @@ def _batch_run(instance, store, engine, status: dg.DagsterRunStatus) -> DagsterR
     return run
 
 
-def test_release_failed_runs_frees_the_leases_and_the_batch(instance, db, store, engine):
-    run = _batch_run(instance, store, engine, dg.DagsterRunStatus.STARTED)
+def test_release_failed_runs_frees_the_leases_and_the_batch(instance, db, catalog, store, engine):
+    run = _batch_run(instance, catalog, store, engine, dg.DagsterRunStatus.STARTED)
     instance.report_run_failed(run)
     context = _status_context(
         instance, db, run, DagsterEventType.RUN_FAILURE, "release_failed_runs"
@@ -671,9 +971,9 @@ def test_release_failed_runs_frees_the_leases_and_the_batch(instance, db, store,
 
 
 def test_release_cancelled_runs_frees_the_leases_without_counting_the_attempt(
-    instance, db, store, engine
+    instance, db, catalog, store, engine
 ):
-    run = _batch_run(instance, store, engine, dg.DagsterRunStatus.CANCELING)
+    run = _batch_run(instance, catalog, store, engine, dg.DagsterRunStatus.CANCELING)
     instance.report_run_canceled(run)
     context = _status_context(
         instance, db, run, DagsterEventType.RUN_CANCELED, "release_cancelled_runs"
@@ -689,6 +989,5 @@ def test_release_cancelled_runs_frees_the_leases_without_counting_the_attempt(
     assert rows["v4"].requested_at is not None
 
     # The work sensor asks for the released batch again at once.
-    instance.add_dynamic_partitions("videos", list(rows))
-    [again] = requests_by_stage(tick("work", instance, db))[DOWNLOAD]
+    [again] = ready_requests(tick("work", instance, db), "video")
     assert (again.tags[RANGE_START], again.tags[RANGE_END]) == ("v0", "v3")

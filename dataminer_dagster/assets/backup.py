@@ -17,7 +17,7 @@ from dataminer_dagster.stages import BACKUP
 @stage_asset(stage=BACKUP, partitions_def=videos_partitions, deps=[frames], kinds={"rsync"})
 def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
     """The video's raw frames, copied to every backup destination of its projects and verified."""
-    catalog = ctx.db.catalog
+    catalog = ctx.catalog
     projects = catalog.linked_projects([item.video_id]).get(item.video_id, [])
     destinations = sorted({p.config.backup.dest for p in projects if p.config.backup})
     frames_root = ctx.db.paths.root / "frames" / item.video_id

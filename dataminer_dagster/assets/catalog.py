@@ -20,7 +20,7 @@ from dataminer_dagster.stages import CATALOG
 )
 def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's videos: every search, URL, URL file and local file in its config, linked to it."""
-    catalog = ctx.db.catalog
+    catalog = ctx.catalog
     project = catalog.project(item.key)
     if project is None:
         raise ValueError(f"project {item.key!r} is not registered (dataminer project add CONFIG)")

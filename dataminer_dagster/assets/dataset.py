@@ -59,7 +59,7 @@ MANIFEST_COLUMNS = [
 )
 def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's dataset: kept images, COCO annotations and a Parquet manifest."""
-    catalog = ctx.db.catalog
+    catalog = ctx.catalog
     project = catalog.project(item.key)
     paths = ProjectPaths(project.output_dir)
     kept = pd.read_parquet(paths.dedup_table)

@@ -41,7 +41,7 @@ def _no_duplicates_kept(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]
 
     offending: dict[str, int] = {}
     for name in keys:
-        project = ctx.db.catalog.project(name)
+        project = ctx.catalog.project(name)
         table = pd.read_parquet(ProjectPaths(project.output_dir).dedup_table)
         kept = table[table["kept"]].reset_index(drop=True)
         if len(kept) < 2:
@@ -78,7 +78,7 @@ DEDUP_CHECKS = [
 )
 def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's passed frames grouped into near-duplicates, one kept per group."""
-    catalog = ctx.db.catalog
+    catalog = ctx.catalog
     project = catalog.project(item.key)
     frames = passed_frames(project, catalog.videos_with_passed_frames(project.id))
     scored = [float(v) for v in frames["pos_max"]]

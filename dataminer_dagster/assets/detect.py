@@ -74,7 +74,7 @@ def _coco_valid(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]:
     """The COCO file of every project detected in this run loads and is internally consistent."""
     problems = {}
     for name in keys:
-        project = ctx.db.catalog.project(name)
+        project = ctx.catalog.project(name)
         path = ProjectPaths(project.output_dir).coco_file
         if project.config.detect is None:
             continue
@@ -96,7 +96,7 @@ def _coco_valid(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]:
 )
 def detections(item: StageItem, ctx: StageContext) -> ItemResult:
     """Detected objects on the kept frames: a table and a COCO file."""
-    project = ctx.db.catalog.project(item.key)
+    project = ctx.catalog.project(item.key)
     config = project.config.detect
     paths = ProjectPaths(project.output_dir)
     kept = pd.read_parquet(paths.dedup_table)

@@ -43,7 +43,7 @@ from dataminer_dagster.stages import DOWNLOAD
 )
 def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
     """The video file (a local source, or downloaded with yt-dlp) and its metadata."""
-    catalog = ctx.db.catalog
+    catalog = ctx.catalog
     video = catalog.videos([item.video_id])[item.video_id]
     projects = catalog.linked_projects([item.video_id]).get(item.video_id, [])
     if not projects:
@@ -175,7 +175,7 @@ def _record(
     extra: dict,
     rejected: dict[str, str] | None = None,
 ) -> ItemResult:
-    catalog = ctx.db.catalog
+    catalog = ctx.catalog
 
     def commit(conn) -> None:
         catalog.record_video_file(conn, item.video_id, file_path, facts)

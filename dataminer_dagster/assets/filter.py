@@ -52,7 +52,7 @@ def prompt_columns(config: FilterConfig) -> list[str]:
 )
 def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
     """Per frame: every prompt score and the keep/drop decision of the project's filter."""
-    catalog = ctx.db.catalog
+    catalog = ctx.catalog
     project = ctx.memo(("project", item.project), lambda: catalog.project(item.project))
     config = project.config.filter
     profile = project.config.extract.options().profile_id()

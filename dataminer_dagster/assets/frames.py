@@ -38,7 +38,7 @@ from dataminer_dagster.stages import FRAMES
 def _frames_on_disk(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]:
     """Every frames directory the catalog records exists; for this run's videos, every file of
     the manifest too."""
-    catalog = ctx.db.catalog
+    catalog = ctx.catalog
     missing_dirs, missing_files = [], []
     for video_id, profiles in catalog.frame_profiles(None).items():
         for profile, (directory, _) in profiles.items():
@@ -73,7 +73,7 @@ FRAMES_CHECKS = [
 )
 def frames(item: StageItem, ctx: StageContext) -> ItemResult:
     """Frames sampled from each video, per extraction profile of the projects using it."""
-    catalog, paths = ctx.db.catalog, ctx.db.paths
+    catalog, paths = ctx.catalog, ctx.db.paths
     video = catalog.videos([item.video_id])[item.video_id]
     projects = catalog.linked_projects([item.video_id]).get(item.video_id, [])
     wanted: dict[str, ExtractionOptions] = {}

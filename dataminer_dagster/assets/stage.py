@@ -1,10 +1,12 @@
 """The claim / heartbeat / complete dance, written once for every stage.
 
-A stage is one function `(item, ctx) -> ItemResult` turned into a dynamically partitioned Dagster
-asset by `@stage_asset`. The asset claims the work items behind the partitions of its run (many per
-run, so process start-up and model loading are paid once per batch), calls the function for each,
-and finishes each item in one transaction: the item is marked done, the function's results are
-recorded and its files published, or nothing is. Then it reports the partition's materialization.
+A stage is one function `(item, ctx) -> ItemResult` declared as a dynamically partitioned asset
+by `@stage_asset`; the stages of a lane (stages.py) become one Dagster multi-asset, `lane_asset`,
+whose step runs each selected stage in turn. A stage claims the work items behind the partitions of
+its run (many per run, so process start-up and model loading are paid once per batch), calls the
+function for each, and finishes each item in one transaction: the item is marked done, the
+function's results are recorded and its files published, or nothing is. Then it reports the
+partition's materialization.
 
 Outcomes per item:
 * return an ItemResult                -> done, materialized
@@ -19,7 +21,7 @@ that `dagster asset materialize --partition X` shows the error.
 """
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,13 +31,12 @@ import sqlalchemy as sa
 
 from dataminer_dagster.core.files import remove
 from dataminer_dagster.core.progress import Progress
+from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
+from dataminer_dagster.db.project_flow import advance_projects
 from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.stages import split_project_video_key
-
-# Run tag set by our sensors: their runs respect retry back-off; a person's run does not wait.
-REQUESTED_BY_TAG = "dataminer/requested_by"
-STAGE_TAG = "dataminer/stage"
+from dataminer_dagster.tags import LANE_TAG, REQUESTED_BY_TAG
 
 
 class Blocked(Exception):
@@ -77,13 +78,27 @@ class StageItem:
 
 
 class StageContext:
-    """What a stage function may use besides its item: the Dagster context, the database, logs."""
+    """What a stage function may use besides its item: the Dagster context, the database, logs.
 
-    def __init__(self, context: dg.AssetExecutionContext, db: DatabaseResource):
+    `following`: the stages this run executes after this one (its lane's). Items the stage queues
+    for them are marked requested (`catalog`), so that no other run is asked for them meanwhile
+    and a run requested ahead of them keeps waiting."""
+
+    def __init__(
+        self,
+        context: dg.AssetExecutionContext,
+        db: DatabaseResource,
+        following: Sequence[str] = (),
+    ):
         self.context = context
         self.db = db
         self.log = context.log
+        self.following = frozenset(following)
         self._memo: dict[Any, Any] = {}
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.db.catalog_for(requested_stages=self.following)
 
     @property
     def resources(self) -> Any:
@@ -118,59 +133,123 @@ class StageConfig(dg.Config):
 StageFunction = Callable[[StageItem, StageContext], ItemResult]
 
 
+@dataclass(frozen=True)
+class StageAsset:
+    """A stage's asset, declared by `@stage_asset`: its per-item function and everything Dagster
+    shows about it. The stages of a lane become one multi-asset (`lane_asset`), so that one run
+    carries a batch of partitions through them all in one step."""
+
+    name: str
+    stage: str
+    process: StageFunction
+    partitions_def: dg.PartitionsDefinition
+    description: str | None
+    deps: tuple[dg.AssetKey, ...]
+    required_resource_keys: frozenset[str]
+    op_tags: Mapping[str, Any]
+    pool: str | None
+    kinds: frozenset[str]
+    group_name: str
+    checks: tuple[StageCheck, ...]
+
+    @property
+    def key(self) -> dg.AssetKey:
+        return dg.AssetKey(self.name)
+
+    def spec(self) -> dg.AssetSpec:
+        return dg.AssetSpec(
+            self.key,
+            deps=self.deps,
+            description=self.description,
+            kinds=set(self.kinds),
+            group_name=self.group_name,
+            skippable=True,  # a run may have nothing to do for some of its partitions
+        )
+
+    def check_specs(self) -> list[dg.AssetCheckSpec]:
+        return [
+            dg.AssetCheckSpec(c.name, asset=self.key, description=c.description)
+            for c in self.checks
+        ]
+
+
 def stage_asset(
     *,
     stage: str,
     partitions_def: dg.PartitionsDefinition,
     description: str | None = None,
-    deps: Sequence[Any] = (),
+    deps: Sequence[StageAsset | str] = (),
     required_resource_keys: Sequence[str] = (),
     op_tags: dict[str, Any] | None = None,
     pool: str | None = None,
     kinds: set[str] | None = None,
     group_name: str = "pipeline",
     checks: Sequence[StageCheck] = (),
-) -> Callable[[StageFunction], dg.AssetsDefinition]:
-    """Turn a per-item stage function into a partitioned asset that processes batches of items."""
+) -> Callable[[StageFunction], StageAsset]:
+    """Declare a per-item stage function as a partitioned asset that processes batches of items
+    (`lane_asset` makes the Dagster asset)."""
 
-    def decorator(process: StageFunction) -> dg.AssetsDefinition:
-        with warnings.catch_warnings():  # backfill_policy is marked beta; we rely on single_run
-            warnings.simplefilter("ignore", dg.BetaWarning)
-            return _build(process)
-
-    def _build(process: StageFunction) -> dg.AssetsDefinition:
-        @dg.asset(
+    def decorator(process: StageFunction) -> StageAsset:
+        return StageAsset(
             name=process.__name__,
-            description=description or (process.__doc__ or "").strip() or None,
+            stage=stage,
+            process=process,
             partitions_def=partitions_def,
-            backfill_policy=dg.BackfillPolicy.single_run(),
-            output_required=False,
-            deps=list(deps),
-            required_resource_keys={"db", *required_resource_keys},
-            op_tags={STAGE_TAG: stage, **(op_tags or {})},
+            description=description or (process.__doc__ or "").strip() or None,
+            deps=tuple(d.key if isinstance(d, StageAsset) else dg.AssetKey(d) for d in deps),
+            required_resource_keys=frozenset({"db", *required_resource_keys}),
+            op_tags=dict(op_tags or {}),
             pool=pool,
-            kinds=kinds,
+            kinds=frozenset(kinds or ()),
             group_name=group_name,
-            check_specs=[
-                dg.AssetCheckSpec(c.name, asset=process.__name__, description=c.description)
-                for c in checks
-            ],
+            checks=tuple(checks),
         )
-        def asset_fn(context: dg.AssetExecutionContext, config: StageConfig):
-            yield from run_stage(context, config, stage, process, checks)
-
-        return asset_fn
 
     return decorator
+
+
+def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
+    """The stages of a lane (one partition set, in order) as one multi-asset: one step that runs
+    each selected stage over the run's partitions in turn. It takes the `gpu` pool slot for the
+    whole step when one of its stages needs it."""
+    partitions = {s.partitions_def for s in stages}
+    pools = {s.pool for s in stages} - {None}
+    if len(partitions) != 1 or len(pools) > 1:
+        raise ValueError(f"lane {name}: its stages must share one partition set and one pool")
+    op_tags: dict[str, Any] = {}
+    for s in stages:
+        op_tags.update(s.op_tags)
+
+    with warnings.catch_warnings():  # backfill_policy is marked beta; we rely on single_run
+        warnings.simplefilter("ignore", dg.BetaWarning)
+
+        @dg.multi_asset(
+            name=f"{name}_lane",
+            specs=[s.spec() for s in stages],
+            check_specs=[c for s in stages for c in s.check_specs()],
+            partitions_def=partitions.pop(),
+            backfill_policy=dg.BackfillPolicy.single_run(),
+            can_subset=True,
+            required_resource_keys=set().union(*(s.required_resource_keys for s in stages)),
+            op_tags={LANE_TAG: name, **op_tags},
+            pool=pools.pop() if pools else None,
+        )
+        def lane_fn(context: dg.AssetExecutionContext, config: StageConfig):
+            selected = [s for s in stages if s.key in context.selected_asset_keys]
+            for position, stage in enumerate(selected):
+                following = [s.stage for s in selected[position + 1 :]]
+                yield from run_stage(context, config, stage, following)
+
+    return lane_fn
 
 
 def run_stage(
     context: dg.AssetExecutionContext,
     config: StageConfig,
-    stage: str,
-    process: StageFunction,
-    checks: Sequence[StageCheck] = (),
+    stage_def: StageAsset,
+    following: Sequence[str] = (),
 ) -> Iterator[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckResult]:
+    stage, process, key = stage_def.stage, stage_def.process, stage_def.key
     db: DatabaseResource = context.resources.db
     keys = list(context.partition_keys)
     by_sensor = context.run.tags.get(REQUESTED_BY_TAG) == "sensor"
@@ -179,7 +258,7 @@ def run_stage(
     )
     _report_unclaimed(context, stage, unclaimed, len(keys))
 
-    ctx = StageContext(context, db)
+    ctx = StageContext(context, db, following)
     progress = Progress(f"{stage}", len(leases), context.log.info)
     failures: list[str] = []
     finished: list[str] = []
@@ -187,7 +266,7 @@ def run_stage(
     try:
         while pending:
             lease = pending.pop(0)
-            for event in _process_item(context, ctx, process, lease, failures):
+            for event in _process_item(context, key, ctx, process, lease, failures):
                 if isinstance(event, dg.AssetMaterialization):
                     finished.append(lease.key)
                 yield event
@@ -195,11 +274,17 @@ def run_stage(
     finally:
         db.leases.release_many(pending)  # interrupted: give back what was never started
 
-    selected = {key.name for key in context.selected_asset_check_keys}
-    for check in checks:
+    selected = {c.name for c in context.selected_asset_check_keys if c.asset_key == key}
+    for check in stage_def.checks:
         if check.name in selected:
             passed, metadata = check.evaluate(ctx, finished)
-            yield dg.AssetCheckResult(check_name=check.name, passed=passed, metadata=metadata)
+            yield dg.AssetCheckResult(
+                asset_key=key, check_name=check.name, passed=passed, metadata=metadata
+            )
+
+    # The project that this run's items finished moves on now, not at the sensor's next tick.
+    for t in advance_projects(db.store):
+        context.log.info(f"project {t.project}: {t.old} -> {t.new} ({t.reason})")
 
     if failures and len(keys) == 1:
         raise dg.Failure(description=failures[0])
@@ -211,6 +296,7 @@ def run_stage(
 
 def _process_item(
     context: dg.AssetExecutionContext,
+    asset_key: dg.AssetKey,
     ctx: StageContext,
     process: StageFunction,
     lease: Lease,
@@ -226,7 +312,7 @@ def _process_item(
             if result.commit is not None:
                 result.commit(conn)
         yield dg.AssetMaterialization(
-            asset_key=context.asset_key,
+            asset_key=asset_key,
             partition=lease.key,
             metadata=_metadata(result.metadata, lease),
         )
@@ -235,7 +321,7 @@ def _process_item(
     except Blocked as reason:
         leases.block(lease, str(reason))
         context.log.info(f"{lease.stage} {lease.key}: skipped: {reason}")
-        yield _observation(context, lease, "blocked", str(reason))
+        yield _observation(asset_key, lease, "blocked", str(reason))
     except Exception as error:  # one bad item must not stop the batch
         permanent = isinstance(error, PermanentFailure)
         message = (
@@ -257,7 +343,7 @@ def _process_item(
         text = f"{lease.stage} {lease.key} failed on attempt {lease.attempt}: {message}; {when}"
         context.log.error(text)
         failures.append(text)
-        yield _observation(context, lease, outcome.status or "failed", message)
+        yield _observation(asset_key, lease, outcome.status or "failed", message)
     finally:
         for path in result.staged if result else ():
             remove(path)
@@ -268,10 +354,10 @@ def _metadata(metadata: dict[str, Any], lease: Lease) -> dict[str, Any]:
 
 
 def _observation(
-    context: dg.AssetExecutionContext, lease: Lease, status: str, reason: str
+    asset_key: dg.AssetKey, lease: Lease, status: str, reason: str
 ) -> dg.AssetObservation:
     return dg.AssetObservation(
-        asset_key=context.asset_key,
+        asset_key=asset_key,
         partition=lease.key,
         metadata={"status": status, "reason": reason, "attempt": lease.attempt},
     )

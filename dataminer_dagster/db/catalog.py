@@ -76,10 +76,20 @@ class RegisterResult:
 
 
 class Catalog:
-    def __init__(self, engine: sa.Engine, store: LeaseStore, paths: DataPaths):
+    def __init__(
+        self,
+        engine: sa.Engine,
+        store: LeaseStore,
+        paths: DataPaths,
+        *,
+        requested_stages: frozenset[str] = frozenset(),
+    ):
         self.engine = engine
         self.store = store
         self.paths = paths
+        # Stages that the run using this catalog executes next: the items it queues for them
+        # are marked requested (by that run), not left for the sensors to ask another run for.
+        self.requested_stages = requested_stages
 
     # --- projects -------------------------------------------------------------------------
 
@@ -417,7 +427,13 @@ class Catalog:
         for (stage, reset), items in queue.items():
             keys, project_ids, vids = zip(*items, strict=True)
             queued += self.store.enqueue(
-                stage, keys, project_ids=project_ids, video_ids=vids, reset=reset, conn=conn
+                stage,
+                keys,
+                project_ids=project_ids,
+                video_ids=vids,
+                reset=reset,
+                conn=conn,
+                requested=stage in self.requested_stages,
             )
         return queued
 

@@ -31,7 +31,7 @@ from dataminer_dagster.db.schema import (
     RUNNING,
     SCHEMA,
 )
-from dataminer_dagster.settings import RetryPolicy
+from dataminer_dagster.settings import LongRunningPolicy, RetryPolicy
 
 _log = logging.getLogger(__name__)
 
@@ -94,6 +94,38 @@ class FailResult:
 
 
 @dataclass(frozen=True)
+class Heartbeat:
+    age_s: float  # seconds since the run's last beat, by the database clock
+    host: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class LongRunning:
+    """A lease held far longer than its stage's items usually take."""
+
+    stage: str
+    key: str
+    owner: str
+    token: uuid.UUID
+    held_s: float  # since the item was begun
+    usual_s: float | None  # median of the stage's recent items; None: none finished yet
+
+    def describe(self) -> str:
+        from dataminer_dagster.core.progress import format_seconds
+
+        usual = (
+            f"its stage's items usually take {format_seconds(self.usual_s)}"
+            if self.usual_s is not None
+            else f"no {self.stage} item has finished yet"
+        )
+        return (
+            f"{self.stage} {self.key}: running for {format_seconds(self.held_s)} in run "
+            f"{self.owner}; {usual}"
+        )
+
+
+@dataclass(frozen=True)
 class Reaped:
     stage: str
     key: str
@@ -109,6 +141,9 @@ _CLEAR_LEASE = (
     "lease_owner = NULL, lease_token = NULL, leased_at = NULL, started_at = NULL, requested_at = NULL, "
     "updated_at = now()"
 )
+# Completion keeps `started_at`: with `finished_at` it tells how long the item took (the usual
+# duration of a stage, against which long-running leases are judged). A claim clears it.
+_CLEAR_LEASE_KEEP_START = _CLEAR_LEASE.replace("started_at = NULL, ", "")
 
 
 # Failing an item: back to `failed` with exponential back-off and jitter, or `dead` once it has
@@ -148,7 +183,7 @@ def claim_next_statement(limit: int) -> sa.TextClause:
     return sa.text(f"""
         UPDATE {W} w
            SET status = '{RUNNING}', lease_owner = :owner, lease_token = gen_random_uuid(),
-               leased_at = now(), attempts = w.attempts + 1, updated_at = now()
+               leased_at = now(), started_at = NULL, attempts = w.attempts + 1, updated_at = now()
          WHERE w.id = ANY(ARRAY(
                 SELECT id FROM {W}
                  WHERE stage = :stage AND status IN ('{PENDING}', '{FAILED}') AND next_attempt_at <= now()
@@ -164,7 +199,7 @@ _HELD = f"""WHERE w.id = ANY(CAST(:ids AS bigint[])) AND w.lease_token = ANY(CAS
 
 COMPLETE = sa.text(f"""
     UPDATE {W} w SET status = '{DONE}', outcome = CAST(:outcome AS jsonb), last_error = NULL,
-           finished_at = now(), {_CLEAR_LEASE}
+           finished_at = now(), {_CLEAR_LEASE_KEEP_START}
       {_HELD}
     RETURNING w.id
 """)
@@ -238,20 +273,22 @@ class LeaseStore:
         video_ids: Sequence[str | None] | None = None,
         reset: Sequence[str] = (),
         conn: sa.Connection | None = None,
+        requested: bool = False,
     ) -> int:
         """Create pending items; existing ones whose status is in `reset` become pending again
-        with fresh attempts. Running items are never touched. Returns how many became pending."""
+        with fresh attempts. Running items are never touched. Returns how many became pending.
+        `requested`: a run that will take them is already on its way (see scheduling)."""
         if not keys:
             return 0
         n = len(keys)
         statement = sa.text(f"""
-            INSERT INTO {W} (stage, item_key, project_id, video_id, max_attempts)
-            SELECT :stage, k, p, v, :max_attempts
+            INSERT INTO {W} (stage, item_key, project_id, video_id, max_attempts, requested_at)
+            SELECT :stage, k, p, v, :max_attempts, CASE WHEN :requested THEN now() END
             FROM unnest(CAST(:keys AS text[]), CAST(:projects AS int[]), CAST(:videos AS text[])) AS t(k, p, v)
             ON CONFLICT (stage, item_key) DO UPDATE
                SET status = '{PENDING}', attempts = 0, next_attempt_at = now(), last_error = NULL,
-                   requested_at = NULL, finished_at = NULL, max_attempts = EXCLUDED.max_attempts,
-                   updated_at = now()
+                   requested_at = EXCLUDED.requested_at, finished_at = NULL,
+                   max_attempts = EXCLUDED.max_attempts, updated_at = now()
              WHERE {W}.status = ANY(CAST(:reset AS text[]))
             RETURNING id
         """)
@@ -262,6 +299,7 @@ class LeaseStore:
             "videos": list(video_ids) if video_ids is not None else [None] * n,
             "reset": [s for s in reset if s != RUNNING],
             "max_attempts": self.policy.max_attempts,
+            "requested": requested,
         }
         return len(self._run(statement, params, conn))
 
@@ -329,7 +367,8 @@ class LeaseStore:
         statement = sa.text(f"""
             UPDATE {W} w
                SET status = '{RUNNING}', lease_owner = :owner, lease_token = gen_random_uuid(),
-                   leased_at = now(), updated_at = now(), last_error = NULL, finished_at = NULL,
+                   leased_at = now(), started_at = NULL, updated_at = now(), last_error = NULL,
+                   finished_at = NULL,
                    attempts = CASE WHEN w.status IN ('{DONE}', '{DEAD}', '{BLOCKED}') THEN 1
                                    ELSE w.attempts + 1 END
               FROM (SELECT id FROM {W}
@@ -390,6 +429,17 @@ class LeaseStore:
         """)
         rows = self._run(statement, {"owner": owner, "host": host, "pid": pid})
         return {row.lease_token for row in rows}
+
+    def heartbeats(self, owners: Sequence[str]) -> dict[str, Heartbeat]:
+        """The last heartbeat of each of these runs that ever sent one."""
+        if not owners:
+            return {}
+        statement = sa.text(f"""
+            SELECT run_id, extract(epoch FROM now() - heartbeat_at) AS age, host, pid FROM {H}
+             WHERE run_id = ANY(CAST(:owners AS text[]))
+        """)
+        rows = self._run(statement, {"owners": list(owners)})
+        return {r.run_id: Heartbeat(float(r.age), r.host, r.pid) for r in rows}
 
     def mark_started(self, lease: Lease) -> None:
         """Note that the holder begins the item now (from here on, losing it costs an attempt).
@@ -510,6 +560,45 @@ class LeaseStore:
                     sa.text(f"SELECT DISTINCT lease_owner FROM {W} WHERE status = '{RUNNING}'")
                 ).scalars()
             )
+
+    def long_running(self, policy: LongRunningPolicy) -> list[LongRunning]:
+        """Begun items held longer than `policy.factor` times the median time of their stage's
+        last 200 finished items (at least `policy.min_s`), or than `policy.without_history_s`
+        when none has finished yet."""
+        statement = sa.text(f"""
+            WITH running AS (
+                SELECT stage, item_key, lease_owner, lease_token,
+                       extract(epoch FROM now() - started_at) AS held_s
+                  FROM {W} WHERE status = '{RUNNING}' AND started_at IS NOT NULL),
+            usual AS (
+                SELECT s.stage, (
+                    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d) FROM (
+                        SELECT extract(epoch FROM x.finished_at - x.started_at) AS d FROM {W} x
+                         WHERE x.stage = s.stage AND x.status = '{DONE}'
+                           AND x.started_at IS NOT NULL
+                         ORDER BY x.finished_at DESC LIMIT 200) recent) AS median_s
+                  FROM (SELECT DISTINCT stage FROM running) s)
+            SELECT r.*, u.median_s FROM running r JOIN usual u ON u.stage = r.stage
+             WHERE r.held_s > CASE WHEN u.median_s IS NULL THEN :without
+                                   ELSE greatest(:min_s, :factor * u.median_s) END
+             ORDER BY r.held_s DESC
+        """)
+        params = {
+            "without": policy.without_history_s,
+            "min_s": policy.min_s,
+            "factor": policy.factor,
+        }
+        return [
+            LongRunning(
+                r.stage,
+                r.item_key,
+                r.lease_owner,
+                r.lease_token,
+                float(r.held_s),
+                None if r.median_s is None else float(r.median_s),
+            )
+            for r in self._run(statement, params)
+        ]
 
     def release_run(self, owner: str, reason: str, *, count_attempt: bool) -> int:
         """Release every lease of a run at once (the run failed or was cancelled). With

@@ -1,8 +1,12 @@
-"""Which work items a sensor should ask runs for, and the note that it did.
+"""Which work items a sensor should ask runs for, the note that it did, and which work is coming.
 
 `requested_at` keeps a sensor from asking twice for the same item while the run it requested is
 queued or starting; after `rerequest_after_s` without a claim (the run never started, or was lost)
 the item is asked for again. A duplicate run is harmless: it finds the items claimed and leaves.
+
+Work is *in flight* when its item is running, or claimable and requested. A lane whose input is
+produced by work in flight may be requested ahead (`coming`): its run starts meanwhile and waits
+for that work (resources/ahead.py).
 """
 
 from __future__ import annotations
@@ -12,31 +16,37 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from dataminer_dagster.db.schema import FAILED, PENDING, SCHEMA
+from dataminer_dagster.db.project_flow import ACTIVE, MEMBER_FINISHED_SQL
+from dataminer_dagster.db.schema import DONE, FAILED, PENDING, RUNNING, SCHEMA
+from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 
+S = SCHEMA
 W = f"{SCHEMA}.work_items"
+REREQUEST_AFTER_S = 900.0  # a requested item no run has claimed after this is asked for again
 
 
 @dataclass(frozen=True)
 class Requestable:
     id: int
+    stage: str
     key: str
 
 
 def requestable(
-    engine: sa.Engine, stage: str, limit: int, rerequest_after_s: float
+    engine: sa.Engine, stages: Sequence[str], limit: int, rerequest_after_s: float
 ) -> list[Requestable]:
     statement = sa.text(f"""
-        SELECT id, item_key FROM {W}
-         WHERE stage = :stage AND status IN ('{PENDING}', '{FAILED}') AND next_attempt_at <= now()
+        SELECT id, stage, item_key FROM {W}
+         WHERE stage = ANY(CAST(:stages AS text[])) AND status IN ('{PENDING}', '{FAILED}')
+           AND next_attempt_at <= now()
            AND (requested_at IS NULL OR requested_at < now() - make_interval(secs => :again))
          ORDER BY next_attempt_at, id LIMIT :limit
     """)
     with engine.connect() as c:
         rows = c.execute(
-            statement, {"stage": stage, "limit": limit, "again": rerequest_after_s}
+            statement, {"stages": list(stages), "limit": limit, "again": rerequest_after_s}
         ).all()
-    return [Requestable(r.id, r.item_key) for r in rows]
+    return [Requestable(r.id, r.stage, r.item_key) for r in rows]
 
 
 def mark_requested(engine: sa.Engine, ids: Sequence[int]) -> None:
@@ -50,13 +60,14 @@ def mark_requested(engine: sa.Engine, ids: Sequence[int]) -> None:
             )
 
 
-def clear_requested(engine: sa.Engine, stage: str, first_id: int, last_id: int) -> int:
+def clear_requested(engine: sa.Engine, stages: Sequence[str], first_id: int, last_id: int) -> int:
     """Make the unclaimed items of a failed or cancelled run requestable again at once."""
     with engine.begin() as c:
         return c.execute(
-            sa.text(f"""UPDATE {W} SET requested_at = NULL WHERE stage = :stage AND id BETWEEN :a AND :b
-                          AND status IN ('{PENDING}', '{FAILED}') RETURNING id"""),
-            {"stage": stage, "a": first_id, "b": last_id},
+            sa.text(f"""UPDATE {W} SET requested_at = NULL
+                         WHERE stage = ANY(CAST(:stages AS text[])) AND id BETWEEN :a AND :b
+                           AND status IN ('{PENDING}', '{FAILED}') RETURNING id"""),
+            {"stages": list(stages), "a": first_id, "b": last_id},
         ).rowcount
 
 
@@ -68,3 +79,77 @@ def next_due(engine: sa.Engine) -> float | None:
                          WHERE status IN ('{PENDING}', '{FAILED}')""")
         ).scalar()
     return None if seconds is None else float(seconds)
+
+
+# --- work coming from runs in flight --------------------------------------------------------------
+
+
+def _in_flight(alias: str) -> str:
+    """The item `alias` is running, or claimable and requested (recently, or in this very plan)."""
+    return f"""({alias}.status = '{RUNNING}'
+                OR ({alias}.status IN ('{PENDING}', '{FAILED}') AND {alias}.next_attempt_at <= now()
+                    AND ({alias}.requested_at > now() - make_interval(secs => :again)
+                         OR {alias}.id = ANY(CAST(:planned AS bigint[])))))"""
+
+
+# A project video is coming to the filter when it has no filter item yet and its download or
+# extraction is in flight.
+_FILTER_COMING = f"""
+    SELECT p.name || '.' || pv.video_id AS key, pv.id AS position
+      FROM {S}.project_videos pv JOIN {S}.projects p ON p.id = pv.project_id
+     WHERE NOT EXISTS (SELECT 1 FROM {W} fi WHERE fi.stage = '{FILTER}'
+                          AND fi.item_key = p.name || '.' || pv.video_id)
+       AND EXISTS (SELECT 1 FROM {W} x WHERE x.stage IN ('{DOWNLOAD}', '{FRAMES}')
+                      AND x.item_key = pv.video_id AND {_in_flight("x")})
+"""
+
+# A project is coming to its project stages when its catalog is done, it is still active, and
+# every member that is not finished has work in flight (none waits for a retry or for a request).
+_PROJECT_COMING = f"""
+    SELECT p.name AS key, p.id AS position
+      FROM {S}.projects p
+      JOIN {W} c ON c.stage = '{CATALOG}' AND c.item_key = p.name AND c.status = '{DONE}'
+     WHERE p.stage = '{ACTIVE}'
+       AND EXISTS (
+            SELECT 1 FROM {S}.project_videos pv
+              LEFT JOIN {W} fi ON fi.stage = '{FILTER}' AND fi.item_key = p.name || '.' || pv.video_id
+              LEFT JOIN {W} d ON d.stage = '{DOWNLOAD}' AND d.item_key = pv.video_id
+              LEFT JOIN {W} f ON f.stage = '{FRAMES}' AND f.item_key = pv.video_id
+             WHERE pv.project_id = p.id AND NOT {MEMBER_FINISHED_SQL})
+       AND NOT EXISTS (
+            SELECT 1 FROM {S}.project_videos pv
+              LEFT JOIN {W} fi ON fi.stage = '{FILTER}' AND fi.item_key = p.name || '.' || pv.video_id
+              LEFT JOIN {W} d ON d.stage = '{DOWNLOAD}' AND d.item_key = pv.video_id
+              LEFT JOIN {W} f ON f.stage = '{FRAMES}' AND f.item_key = pv.video_id
+             WHERE pv.project_id = p.id AND NOT {MEMBER_FINISHED_SQL}
+               AND NOT coalesce({_in_flight("fi")} OR {_in_flight("d")} OR {_in_flight("f")}, false))
+"""
+
+# By the first stage of a lane that may be requested ahead.
+_COMING = {FILTER: _FILTER_COMING, DEDUP: _PROJECT_COMING}
+
+
+def coming(
+    engine: sa.Engine,
+    first_stage: str,
+    *,
+    rerequest_after_s: float = REREQUEST_AFTER_S,
+    keys: Sequence[str] | None = None,
+    planned_ids: Sequence[int] = (),
+    limit: int | None = None,
+) -> list[str]:
+    """Keys of `first_stage` whose item does not exist or cannot be claimed yet but will be,
+    once work in flight finishes (items `planned_ids` count as requested), in queue order."""
+    statement = sa.text(f"""
+        SELECT key FROM ({_COMING[first_stage]}) q
+         WHERE CAST(:keys AS text[]) IS NULL OR key = ANY(CAST(:keys AS text[]))
+         ORDER BY position LIMIT :limit
+    """)
+    params = {
+        "again": rerequest_after_s,
+        "planned": list(planned_ids),
+        "keys": list(keys) if keys is not None else None,
+        "limit": limit,
+    }
+    with engine.connect() as c:
+        return list(c.execute(statement, params).scalars())

@@ -138,7 +138,8 @@ work_items = sa.Table(
     sa.Column("lease_owner", sa.Text),  # Dagster run id
     sa.Column("lease_token", UUID(as_uuid=True)),
     sa.Column("leased_at", sa.DateTime(timezone=True)),
-    sa.Column("started_at", sa.DateTime(timezone=True)),  # NULL while claimed but not begun
+    # NULL while claimed but not begun; kept once done (with finished_at: how long it took)
+    sa.Column("started_at", sa.DateTime(timezone=True)),
     sa.Column("requested_at", sa.DateTime(timezone=True)),  # when a sensor last asked for a run
     sa.Column("last_error", sa.Text),
     sa.Column("outcome", JSONB),

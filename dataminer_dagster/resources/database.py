@@ -3,6 +3,8 @@ between setup and teardown) and the catalog of projects and videos."""
 
 from __future__ import annotations
 
+import logging
+
 import dagster as dg
 from pydantic import PrivateAttr
 
@@ -12,12 +14,18 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.run_leases import RunLeases
 from dataminer_dagster.db.server import claims_database_url
 from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.resources.ahead import is_ahead, wait_for_input
 from dataminer_dagster.settings import Settings, load_settings
+
+_log = logging.getLogger(__name__)
 
 
 class DatabaseResource(dg.ConfigurableResource):
     """Claims work for the current run and records results. With no configuration it uses
-    $DATAMINER_DATABASE_URL, or the embedded PostgreSQL under $DATAMINER_HOME."""
+    $DATAMINER_DATABASE_URL, or the embedded PostgreSQL under $DATAMINER_HOME.
+
+    Set up once per run (the in-process executor) it starts the run's heartbeat, and a run the
+    sensors requested ahead of its input waits here for that input (resources/ahead.py)."""
 
     database_url: str | None = None
     data_dir: str | None = None
@@ -36,6 +44,14 @@ class DatabaseResource(dg.ConfigurableResource):
             heartbeat = self.heartbeat_seconds or settings.lease.heartbeat_s
             self._run_leases = RunLeases(self._store, context.run_id, heartbeat_s=heartbeat)
             self._run_leases.start()
+            if is_ahead(context.dagster_run):
+                wait_for_input(
+                    self._store,
+                    context.instance,
+                    context.dagster_run,
+                    max_wait_s=settings.runs.ahead_wait_s,
+                    log=context.log.info if context.log else _log.info,
+                )
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         leases = self._run_leases
@@ -77,7 +93,10 @@ class DatabaseResource(dg.ConfigurableResource):
 
     @property
     def catalog(self) -> Catalog:
-        return Catalog(self.store.engine, self.store, self.paths)
+        return self.catalog_for()
+
+    def catalog_for(self, *, requested_stages: frozenset[str] = frozenset()) -> Catalog:
+        return Catalog(self.store.engine, self.store, self.paths, requested_stages=requested_stages)
 
 
 def _migrated_engine(url: str):

@@ -1,139 +1,166 @@
 """The sensors that replace the monitor worker.
 
-* discovery: new catalog rows become dynamic partitions (<= 25,000 per tick, cursor-chunked), and
-  the partitions of deleted rows go
-* work: claimable items become batched run requests, per stage (the per-video chain, project stages)
-* transitions: projects move through dedup -> detect -> dataset -> complete, or reopen
-* lease reaper: leases of runs that stopped heartbeating or finished come back, counted as attempts
-* run failure / run cancelled: a run's leases are released at once
+* work: one monitor cycle per tick (sensors/planning.py): new catalog rows become dynamic
+  partitions (<= 25,000 per tick, cursor-chunked) and deleted rows' partitions go; projects move
+  through dedup -> detect -> dataset -> complete, or reopen; batched runs are requested per lane for
+  ready work, and ahead for work that runs in flight are producing
+* lease_reaper: runs that died (no heartbeat, or never started) are failed in Dagster with the
+  reason; leases of dead or finished runs come back, counted as attempts; leases held far longer
+  than their stage usually takes are reported
+* release_failed_runs / release_cancelled_runs: a run's leases are released at once
 
 All run by default. They read and write the claim tables only; no network I/O happens here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import dagster as dg
 from dagster._core.storage.dagster_run import FINISHED_STATUSES
 
-from dataminer_dagster.db.project_flow import advance_projects
 from dataminer_dagster.db.scheduling import clear_requested
 from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.sensors.planning import (
     DiscoveryCursor,
+    RunLimits,
     batch_range,
-    plan_discovery,
-    plan_work,
+    plan_cycle,
     record_requests,
 )
+from dataminer_dagster.sensors.run_health import dead_runs, end_dead_runs
+from dataminer_dagster.settings import Settings
+from dataminer_dagster.stages import Lane
+from dataminer_dagster.tags import LANE_TAG, STAGES_TAG
+
+if TYPE_CHECKING:  # the sensors must not import the stage modules (and their libraries)
+    from dataminer_dagster.assets.stage import StageAsset
 
 RUNNING = dg.DefaultSensorStatus.RUNNING
 
 
-def stage_jobs(
-    stage_assets: Mapping[str, dg.AssetsDefinition],
+def lanes_of(stages: Mapping[str, StageAsset], lanes: Sequence[Lane]) -> list[Lane]:
+    """The lanes whose every stage is declared here."""
+    return [lane for lane in lanes if all(stage in stages for stage in lane.stages)]
+
+
+def lane_jobs(
+    stages: Mapping[str, StageAsset], lanes: Sequence[Lane]
 ) -> dict[str, dg.UnresolvedAssetJobDefinition]:
-    """One job per stage (stage assets have different partition sets, so one run holds one)."""
+    """One job per lane: its stages' assets (one multi-asset, one partition set)."""
     return {
-        stage: dg.define_asset_job(
-            f"{asset.key.to_user_string()}_job", selection=[asset], tags={"dataminer/stage": stage}
+        lane.name: dg.define_asset_job(
+            lane.job_name,
+            selection=[stages[stage].key for stage in lane.stages],
+            tags={LANE_TAG: lane.name},
+            description=lane.description,
         )
-        for stage, asset in stage_assets.items()
+        for lane in lanes_of(stages, lanes)
     }
 
 
 def build_sensors(
-    stage_assets: Mapping[str, dg.AssetsDefinition],
+    stages: Mapping[str, StageAsset],
     jobs: Mapping[str, dg.UnresolvedAssetJobDefinition],
+    lanes: Sequence[Lane],
+    settings: Settings,
 ) -> list[dg.SensorDefinition]:
-    """The pipeline's sensors for these stage assets (stage name -> asset) and their jobs."""
-    partitions = {a.partitions_def.name: a.partitions_def for a in stage_assets.values()}
+    """The pipeline's sensors for these stages (work-item stage -> declared asset), lanes and
+    their jobs."""
+    partitions = {s.partitions_def.name: s.partitions_def for s in stages.values()}
+    lanes = lanes_of(stages, lanes)
+    job_names = {name: job.name for name, job in jobs.items()}
+    stage_keys = {stage: s.key for stage, s in stages.items()}
 
-    @dg.sensor(name="discovery", minimum_interval_seconds=10, default_status=RUNNING)
-    def discovery(context: dg.SensorEvaluationContext, db: DatabaseResource):
-        """Adds a dynamic partition for every new project, video and project video; once every
-        row has one, removes those whose row was deleted."""
-        found = plan_discovery(
-            db.store.engine, DiscoveryCursor.parse(context.cursor), instance=context.instance
+    @dg.sensor(
+        name="work",
+        minimum_interval_seconds=settings.sensors.work_interval_s,
+        default_status=RUNNING,
+        jobs=list(jobs.values()),
+    )
+    def work(context: dg.SensorEvaluationContext, db: DatabaseResource):
+        """The monitor's cycle: adds a dynamic partition for every new project, video and project
+        video (and removes those of deleted rows), moves projects to dedup, detect, dataset and
+        complete, and requests batched runs for ready work, lane by lane, plus runs that start
+        ahead of work still in flight."""
+        cycle = plan_cycle(
+            context.instance,
+            db.store,
+            lanes,
+            DiscoveryCursor.parse(context.cursor),
+            jobs=job_names,
+            stage_keys=stage_keys,
+            limits=RunLimits(db.settings.lease, db.settings.runs),
         )
-        if not found.count and not found.removals:
-            return dg.SkipReason("no new or deleted projects or videos")
-        context.log.info(
-            ", ".join(
-                [f"{len(keys)} new {name}" for name, keys in found.additions.items()]
-                + [f"{len(keys)} deleted {name}" for name, keys in found.removals.items()]
-            )
-        )
+        if not (
+            cycle.discovery.count or cycle.discovery.removals or cycle.transitions or cycle.runs
+        ):
+            return dg.SkipReason("nothing new, no project can move, no work to request")
+        record_requests(db.store.engine, cycle.runs)
+        context.log.info(cycle.summary())
         return dg.SensorResult(
-            dynamic_partitions_requests=[
-                partitions[name].build_add_request(keys) for name, keys in found.additions.items()
-            ]
-            + [
-                partitions[name].build_delete_request(keys) for name, keys in found.removals.items()
-            ],
-            cursor=found.cursor.dump(),
+            run_requests=[p.request for p in cycle.runs],
+            dynamic_partitions_requests=cycle.discovery.requests(partitions),
+            cursor=cycle.discovery.cursor.dump(),
         )
 
     @dg.sensor(
-        name="work", minimum_interval_seconds=10, default_status=RUNNING, jobs=list(jobs.values())
+        name="lease_reaper",
+        minimum_interval_seconds=settings.sensors.reaper_interval_s,
+        default_status=RUNNING,
     )
-    def work(context: dg.SensorEvaluationContext, db: DatabaseResource):
-        """Requests batched runs for claimable work items of every stage."""
-        planned = plan_work(
-            context.instance,
-            db.store.engine,
-            stage_assets,
-            jobs={s: j.name for s, j in jobs.items()},
-        )
-        if not planned:
-            return dg.SkipReason("no claimable work, or every stage has its share of runs")
-        record_requests(db.store.engine, planned)
-        summary: dict[str, int] = {}
-        for p in planned:
-            summary[p.stage] = summary.get(p.stage, 0) + len(p.item_ids)
-        context.log.info("requested " + ", ".join(f"{s}: {n} items" for s, n in summary.items()))
-        return dg.SensorResult(run_requests=[p.request for p in planned])
-
-    @dg.sensor(name="project_transitions", minimum_interval_seconds=15, default_status=RUNNING)
-    def project_transitions(context: dg.SensorEvaluationContext, db: DatabaseResource):
-        """Moves projects to dedup, detect, dataset and complete; reopens them for new videos."""
-        moved = advance_projects(db.store)
-        for t in moved:
-            context.log.info(f"project {t.project}: {t.old} -> {t.new} ({t.reason})")
-        return dg.SkipReason(
-            f"{len(moved)} project transitions" if moved else "no project can move"
-        )
-
-    @dg.sensor(name="lease_reaper", minimum_interval_seconds=30, default_status=RUNNING)
     def lease_reaper(context: dg.SensorEvaluationContext, db: DatabaseResource):
-        """Takes back leases of runs that stopped heartbeating or that Dagster reports finished."""
-        store = db.store
+        """Fails in Dagster the runs that died (no heartbeat; started or queued far too long), takes
+        back the leases of runs that stopped heartbeating or finished, and warns once about each
+        lease held far longer than its stage usually takes."""
+        store, limits = db.store, db.settings
+        dead = dead_runs(context.instance, store, lease=limits.lease, runs=limits.runs)
+        end_dead_runs(context.instance, dead)
+        for d in dead:
+            what = "cancelled" if d.cancel else "failed"
+            context.log.warning(f"run {d.run_id} ({_lane(d.run)}) {what}: {d.reason}")
+
         owners = store.lease_owners()
-        finished = (
-            [
-                r.dagster_run.run_id
-                for r in context.instance.get_run_records(
+        finished = [
+            r.dagster_run.run_id
+            for r in (
+                context.instance.get_run_records(
                     dg.RunsFilter(run_ids=owners, statuses=FINISHED_STATUSES)
                 )
-            ]
-            if owners
-            else []
-        )
-        reaped = store.reap(db.settings.lease.stale_after_s, finished)
+                if owners
+                else []
+            )
+        ]
+        reaped = store.reap(limits.lease.stale_after_s, finished)
         for r in reaped:
             context.log.warning(
                 f"{r.stage} {r.key}: lease of run {r.owner} taken back; now {r.status}"
             )
-        return dg.SkipReason(
-            f"reaped {len(reaped)} leases" if reaped else "every lease belongs to a live run"
-        )
+
+        warned = set(json.loads(context.cursor)) if context.cursor else set()
+        long_running = store.long_running(limits.long_running)
+        for held in long_running:
+            if str(held.token) not in warned:
+                context.log.warning(held.describe())
+        context.update_cursor(json.dumps(sorted(str(h.token) for h in long_running)))
+
+        done = []
+        if dead:
+            done.append(f"ended {len(dead)} dead runs")
+        if reaped:
+            done.append(f"reaped {len(reaped)} leases")
+        if long_running:
+            done.append(f"{len(long_running)} long-running leases")
+        return dg.SkipReason("; ".join(done) or "every lease belongs to a live run")
 
     @dg.run_failure_sensor(
         name="release_failed_runs", default_status=RUNNING, monitor_all_code_locations=True
     )
     def release_failed_runs(context: dg.RunFailureSensorContext, db: DatabaseResource):
-        """A failed run's leases are released at once (the attempt counts)."""
+        """A failed run's leases are released at once (the attempt counts), and the items it was
+        requested for can be requested again."""
         _release(context, db, "failed", count_attempt=True)
 
     @dg.run_status_sensor(
@@ -143,17 +170,15 @@ def build_sensors(
         monitor_all_code_locations=True,
     )
     def release_cancelled_runs(context: dg.RunStatusSensorContext, db: DatabaseResource):
-        """A cancelled run's leases are released at once (the attempt does not count)."""
+        """A cancelled run's leases are released at once (the attempt does not count), and the
+        items it was requested for can be requested again."""
         _release(context, db, "was cancelled", count_attempt=False)
 
-    return [
-        discovery,
-        work,
-        project_transitions,
-        lease_reaper,
-        release_failed_runs,
-        release_cancelled_runs,
-    ]
+    return [work, lease_reaper, release_failed_runs, release_cancelled_runs]
+
+
+def _lane(run: dg.DagsterRun) -> str:
+    return run.tags.get(LANE_TAG) or run.job_name
 
 
 def _release(context, db: DatabaseResource, what: str, *, count_attempt: bool) -> None:
@@ -161,8 +186,8 @@ def _release(context, db: DatabaseResource, what: str, *, count_attempt: bool) -
     released = db.store.release_run(
         run.run_id, f"run {run.run_id} {what}", count_attempt=count_attempt
     )
-    stage, batch = run.tags.get("dataminer/stage"), batch_range(run.tags)
-    cleared = clear_requested(db.store.engine, stage, *batch) if stage and batch else 0
+    stages, batch = run.tags.get(STAGES_TAG), batch_range(run.tags)
+    cleared = clear_requested(db.store.engine, stages.split(","), *batch) if stages and batch else 0
     if released or cleared:
         context.log.info(
             f"run {run.run_id} {what}: released {released} leases, {cleared} items can be requested again"

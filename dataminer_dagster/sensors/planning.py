@@ -1,51 +1,47 @@
 """What the sensors decide, as plain functions of the claim tables and the Dagster instance, so that
-`dataminer run` can drive a project with exactly the same decisions in one foreground process."""
+`dataminer run` can drive a project with exactly the same decisions in one foreground process.
+
+One monitor cycle (`plan_cycle`) is what the `work` sensor does on every tick: new catalog rows
+become partitions (and deleted rows' partitions go), projects move between their stages, and runs
+are requested for the work that is ready, lane by lane, plus runs requested *ahead* for work that
+runs in flight are producing, so that the next lane's process starts while they finish.
+"""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import dagster as dg
 import sqlalchemy as sa
-from dagster._core.storage.dagster_run import NOT_FINISHED_STATUSES
 
-from dataminer_dagster.assets.stage import REQUESTED_BY_TAG, STAGE_TAG
-from dataminer_dagster.db.scheduling import mark_requested, requestable
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.project_flow import Transition, advance_projects
+from dataminer_dagster.db.scheduling import (
+    REREQUEST_AFTER_S,
+    coming,
+    mark_requested,
+    requestable,
+)
 from dataminer_dagster.db.schema import SCHEMA
-from dataminer_dagster.stages import (
-    BACKUP,
-    CATALOG,
-    DATASET,
-    DEDUP,
-    DETECT,
-    DOWNLOAD,
-    FILTER,
-    FRAMES,
+from dataminer_dagster.sensors.run_health import judge, unfinished_runs
+from dataminer_dagster.settings import LeasePolicy, RunPolicy
+from dataminer_dagster.stages import Lane
+from dataminer_dagster.tags import (
+    AHEAD_TAG,
+    BATCH_TAG,
+    ITEMS_TAG,
+    LANE_TAG,
+    PRIORITY_TAG,
+    RANGE_END,
+    RANGE_START,
+    REQUESTED_BY_TAG,
+    STAGES_TAG,
 )
 
-BATCH_TAG = "dataminer/batch"  # "<first work item id>-<last work item id>" of the run's request
 MAX_PARTITION_ADDS_PER_TICK = 25_000
-RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
-
-
-@dataclass(frozen=True)
-class StagePolicy:
-    batch: int  # partitions per run: start-up and model loading are paid once per batch
-    max_runs: int  # runs of this stage queued or running at once
-
-
-POLICIES: dict[str, StagePolicy] = {
-    CATALOG: StagePolicy(batch=1, max_runs=2),
-    DOWNLOAD: StagePolicy(batch=25, max_runs=3),
-    FRAMES: StagePolicy(batch=50, max_runs=2),
-    FILTER: StagePolicy(batch=200, max_runs=1),
-    DEDUP: StagePolicy(batch=1, max_runs=1),
-    DETECT: StagePolicy(batch=1, max_runs=1),
-    DATASET: StagePolicy(batch=1, max_runs=2),
-    BACKUP: StagePolicy(batch=50, max_runs=1),
-}
 
 
 # --- discovery --------------------------------------------------------------------------------
@@ -74,6 +70,21 @@ class Discovery:
     @property
     def count(self) -> int:
         return sum(len(keys) for keys in self.additions.values())
+
+    def requests(
+        self, partitions: Mapping[str, dg.DynamicPartitionsDefinition]
+    ) -> list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest]:
+        return [
+            partitions[name].build_add_request(keys) for name, keys in self.additions.items()
+        ] + [partitions[name].build_delete_request(keys) for name, keys in self.removals.items()]
+
+    def apply(self, instance: dg.DagsterInstance) -> None:
+        """What the daemon does with `requests()`, for callers that drive runs themselves."""
+        for name, keys in self.additions.items():
+            instance.add_dynamic_partitions(name, keys)
+        for name, keys in self.removals.items():
+            for key in keys:
+                instance.delete_dynamic_partition(name, key)
 
 
 # The catalog rows behind each partition set: (partitions name, cursor field, key query).
@@ -134,68 +145,180 @@ def _partitions_of_deleted_rows(
     return gone
 
 
-# --- work -------------------------------------------------------------------------------------
+# --- runs ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class PlannedRun:
-    stage: str
+    lane: str
+    stages: tuple[str, ...]  # the lane's stages this run executes
     request: dg.RunRequest
-    item_ids: list[int]
+    item_ids: list[int]  # the ready items it was requested for (none when ahead)
+    keys: list[str]
+
+    @property
+    def ahead(self) -> bool:
+        return self.request.tags.get(AHEAD_TAG) == "true"
 
 
-def runs_in_flight(instance: dg.DagsterInstance, stage: str) -> int:
-    return instance.get_runs_count(
-        dg.RunsFilter(tags={STAGE_TAG: stage}, statuses=list(NOT_FINISHED_STATUSES))
-    )
+@dataclass(frozen=True)
+class RunLimits:
+    """How runs in flight are judged: a dead run (see run_health) does not count."""
+
+    lease: LeasePolicy
+    runs: RunPolicy
 
 
-def plan_work(
+@dataclass
+class _PartitionOrders:
+    """Dagster's order of each partition set, as it will be once this cycle's discovery is
+    applied: the keys being added last, those being removed gone."""
+
+    instance: dg.DagsterInstance
+    discovery: Discovery
+    _orders: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> dict[str, int]:
+        if name not in self._orders:
+            keys = self.instance.get_dynamic_partitions(name)
+            existing = set(keys)
+            keys += [k for k in self.discovery.additions.get(name, ()) if k not in existing]
+            removed = set(self.discovery.removals.get(name, ()))
+            self._orders[name] = {k: i for i, k in enumerate(keys) if k not in removed}
+        return self._orders[name]
+
+
+def _covered(record: dg.RunRecord, order: Mapping[str, int]) -> range:
+    """Positions (in `order`) of the partitions a run's range covers."""
+    tags = record.dagster_run.tags
+    start, end = order.get(tags.get(RANGE_START, "")), order.get(tags.get(RANGE_END, ""))
+    return range(0) if start is None or end is None else range(start, end + 1)
+
+
+def plan_runs(
     instance: dg.DagsterInstance,
-    engine: sa.Engine,
-    stage_assets: Mapping[str, dg.AssetsDefinition],
+    store: LeaseStore,
+    lanes: Sequence[Lane],
     *,
-    rerequest_after_s: float = 900.0,
-    count_in_flight: bool = True,
-    policies: Mapping[str, StagePolicy] = POLICIES,
     jobs: Mapping[str, str] | None = None,
+    stage_keys: Mapping[str, dg.AssetKey] | None = None,
+    limits: RunLimits | None = None,
+    ahead: bool = True,
+    rerequest_after_s: float = REREQUEST_AFTER_S,
+    discovery: Discovery | None = None,
 ) -> list[PlannedRun]:
-    """Runs to request for claimable work: batches of partitions per stage, each a tight range in
-    Dagster's partition order, without exceeding the stage's share of concurrent runs."""
+    """Runs to request, lane by lane: batches of ready partitions, each a tight range in Dagster's
+    partition order, then (with `ahead`) batches of partitions that work in flight is producing.
+
+    With `limits`, runs in flight count against their lane's share (`max_runs`) unless they are
+    dead, and no partition that a live run of the lane covers is requested again. Without them
+    (`dataminer run`, which executes every request before it plans again) nothing is in flight.
+    `jobs` maps lanes to job names; with `stage_keys` (stage -> asset key) a run that starts
+    past its lane's first stage selects only the stages it runs."""
+    engine = store.engine
+    orders = _PartitionOrders(instance, discovery or Discovery())
+    in_flight = _live_runs_by_lane(instance, store, limits) if limits else {}
     planned: list[PlannedRun] = []
-    orders: dict[str, dict[str, int]] = {}
-    for stage, asset in stage_assets.items():
-        policy = policies[stage]
-        slots = policy.max_runs - (runs_in_flight(instance, stage) if count_in_flight else 0)
+    for lane in lanes:
+        order = orders[lane.partitions]
+        live = in_flight.get(lane.name, [])
+        slots = lane.policy.max_runs - len(live)
         if slots <= 0:
             continue
-        items = requestable(engine, stage, slots * policy.batch, rerequest_after_s)
-        if not items:
-            continue
-        partitions_name = asset.partitions_def.name
-        if partitions_name not in orders:
-            orders[partitions_name] = {
-                k: i for i, k in enumerate(instance.get_dynamic_partitions(partitions_name))
-            }
-        order = orders[partitions_name]
-        known = sorted((i for i in items if i.key in order), key=lambda i: order[i.key])
-        for start in range(0, len(known), policy.batch):
-            chunk = known[start : start + policy.batch]
-            ids = sorted(i.id for i in chunk)
-            tags = {
-                RANGE_START: chunk[0].key,
-                RANGE_END: chunk[-1].key,
-                STAGE_TAG: stage,
-                REQUESTED_BY_TAG: "sensor",
-                BATCH_TAG: f"{ids[0]}-{ids[-1]}",
-            }
-            request = (
-                dg.RunRequest(job_name=jobs[stage], tags=tags)
-                if jobs
-                else dg.RunRequest(asset_selection=[asset.key], tags=tags)
+        covered = {position for record in live for position in _covered(record, order)}
+        ready = _ready_batches(engine, lane, order, covered, slots, rerequest_after_s)
+        for keys, items in ready:
+            first = min(lane.stages.index(i.stage) for i in items)
+            planned.append(
+                _planned(
+                    lane, lane.stages[first:], keys, [i.id for i in items], jobs, stage_keys, False
+                )
             )
-            planned.append(PlannedRun(stage, request, [i.id for i in chunk]))
+        slots -= len(ready)
+        if not (ahead and lane.ahead and slots > 0):
+            continue
+        taken = covered | {order[k] for keys, _ in ready for k in keys}
+        keys = coming(
+            engine,
+            lane.stages[0],
+            rerequest_after_s=rerequest_after_s,
+            planned_ids=[i for p in planned for i in p.item_ids],
+            limit=slots * lane.policy.batch,
+        )
+        known = sorted((k for k in keys if k in order and order[k] not in taken), key=order.get)
+        for start in range(0, len(known), lane.policy.batch):
+            chunk = known[start : start + lane.policy.batch]
+            planned.append(_planned(lane, lane.stages, chunk, [], jobs, stage_keys, True))
     return planned
+
+
+def _ready_batches(
+    engine: sa.Engine,
+    lane: Lane,
+    order: Mapping[str, int],
+    covered: set[int],
+    slots: int,
+    rerequest_after_s: float,
+) -> list[tuple[list[str], list]]:
+    """Up to `slots` batches of ready keys (each with its items), in partition order."""
+    items = requestable(engine, lane.stages, slots * lane.policy.batch, rerequest_after_s)
+    by_key: dict[str, list] = {}
+    for item in items:
+        if item.key in order and order[item.key] not in covered:
+            by_key.setdefault(item.key, []).append(item)
+    keys = sorted(by_key, key=order.get)
+    batch = lane.policy.batch
+    return [
+        (chunk, [i for k in chunk for i in by_key[k]])
+        for chunk in (keys[s : s + batch] for s in range(0, len(keys), batch))
+    ][:slots]
+
+
+def _planned(
+    lane: Lane,
+    stages: tuple[str, ...],
+    keys: list[str],
+    item_ids: list[int],
+    jobs: Mapping[str, str] | None,
+    stage_keys: Mapping[str, dg.AssetKey] | None,
+    ahead: bool,
+) -> PlannedRun:
+    tags = {
+        RANGE_START: keys[0],
+        RANGE_END: keys[-1],
+        LANE_TAG: lane.name,
+        STAGES_TAG: ",".join(stages),
+        ITEMS_TAG: str(len(item_ids) if item_ids else len(keys)),
+        REQUESTED_BY_TAG: "sensor",
+    }
+    if item_ids:
+        tags[BATCH_TAG] = f"{min(item_ids)}-{max(item_ids)}"
+    if ahead:
+        # Behind every run that is ready to work, in the queue: it would only wait.
+        tags.update({AHEAD_TAG: "true", PRIORITY_TAG: "-1"})
+    subset = stage_keys is not None and stages != lane.stages
+    request = dg.RunRequest(
+        job_name=jobs[lane.name] if jobs else None,
+        tags=tags,
+        asset_selection=[stage_keys[s] for s in stages] if subset else None,
+    )
+    return PlannedRun(lane.name, stages, request, item_ids, keys)
+
+
+def _live_runs_by_lane(
+    instance: dg.DagsterInstance, store: LeaseStore, limits: RunLimits
+) -> dict[str, list[dg.RunRecord]]:
+    records = [r for r in unfinished_runs(instance) if LANE_TAG in r.dagster_run.tags]
+    heartbeats = store.heartbeats([r.dagster_run.run_id for r in records])
+    dead = {
+        d.run_id
+        for d in judge(records, heartbeats, lease=limits.lease, runs=limits.runs, now=time.time())
+    }
+    live: dict[str, list[dg.RunRecord]] = {}
+    for record in records:
+        if record.dagster_run.run_id not in dead:
+            live.setdefault(record.dagster_run.tags[LANE_TAG], []).append(record)
+    return live
 
 
 def record_requests(engine: sa.Engine, planned: Sequence[PlannedRun]) -> None:
@@ -208,3 +331,38 @@ def batch_range(tags: Mapping[str, str]) -> tuple[int, int] | None:
         return None
     first, last = raw.split("-")
     return int(first), int(last)
+
+
+# --- the whole cycle ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cycle:
+    discovery: Discovery
+    transitions: list[Transition]
+    runs: list[PlannedRun]
+
+    def summary(self) -> str:
+        parts = [f"{len(keys)} new {name}" for name, keys in self.discovery.additions.items()]
+        parts += [f"{len(keys)} deleted {name}" for name, keys in self.discovery.removals.items()]
+        parts += [f"project {t.project}: {t.old} -> {t.new} ({t.reason})" for t in self.transitions]
+        for run in self.runs:
+            what = f"{len(run.item_ids)} items" if run.item_ids else f"{len(run.keys)} coming"
+            ahead = " (ahead)" if run.ahead else ""
+            parts.append(f"requested {'+'.join(run.stages)}{ahead}: {what}")
+        return "; ".join(parts)
+
+
+def plan_cycle(
+    instance: dg.DagsterInstance,
+    store: LeaseStore,
+    lanes: Sequence[Lane],
+    cursor: DiscoveryCursor,
+    **plan_options,
+) -> Cycle:
+    """Discovery, project transitions and run requests, in that order, so that a new project gets
+    its catalog run and a project that just finished its videos its dedup run in the same tick."""
+    found = plan_discovery(store.engine, cursor, instance=instance)
+    moved = advance_projects(store)
+    runs = plan_runs(instance, store, lanes, discovery=found, **plan_options)
+    return Cycle(found, moved, runs)

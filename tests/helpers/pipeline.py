@@ -3,19 +3,22 @@ dynamic partitions, and small synthetic media."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
 import dagster as dg
 import sqlalchemy as sa
 
-from dataminer_dagster.assets.stage import REQUESTED_BY_TAG
+from dataminer_dagster.assets.stage import StageAsset
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.downloading import SearchHit
 from dataminer_dagster.driver import DriveResult, drive
 from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.resources.video_sources import YtDlpSources
+from dataminer_dagster.stages import LANE_OF_STAGE, LANES, Lane
+from dataminer_dagster.tags import RANGE_END, RANGE_START, REQUESTED_BY_TAG
 
 
 class CannedSearchSources(YtDlpSources):
@@ -42,15 +45,26 @@ def resources(database_url: str, data_dir: Path, **extra) -> dict:
     }
 
 
-def pipeline_definitions(resources: dict) -> dg.Definitions:
-    """The product's stage assets and their jobs, on test resources (what `drive` executes)."""
-    from dataminer_dagster.assets import STAGE_ASSETS
-    from dataminer_dagster.sensors.pipeline_sensors import stage_jobs
+def pipeline_definitions(resources: dict, lanes: Sequence[Lane] = LANES) -> dg.Definitions:
+    """The product's lane assets and the jobs of `lanes`, on test resources (what `drive`
+    executes), with the product's executor."""
+    from dataminer_dagster.assets import LANE_ASSETS, STAGES
+    from dataminer_dagster.sensors.pipeline_sensors import lane_jobs
 
     return dg.Definitions(
-        assets=list(STAGE_ASSETS.values()),
-        jobs=list(stage_jobs(STAGE_ASSETS).values()),
+        assets=list(LANE_ASSETS.values()),
+        jobs=list(lane_jobs(STAGES, lanes).values()),
         resources=resources,
+        executor=dg.in_process_executor,
+    )
+
+
+def one_stage_lanes() -> tuple[Lane, ...]:
+    """Every stage in a lane of its own: runs stop between stages (to crash a stage on its own)."""
+    return tuple(
+        dataclasses.replace(lane, name=stage, stages=(stage,), ahead=False)
+        for lane in LANES
+        for stage in lane.stages
     )
 
 
@@ -75,36 +89,36 @@ def drive_quietly(
 
 
 def materialize_partitions(
-    assets: Sequence[dg.AssetsDefinition],
+    stages: Sequence[StageAsset],
     keys: Sequence[str],
     *,
     instance: dg.DagsterInstance,
     resources: dict,
     partitions: dg.DynamicPartitionsDefinition,
-    selection: Sequence[dg.AssetsDefinition] | None = None,
     by_sensor: bool = False,
     raise_on_error: bool = True,
-    run_config: dict | None = None,
+    redo: bool = False,
 ) -> dg.ExecuteInProcessResult:
-    """Materialize `keys` (added to the instance if new) in one run, as the sensors do."""
+    """Materialize `keys` (added to the instance if new) of these stages in one run, as the
+    sensors do: their lanes' assets, with only these stages selected."""
+    from dataminer_dagster.assets import LANE_ASSETS
+
+    lanes = sorted({LANE_OF_STAGE[s.stage].name for s in stages})
     existing = set(instance.get_dynamic_partitions(partitions.name))
     instance.add_dynamic_partitions(partitions.name, [k for k in keys if k not in existing])
     order = instance.get_dynamic_partitions(partitions.name)
     wanted = sorted(keys, key=order.index)
-    tags = {
-        "dagster/asset_partition_range_start": wanted[0],
-        "dagster/asset_partition_range_end": wanted[-1],
-    }
+    tags = {RANGE_START: wanted[0], RANGE_END: wanted[-1]}
     if by_sensor:
         tags[REQUESTED_BY_TAG] = "sensor"
     return dg.materialize(
-        assets,
+        [LANE_ASSETS[lane] for lane in lanes],
         instance=instance,
         resources=resources,
         tags=tags,
-        selection=selection,
+        selection=[s.key for s in stages],
         raise_on_error=raise_on_error,
-        run_config=run_config,
+        run_config={"ops": {f"{lane}_lane": {"config": {"redo": redo}} for lane in lanes}},
     )
 
 

@@ -31,11 +31,11 @@ from pathlib import Path
 import dagster as dg
 from pydantic import PrivateAttr
 
-from dataminer_dagster.assets.stage import REQUESTED_BY_TAG, STAGE_TAG
 from dataminer_dagster.db.leases import Lease
 from dataminer_dagster.db.run_leases import RunLeases
 from dataminer_dagster.resources.database import DatabaseResource
-from dataminer_dagster.sensors.planning import RANGE_END, RANGE_START
+from dataminer_dagster.stages import LANE_OF_STAGE
+from dataminer_dagster.tags import LANE_TAG, RANGE_END, RANGE_START, REQUESTED_BY_TAG, STAGES_TAG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PHASES = ("claimed", "processed", "publishing")
@@ -229,15 +229,15 @@ def finish(process: subprocess.Popen, spec: StageRun, timeout_s: float = 180) ->
 
 
 def run_stage_job(spec: StageRun) -> None:
-    from dataminer_dagster.assets import STAGE_ASSETS
-    from dataminer_dagster.sensors.pipeline_sensors import stage_jobs
+    from dataminer_dagster.assets import LANE_ASSETS, STAGES
     from tests.helpers.pipeline import CannedSearchSources
 
-    asset = STAGE_ASSETS[spec.stage]
-    jobs = stage_jobs(STAGE_ASSETS)
+    asset = STAGES[spec.stage]
+    job = dg.define_asset_job(f"{spec.stage}_only", selection=[asset.key])
     defs = dg.Definitions(
-        assets=list(STAGE_ASSETS.values()),
-        jobs=list(jobs.values()),
+        assets=list(LANE_ASSETS.values()),
+        jobs=[job],
+        executor=dg.in_process_executor,
         resources={
             "db": HookedDatabase(
                 database_url=spec.database_url,
@@ -251,11 +251,12 @@ def run_stage_job(spec: StageRun) -> None:
     with dg.instance_for_test(temp_dir=spec.instance_dir) as instance:
         tags = {
             **range_tags(instance, asset.partitions_def.name, spec.keys),
-            STAGE_TAG: spec.stage,
+            LANE_TAG: LANE_OF_STAGE[spec.stage].name,
+            STAGES_TAG: spec.stage,
         }
         if spec.by_sensor:
             tags[REQUESTED_BY_TAG] = "sensor"
-        result = defs.resolve_job_def(jobs[spec.stage].name).execute_in_process(
+        result = defs.resolve_job_def(job.name).execute_in_process(
             instance=instance, tags=tags, raise_on_error=False
         )
         materialized = sorted(

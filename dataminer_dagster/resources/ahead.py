@@ -1,0 +1,91 @@
+"""A run requested ahead of its input waits for it, before its steps start.
+
+The work sensor requests the filter lane while its videos are still downloading or extracting, and
+a project's dedup/detect/dataset lane while its last videos are still being filtered (db/
+scheduling.py, `coming`), so that the run's process start and its imports overlap that work. Such a
+run (tag `dataminer/ahead`) waits here, in its database resource's set-up: before any step, so it
+takes no `gpu` pool slot while it waits. It imports its lane's model libraries meanwhile, and stops
+waiting once none of its partitions is still coming (or after `runs.ahead_wait_s`); then it moves
+projects whose members just finished to their next stage, and its steps claim what is ready.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import dagster as dg
+
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.project_flow import advance_projects
+from dataminer_dagster.db.scheduling import coming
+from dataminer_dagster.stages import LANES_BY_NAME, Lane
+from dataminer_dagster.tags import AHEAD_TAG, LANE_TAG, RANGE_END, RANGE_START
+
+POLL_S = 0.25
+
+
+def is_ahead(run: dg.DagsterRun | None) -> bool:
+    return run is not None and run.tags.get(AHEAD_TAG) == "true"
+
+
+def run_keys(instance: dg.DagsterInstance, run: dg.DagsterRun, lane: Lane) -> list[str]:
+    """The partitions of the run's range, in Dagster's order."""
+    order = instance.get_dynamic_partitions(lane.partitions)
+    start, end = run.tags.get(RANGE_START), run.tags.get(RANGE_END)
+    if start not in order or end not in order:
+        return []
+    return order[order.index(start) : order.index(end) + 1]
+
+
+def wait_for_input(
+    store: LeaseStore,
+    instance: dg.DagsterInstance,
+    run: dg.DagsterRun,
+    *,
+    max_wait_s: float,
+    log: Callable[[str], None],
+) -> float:
+    """Wait until none of the run's partitions is still coming; returns the seconds waited."""
+    lane = LANES_BY_NAME[run.tags[LANE_TAG]]
+    keys = run_keys(instance, run, lane)
+    _warm_up(lane.warm_up)
+    started = time.monotonic()
+    waiting = _still_coming(store, lane, keys)
+    if waiting:
+        log(
+            f"requested ahead: waiting for {len(waiting)} of {len(keys)} partitions that runs in "
+            f"flight are still producing (at most {max_wait_s:.0f} s)"
+        )
+    while waiting and time.monotonic() - started < max_wait_s:
+        time.sleep(POLL_S)
+        waiting = _still_coming(store, lane, keys)
+    waited = time.monotonic() - started
+    if waiting:
+        log(f"gave up waiting after {waited:.0f} s; {len(waiting)} partitions are still coming")
+    elif waited >= POLL_S:
+        log(f"input ready after {waited:.1f} s")
+    advance_projects(store)  # a project whose last member just finished moves on now
+    return waited
+
+
+def _still_coming(store: LeaseStore, lane: Lane, keys: Sequence[str]) -> list[str]:
+    if not keys:
+        return []
+    return coming(store.engine, lane.stages[0], keys=keys)
+
+
+def _warm_up(modules: Sequence[str]) -> None:
+    """Import the lane's heavy libraries in the background while the run waits."""
+
+    def load():
+        for name in modules:
+            # An optional library: the stage reports it if it needs it.
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+
+    if modules:
+        threading.Thread(target=load, name="warm-up", daemon=True).start()

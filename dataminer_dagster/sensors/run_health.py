@@ -1,0 +1,137 @@
+"""Which Dagster runs are dead, judged by the claim tables' run heartbeats.
+
+Under the default run launcher (what `dagster dev` uses) Dagster cannot see a killed run worker:
+the run stays STARTED for ever, counts against its lane's share of runs and keeps its `gpu` pool
+slot. Every run that uses the database resource keeps a heartbeat row alive from a thread; this
+module reads those rows beside Dagster's run records and says which runs are dead and why, in words
+a person can read in the UI. The lease reaper fails (or, when they never started, cancels) them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import dagster as dg
+from dagster._core.storage.dagster_run import NOT_FINISHED_STATUSES
+
+from dataminer_dagster.db.leases import Heartbeat, LeaseStore
+from dataminer_dagster.settings import LeasePolicy, RunPolicy
+from dataminer_dagster.tags import LANE_TAG
+
+Status = dg.DagsterRunStatus
+
+
+@dataclass(frozen=True)
+class DeadRun:
+    run: dg.DagsterRun
+    reason: str
+    cancel: bool  # it never ran: cancel it; a run that started is failed
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+
+def unfinished_runs(instance: dg.DagsterInstance) -> list[dg.RunRecord]:
+    return list(instance.get_run_records(dg.RunsFilter(statuses=list(NOT_FINISHED_STATUSES))))
+
+
+def judge(
+    records: Iterable[dg.RunRecord],
+    heartbeats: Mapping[str, Heartbeat],
+    *,
+    lease: LeasePolicy,
+    runs: RunPolicy,
+    now: float,
+) -> list[DeadRun]:
+    """The runs among `records` (unfinished in Dagster) that are dead. A run with a heartbeat row
+    is dead when the row went stale; one without is judged only if the sensors requested it (a
+    person's run of another job may never use our resource): it must have a heartbeat within
+    `start_grace_s` of starting, and the queue must start it within `queued_timeout_s`."""
+    dead = []
+    for record in records:
+        run = record.dagster_run
+        beat = heartbeats.get(run.run_id)
+        requested_here = LANE_TAG in run.tags
+        if beat is not None and run.status in (Status.STARTING, Status.STARTED):
+            if beat.age_s > lease.stale_after_s:
+                dead.append(
+                    DeadRun(
+                        run,
+                        f"no heartbeat for {beat.age_s:.0f} s (run worker pid {beat.pid} on "
+                        f"{beat.host}; a run is failed after {lease.stale_after_s:.0f} s of "
+                        "silence): its process was killed or hangs. Its items go back to the "
+                        "queue.",
+                        cancel=False,
+                    )
+                )
+            continue
+        if not requested_here:
+            continue
+        waited = now - _since(record)
+        if run.status in (Status.STARTING, Status.STARTED) and waited > runs.start_grace_s:
+            dead.append(
+                DeadRun(
+                    run,
+                    f"{run.status.value.lower()} {waited:.0f} s ago and never reported a heartbeat "
+                    f"(allowed: {runs.start_grace_s:.0f} s): its process died before it began its "
+                    "work. Its items go back to the queue.",
+                    cancel=False,
+                )
+            )
+        elif run.status == Status.NOT_STARTED and waited > runs.start_grace_s:
+            dead.append(
+                DeadRun(
+                    run,
+                    f"created {waited:.0f} s ago and never submitted to the run queue (the daemon "
+                    "stopped in between). Its items will be requested again.",
+                    cancel=True,
+                )
+            )
+        elif run.status == Status.QUEUED and waited > runs.queued_timeout_s:
+            dead.append(
+                DeadRun(
+                    run,
+                    f"queued for {waited:.0f} s without starting (allowed: "
+                    f"{runs.queued_timeout_s:.0f} s): is the daemon's run queue running, and are "
+                    "max_concurrent_runs and the pools free? Its items will be requested again.",
+                    cancel=True,
+                )
+            )
+    return dead
+
+
+def _since(record: dg.RunRecord) -> float:
+    """When the run entered its current status, as far as the run record tells."""
+    if record.dagster_run.status == Status.STARTED and record.start_time:
+        return record.start_time
+    return record.update_timestamp.timestamp()
+
+
+def dead_runs(
+    instance: dg.DagsterInstance,
+    store: LeaseStore,
+    *,
+    lease: LeasePolicy,
+    runs: RunPolicy,
+    records: Sequence[dg.RunRecord] | None = None,
+) -> list[DeadRun]:
+    import time
+
+    records = unfinished_runs(instance) if records is None else list(records)
+    if not records:
+        return []
+    heartbeats = store.heartbeats([r.dagster_run.run_id for r in records])
+    return judge(records, heartbeats, lease=lease, runs=runs, now=time.time())
+
+
+def end_dead_runs(instance: dg.DagsterInstance, dead: Iterable[DeadRun]) -> None:
+    """Mark the dead runs failed (or cancelled) in Dagster, with the reason, and free their pool
+    slots at once: their processes are gone, so nothing else ever would."""
+    for d in dead:
+        if d.cancel:
+            instance.report_run_canceled(d.run, message=f"Cancelled by dataminer: {d.reason}")
+        else:
+            instance.report_run_failed(d.run, message=f"Failed by dataminer: {d.reason}")
+        instance.event_log_storage.free_concurrency_slots_for_run(d.run_id)

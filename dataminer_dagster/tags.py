@@ -1,0 +1,18 @@
+"""Every Dagster tag the pipeline writes or reads, in one place."""
+
+# Op tags of the stage assets.
+STAGE_TAG = "dataminer/stage"  # the work-item stage an asset processes
+DEVICE_TAG = "dataminer/device"  # "gpu" on the model stages
+
+# Run tags of the runs the sensors request.
+LANE_TAG = "dataminer/lane"  # the lane (job) of the run
+STAGES_TAG = "dataminer/stages"  # the stages of the lane this run executes, comma-separated
+ITEMS_TAG = "dataminer/items"  # how many work items the run was requested for
+BATCH_TAG = "dataminer/batch"  # "<first work item id>-<last work item id>" of the request
+REQUESTED_BY_TAG = "dataminer/requested_by"  # "sensor": the run respects retry back-off
+AHEAD_TAG = "dataminer/ahead"  # "true": requested before its input was ready; it waits for it
+PRIORITY_TAG = "dagster/priority"  # the run queue starts higher values first
+
+# Dagster's own tags for a run over a range of partitions.
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"

@@ -1,0 +1,105 @@
+"""Which runs are dead: `judge` on run records and heartbeats, case by case (no database)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import dagster as dg
+import pytest
+from dagster._core.remote_origin import (
+    RegisteredCodeLocationOrigin,
+    RemoteJobOrigin,
+    RemoteRepositoryOrigin,
+)
+from dagster._core.storage.dagster_run import DagsterRun, RunRecord
+
+from dataminer_dagster.db.leases import Heartbeat
+from dataminer_dagster.sensors.run_health import judge
+from dataminer_dagster.settings import LeasePolicy, RunPolicy
+from dataminer_dagster.tags import LANE_TAG
+
+NOW = 1_800_000_000.0
+LEASE = LeasePolicy(heartbeat_s=15, stale_after_s=120)
+RUNS = RunPolicy(start_grace_s=180, queued_timeout_s=3600)
+S = dg.DagsterRunStatus
+
+
+def record(status: S, *, since_s: float, ours: bool = True) -> RunRecord:
+    """A run in `status` for `since_s` seconds (requested by our sensors unless not `ours`)."""
+    job = "filter_job" if ours else "someone_elses_job"
+    repository = RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("dataminer"), "__repository__")
+    run = DagsterRun(
+        job_name=job,
+        run_id=str(uuid.uuid4()),
+        status=status,
+        tags={LANE_TAG: "filter"} if ours else {},
+        remote_job_origin=RemoteJobOrigin(repository, job),
+    )
+    moment = datetime.fromtimestamp(NOW - since_s, tz=UTC)
+    started = NOW - since_s if status == S.STARTED else None
+    return RunRecord(
+        storage_id=1,
+        dagster_run=run,
+        create_timestamp=moment,
+        update_timestamp=moment,
+        start_time=started,
+    )
+
+
+def dead(records, heartbeats=None):
+    found = judge(records, heartbeats or {}, lease=LEASE, runs=RUNS, now=NOW)
+    return {d.run_id: d for d in found}
+
+
+@pytest.mark.parametrize("status", [S.STARTED, S.STARTING])
+def test_a_run_whose_heartbeat_went_stale_is_dead(status):
+    stale, fresh = record(status, since_s=900), record(status, since_s=900)
+    found = dead(
+        [stale, fresh],
+        {
+            stale.dagster_run.run_id: Heartbeat(age_s=121, host="gpu-1", pid=4242),
+            fresh.dagster_run.run_id: Heartbeat(age_s=119, host="gpu-1", pid=4243),
+        },
+    )
+    assert set(found) == {stale.dagster_run.run_id}
+    reason = found[stale.dagster_run.run_id]
+    assert not reason.cancel
+    assert "no heartbeat for 121 s" in reason.reason and "pid 4242 on gpu-1" in reason.reason
+
+
+def test_any_run_with_a_stale_heartbeat_is_dead_even_one_a_person_launched():
+    theirs = record(S.STARTED, since_s=900, ours=False)
+    assert set(dead([theirs], {theirs.dagster_run.run_id: Heartbeat(500, "h", 1)})) == {
+        theirs.dagster_run.run_id
+    }
+
+
+@pytest.mark.parametrize("status", [S.STARTED, S.STARTING])
+def test_a_started_run_that_never_sent_a_heartbeat_is_dead_after_the_grace(status):
+    late, early = record(status, since_s=181), record(status, since_s=179)
+    found = dead([late, early])
+    assert set(found) == {late.dagster_run.run_id}
+    assert "never reported a heartbeat" in found[late.dagster_run.run_id].reason
+
+
+def test_runs_of_other_jobs_without_a_heartbeat_are_left_alone():
+    assert dead([record(S.STARTED, since_s=10_000, ours=False)]) == {}
+
+
+def test_a_run_created_but_never_submitted_is_cancelled_after_the_grace():
+    stuck = record(S.NOT_STARTED, since_s=181)
+    [found] = dead([stuck, record(S.NOT_STARTED, since_s=10)]).values()
+    assert found.run_id == stuck.dagster_run.run_id and found.cancel
+
+
+def test_a_run_the_queue_never_started_is_cancelled_after_the_queue_timeout():
+    waited = record(S.QUEUED, since_s=3601)
+    found = dead([waited, record(S.QUEUED, since_s=3599)])
+    assert set(found) == {waited.dagster_run.run_id}
+    assert found[waited.dagster_run.run_id].cancel
+    assert "queued for 3601 s" in found[waited.dagster_run.run_id].reason
+
+
+def test_a_canceling_run_is_left_to_dagster():
+    assert dead([record(S.CANCELING, since_s=10_000)]) == {}
