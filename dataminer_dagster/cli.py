@@ -345,6 +345,7 @@ def _project_status(catalog, project, window: float) -> dict:
     from dataminer_dagster.db.status import frame_counts, recent_failures
     from dataminer_dagster.db.throughput import stage_progress
     from dataminer_dagster.reporting import BOARD_STAGES
+    from dataminer_dagster.settings import load_settings
 
     engine = catalog.engine
     stages = [
@@ -368,6 +369,17 @@ def _project_status(catalog, project, window: float) -> dict:
         }
         for f in recent_failures(engine, project.id)
     ]
+    long_running = [
+        {
+            "stage": held.stage,
+            "item": held.key,
+            "run": held.owner,
+            "running_s": round(held.held_s, 1),
+            "usual_s": None if held.usual_s is None else round(held.usual_s, 1),
+            "message": held.describe(),
+        }
+        for held in catalog.store.long_running(load_settings().long_running, project.id)
+    ]
     return {
         "project": project.name,
         "stage": project.stage,
@@ -378,6 +390,7 @@ def _project_status(catalog, project, window: float) -> dict:
         "stages": stages,
         "frames": frame_counts(engine, project.id),
         "failures": failures,
+        "long_running": long_running,
     }
 
 
@@ -409,6 +422,11 @@ def _print_project_status(data: dict) -> None:
         f"frames: {frames['extracted']} extracted, {frames['passed_filter']} passed the filter, "
         f"{frames['kept_after_dedup']} kept after dedup, {frames['in_dataset']} in the dataset"
     )
+    if data["long_running"]:
+        click.echo("")
+        click.echo("long-running (held far longer than their stage usually takes):")
+        for held in data["long_running"]:
+            click.echo(f"  {held['message']}")
     if data["failures"]:
         click.echo("")
         click.echo("latest failures:")
@@ -992,10 +1010,10 @@ def services() -> None:
 @click.option("--port", default=3000, show_default=True, type=int, help="dagster-webserver port.")
 @click.option(
     "--executor",
-    type=click.Choice(["multiprocess", "celery"]),
+    type=click.Choice(["in_process", "multiprocess", "celery"]),
     default=None,
-    help="Run steps in processes on this machine, or on Celery workers "
-    "[default: $DATAMINER_EXECUTOR, else multiprocess].",
+    help="Run each run's steps in its process, in a process each, or on Celery workers "
+    "[default: $DATAMINER_EXECUTOR, else in_process].",
 )
 @click.option(
     "--workers",
@@ -1081,6 +1099,28 @@ def services_start(timeout):
 
     Exits with status 1 when a program is not RUNNING afterwards (see its log).
     """
+    _run_services(lambda supervisor: supervisor.start(timeout_s=timeout))
+
+
+@services.command("restart")
+@click.option(
+    "--timeout",
+    default=60.0,
+    show_default=True,
+    type=float,
+    help="Seconds to wait for the programs to be up again.",
+)
+def services_restart(timeout):
+    """Stop every program, follow a changed configuration (`services setup`), and start them
+    again (supervisord too, if it is not running); print their states. Runs in flight are
+    stopped with the daemon; their work goes back to the queue and is requested again.
+
+    Exits with status 1 when a program is not RUNNING afterwards (see its log).
+    """
+    _run_services(lambda supervisor: supervisor.restart(timeout_s=timeout))
+
+
+def _run_services(action) -> None:
     import sqlalchemy as sa
 
     from dataminer_dagster import services as svc
@@ -1096,10 +1136,10 @@ def services_start(timeout):
         # before several programs race to do it.
         url = claims_database_url(load_settings())
         try:
-            migrate.upgrade(get_engine(url))
+            migrate.ensure_schema(get_engine(url))
         except sa.exc.OperationalError as exc:
             raise UserError(f"cannot migrate {mask_password(url)}: {exc.orig}") from None
-        states = supervisor.start(timeout_s=timeout)
+        states = action(supervisor)
     except svc.ServicesError as exc:
         raise UserError(str(exc)) from None
     _print_program_states(states)

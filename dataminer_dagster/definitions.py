@@ -22,11 +22,10 @@ from dataminer_dagster.assets import LANE_ASSETS, STAGES
 from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.resources.video_sources import YtDlpSources
 from dataminer_dagster.sensors.pipeline_sensors import build_sensors, lane_jobs
-from dataminer_dagster.settings import load_settings
+from dataminer_dagster.settings import ENV_EXECUTOR, EXECUTORS, load_settings
 from dataminer_dagster.stages import configured_lanes
 from dataminer_dagster.tags import DEVICE_TAG
 
-EXECUTORS = ("in_process", "multiprocess", "celery")
 GPU_LIMIT = [{"key": DEVICE_TAG, "value": "gpu", "limit": 1}]
 
 
@@ -34,7 +33,7 @@ def _executor() -> dg.ExecutorDefinition:
     """DATAMINER_EXECUTOR: in_process (default), multiprocess, or celery for a broker
     (DATAMINER_CELERY_BROKER, default dagster-celery's pyamqp://guest@localhost//) and workers
     per queue."""
-    choice = os.environ.get("DATAMINER_EXECUTOR") or "in_process"
+    choice = os.environ.get(ENV_EXECUTOR) or EXECUTORS[0]
     if choice == "celery":
         from dagster_celery import celery_executor
 

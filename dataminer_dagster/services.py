@@ -23,9 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dataminer_dagster.settings import load_settings
+from dataminer_dagster.settings import ENV_EXECUTOR, EXECUTORS, load_settings
 
-EXECUTORS = ("multiprocess", "celery")
 DEFAULT_QUEUE = "dagster"
 GPU_QUEUE = "gpu"
 # Variables passed from the environment of `setup` to every program (tunables, model caches).
@@ -90,7 +89,7 @@ class ServicesOptions:
     env: Mapping[str, str] = field(default_factory=dict)  # extra variables for every program
     host: str = "127.0.0.1"
     port: int = 3000
-    executor: str = "multiprocess"
+    executor: str = EXECUTORS[0]
     workers: int = 1  # Celery workers on the default `dagster` queue
     gpu_workers: int = 1  # Celery workers on the `gpu` queue, one GPU each
     broker: str = "pyamqp://guest@localhost:5672//"  # dagster-celery's default
@@ -154,7 +153,7 @@ def options_from_environment(
         env=env,
         host=host,
         port=port,
-        executor=executor or os.environ.get("DATAMINER_EXECUTOR") or "multiprocess",
+        executor=executor or os.environ.get(ENV_EXECUTOR) or EXECUTORS[0],
         workers=workers,
         gpu_workers=gpu_workers,
         broker=broker or os.environ.get("DATAMINER_CELERY_BROKER") or _default_broker(),
@@ -462,6 +461,18 @@ class Supervisor:
         if not self.is_running():
             self._launch(timeout_s)
         self._rpc().startAllProcesses(False)
+        return self.wait_settled(timeout_s)
+
+    def restart(self, timeout_s: float = 60.0) -> list[ProgramState]:
+        """Stop every program (each gets its stop timeout), follow the configuration file if it
+        changed, then start them all again; starts supervisord first if it is not running."""
+        self.require_config()
+        if not self.is_running():
+            return self.start(timeout_s)
+        rpc = self._rpc()
+        rpc.stopAllProcesses(True)
+        self.apply_config()
+        rpc.startAllProcesses(False)
         return self.wait_settled(timeout_s)
 
     def _launch(self, timeout_s: float) -> None:

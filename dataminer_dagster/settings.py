@@ -22,6 +22,10 @@ ENV_DAGSTER_DATABASE_URL = "DATAMINER_DAGSTER_DATABASE_URL"
 ENV_DATA_DIR = "DATAMINER_DATA_DIR"
 ENV_SETTINGS = "DATAMINER_SETTINGS"
 SETTINGS_FILE = "settings.yaml"
+ENV_EXECUTOR = "DATAMINER_EXECUTOR"
+# How a run executes its steps: in its own process (the default), a process per step, or on
+# dagster-celery workers (definitions.py).
+EXECUTORS = ("in_process", "multiprocess", "celery")
 
 
 class _Section(BaseModel):

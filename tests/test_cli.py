@@ -357,6 +357,33 @@ def test_status_tables_throughput_eta_and_failures(world):
     assert "is not in the range" in invoke("status", "p1", "--window", "0", code=2).output
 
 
+def test_status_shows_leases_held_far_longer_than_their_stage_usually_takes(world):
+    world.project("p1", ["v0", "v1", "v2"])
+    world.project("p2", ["w0"])
+    for v in ("v0", "v1", "v2", "w0"):
+        world.set(DOWNLOAD, v, RUNNING)
+    with world.engine.begin() as c:  # v0 and v1 took 3 s each; v2 and w0 began 10 minutes ago
+        c.execute(
+            sa.text("""UPDATE dataminer.work_items SET status = 'done', lease_token = NULL,
+                              lease_owner = NULL, finished_at = now(),
+                              started_at = now() - interval '3 seconds'
+                        WHERE item_key IN ('v0', 'v1')""")
+        )
+        c.execute(
+            sa.text("""UPDATE dataminer.work_items SET started_at = now() - interval '10 minutes'
+                        WHERE item_key IN ('v2', 'w0')""")
+        )
+    data = json.loads(invoke("status", "p1", "--json").output)
+    [held] = data["long_running"]
+    assert (held["stage"], held["item"], held["run"]) == (DOWNLOAD, "v2", "run-v2")
+    assert held["running_s"] == pytest.approx(600, abs=5) and held["usual_s"] == 3.0
+    text = invoke("status", "p1").output
+    assert "long-running (held far longer than their stage usually takes):" in text
+    assert "download v2: running for 10m00s in run run-v2; its stage's items usually take 3s" in (
+        text
+    )
+
+
 # --- deleting -----------------------------------------------------------------------------------
 
 

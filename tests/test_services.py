@@ -138,8 +138,9 @@ def test_celery_workers_listen_on_their_queue_with_unique_names(tmp_path):
         assert command[-2:] == ["--", "--concurrency=1"]
 
 
-def test_multiprocess_executor_starts_no_workers_and_workers_only_no_webserver(tmp_path):
-    assert [p.name for p in svc.programs(_options(tmp_path, workers=3))] == [
+@pytest.mark.parametrize("executor", ["in_process", "multiprocess"])
+def test_local_executors_start_no_workers_and_workers_only_no_webserver(tmp_path, executor):
+    assert [p.name for p in svc.programs(_options(tmp_path, executor=executor, workers=3))] == [
         "dagster-webserver",
         "dagster-daemon",
     ]
@@ -150,7 +151,7 @@ def test_multiprocess_executor_starts_no_workers_and_workers_only_no_webserver(t
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"executor": "ray"}, "executor must be one of multiprocess, celery"),
+        ({"executor": "ray"}, "executor must be one of in_process, multiprocess, celery"),
         ({"port": 0}, "port must be between 1 and 65535"),
         ({"workers_only": True}, "--workers-only needs the celery executor"),
     ],

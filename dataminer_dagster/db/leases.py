@@ -173,6 +173,13 @@ def _fail_set(error_sql: str = ":error", *, spare_unstarted: bool = False) -> st
 _UNCOUNTED_STATUS = f"CASE WHEN attempts > 1 THEN '{FAILED}' ELSE '{PENDING}' END"
 
 
+# Items that concern project `:project` (all when it is NULL): its own, and its videos' downloads,
+# extractions and backups.
+_CONCERNS_PROJECT = f"""(CAST(:project AS int) IS NULL OR project_id = :project
+    OR (stage IN ('download', 'frames', 'backup')
+        AND video_id IN (SELECT video_id FROM {SCHEMA}.project_videos WHERE project_id = :project)))"""
+
+
 # The hot statements, also run as they are by bench/claims.py.
 @functools.lru_cache(maxsize=32)
 def claim_next_statement(limit: int) -> sa.TextClause:
@@ -561,15 +568,18 @@ class LeaseStore:
                 ).scalars()
             )
 
-    def long_running(self, policy: LongRunningPolicy) -> list[LongRunning]:
+    def long_running(
+        self, policy: LongRunningPolicy, project_id: int | None = None
+    ) -> list[LongRunning]:
         """Begun items held longer than `policy.factor` times the median time of their stage's
         last 200 finished items (at least `policy.min_s`), or than `policy.without_history_s`
-        when none has finished yet."""
+        when none has finished yet; with `project_id`, those that concern that project."""
         statement = sa.text(f"""
             WITH running AS (
                 SELECT stage, item_key, lease_owner, lease_token,
                        extract(epoch FROM now() - started_at) AS held_s
-                  FROM {W} WHERE status = '{RUNNING}' AND started_at IS NOT NULL),
+                  FROM {W} WHERE status = '{RUNNING}' AND started_at IS NOT NULL
+                   AND {_CONCERNS_PROJECT}),
             usual AS (
                 SELECT s.stage, (
                     SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d) FROM (
@@ -587,6 +597,7 @@ class LeaseStore:
             "without": policy.without_history_s,
             "min_s": policy.min_s,
             "factor": policy.factor,
+            "project": project_id,
         }
         return [
             LongRunning(
@@ -628,9 +639,7 @@ class LeaseStore:
                    requested_at = NULL, finished_at = NULL, updated_at = now()
              WHERE status = ANY(CAST(:statuses AS text[]))
                AND (CAST(:stages AS text[]) IS NULL OR stage = ANY(CAST(:stages AS text[])))
-               AND (CAST(:project AS int) IS NULL OR project_id = :project
-                    OR (stage IN ('download', 'frames', 'backup')
-                        AND video_id IN (SELECT video_id FROM {SCHEMA}.project_videos WHERE project_id = :project)))
+               AND {_CONCERNS_PROJECT}
             RETURNING id
         """)
         params = {

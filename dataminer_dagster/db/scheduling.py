@@ -81,6 +81,19 @@ def next_due(engine: sa.Engine) -> float | None:
     return None if seconds is None else float(seconds)
 
 
+def claimable_keys(engine: sa.Engine, stage: str, keys: Sequence[str]) -> list[str]:
+    """The keys among `keys` whose `stage` item can be claimed now."""
+    with engine.connect() as c:
+        return list(
+            c.execute(
+                sa.text(f"""SELECT item_key FROM {W}
+                             WHERE stage = :stage AND item_key = ANY(CAST(:keys AS text[]))
+                               AND status IN ('{PENDING}', '{FAILED}') AND next_attempt_at <= now()"""),
+                {"stage": stage, "keys": list(keys)},
+            ).scalars()
+        )
+
+
 # --- work coming from runs in flight --------------------------------------------------------------
 
 

@@ -4,9 +4,10 @@ The work sensor requests the filter lane while its videos are still downloading 
 a project's dedup/detect/dataset lane while its last videos are still being filtered (db/
 scheduling.py, `coming`), so that the run's process start and its imports overlap that work. Such a
 run (tag `dataminer/ahead`) waits here, in its database resource's set-up: before any step, so it
-takes no `gpu` pool slot while it waits. It imports its lane's model libraries meanwhile, and stops
-waiting once none of its partitions is still coming (or after `runs.ahead_wait_s`); then it moves
-projects whose members just finished to their next stage, and its steps claim what is ready.
+takes no `gpu` pool slot while it waits. It imports its lane's model libraries meanwhile. Once none of its
+partitions is still coming it moves projects whose members just finished to their next stage, and
+goes ahead as soon as its first stage has work (or once nothing has come for a while, or after
+`runs.ahead_wait_s`); its steps then claim what is ready.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import dagster as dg
 
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_flow import advance_projects
-from dataminer_dagster.db.scheduling import coming
+from dataminer_dagster.db.scheduling import claimable_keys, coming
 from dataminer_dagster.stages import LANES_BY_NAME, Lane
 from dataminer_dagster.tags import AHEAD_TAG, LANE_TAG, RANGE_END, RANGE_START
 
 POLL_S = 0.25
+# Work released by a dead run is requested again at the sensor's next tick (every 5 s at most).
+SETTLE_S = 10.0
 
 
 def is_ahead(run: dg.DagsterRun | None) -> bool:
@@ -48,34 +51,47 @@ def wait_for_input(
     *,
     max_wait_s: float,
     log: Callable[[str], None],
+    settle_s: float = SETTLE_S,
 ) -> float:
-    """Wait until none of the run's partitions is still coming; returns the seconds waited."""
+    """Wait until the run's partitions are no longer coming and its first stage has work, or
+    until nothing has been coming for `settle_s` (it will then find little or nothing to do), or
+    `max_wait_s`. Returns the seconds waited."""
     lane = LANES_BY_NAME[run.tags[LANE_TAG]]
     keys = run_keys(instance, run, lane)
     _warm_up(lane.warm_up)
     started = time.monotonic()
-    waiting = _still_coming(store, lane, keys)
-    if waiting:
-        log(
-            f"requested ahead: waiting for {len(waiting)} of {len(keys)} partitions that runs in "
-            f"flight are still producing (at most {max_wait_s:.0f} s)"
-        )
-    while waiting and time.monotonic() - started < max_wait_s:
+    quiet_since: float | None = None
+    announced = False
+    while keys:
+        now = time.monotonic()
+        if waiting := coming(store.engine, lane.stages[0], keys=keys):
+            quiet_since = None
+            if not announced:
+                log(
+                    f"requested ahead: waiting for {len(waiting)} of {len(keys)} partitions that "
+                    f"runs in flight are still producing (at most {max_wait_s:.0f} s)"
+                )
+                announced = True
+        else:
+            # A project whose last member just finished moves on now, not at the next tick.
+            advance_projects(store)
+            if claimable_keys(store.engine, lane.stages[0], keys):
+                break
+            # Released work waits for its next request (a sensor tick) or a retry: not at once.
+            quiet_since = now if quiet_since is None else quiet_since
+            if now - quiet_since >= settle_s:
+                log(f"nothing is coming any more after {now - started:.0f} s; going ahead")
+                break
+        if now - started >= max_wait_s:
+            log(
+                f"gave up waiting after {now - started:.0f} s; {len(waiting)} partitions are still coming"
+            )
+            break
         time.sleep(POLL_S)
-        waiting = _still_coming(store, lane, keys)
     waited = time.monotonic() - started
-    if waiting:
-        log(f"gave up waiting after {waited:.0f} s; {len(waiting)} partitions are still coming")
-    elif waited >= POLL_S:
+    if announced and waited < max_wait_s:
         log(f"input ready after {waited:.1f} s")
-    advance_projects(store)  # a project whose last member just finished moves on now
     return waited
-
-
-def _still_coming(store: LeaseStore, lane: Lane, keys: Sequence[str]) -> list[str]:
-    if not keys:
-        return []
-    return coming(store.engine, lane.stages[0], keys=keys)
 
 
 def _warm_up(modules: Sequence[str]) -> None:
