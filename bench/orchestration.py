@@ -2,95 +2,41 @@
 
 N videos go through the real machinery (catalog rows, work items, the sensors' decisions, Dagster
 runs with partition ranges, claims, completion transactions, materialization events, project
-transitions) with stage functions that do no media work: downloads, frames and filtered_frames
-only record their result and queue the next stage, exactly as the real ones do. The time spent
-inside the stage functions is measured and subtracted; what is left is overhead.
+transitions) with stage functions that do no media work (bench/noop_pipeline.py): downloads,
+frames and filtered_frames only record their result and queue the next stage, exactly as the real
+ones do. The time spent inside the stage functions is recorded on each work item and subtracted;
+what is left is overhead, divided by 3 video-stages per video.
 
-Runs execute in this process, as `dataminer run` does (no process start per run), on a Dagster
-instance whose storage is the embedded PostgreSQL, as with `DAGSTER_HOME=$PWD`.
+Two modes, on a Dagster instance whose storage is the embedded PostgreSQL (the repository's
+dagster.yaml):
+* in-process: runs execute in this process, as `dataminer run` does (no process start per run);
+* daemon: a real `dagster-daemon run` on a workspace of the no-op pipeline with the product's
+  sensors; the sensors request the runs and the daemon launches each in a new process, as under
+  `dagster dev`. The clock starts when the project's rows are in the claim tables.
 
-    python bench/orchestration.py --videos 200 2000
+    python bench/orchestration.py --mode in-process --videos 200 2000
+    python bench/orchestration.py --mode daemon --videos 200
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
-WORK_SECONDS = {"total": 0.0}
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
 
 
-def _timed(function):
-    def wrapper(item, ctx):
-        started = time.perf_counter()
-        try:
-            return function(item, ctx)
-        finally:
-            WORK_SECONDS["total"] += time.perf_counter() - started
-
-    wrapper.__name__ = function.__name__
-    wrapper.__doc__ = function.__doc__
-    return wrapper
-
-
-def build_noop_stages():
-    from dataminer_dagster.assets.stage import ItemResult, stage_asset
-    from dataminer_dagster.partitions import (
-        project_videos_partitions,
-        projects_partitions,
-        videos_partitions,
-    )
-    from dataminer_dagster.stages import DATASET, DEDUP, DETECT, DOWNLOAD, FILTER, FRAMES
-
-    @stage_asset(stage=DOWNLOAD, partitions_def=videos_partitions)
-    @_timed
-    def downloads(item, ctx):
-        """No-op: the video is already there."""
-        catalog = ctx.db.catalog
-        return ItemResult(commit=lambda conn: catalog.advance_videos(conn, [item.video_id]))
-
-    @stage_asset(stage=FRAMES, partitions_def=videos_partitions)
-    @_timed
-    def frames(item, ctx):
-        """No-op: an empty frames directory for each profile."""
-        catalog = ctx.db.catalog
-        projects = catalog.linked_projects([item.video_id])[item.video_id]
-        profiles = {p.config.extract.options().profile_id() for p in projects}
-
-        def commit(conn):
-            for profile in profiles:
-                directory = ctx.db.paths.frames_dir(item.video_id, profile)
-                directory.mkdir(parents=True, exist_ok=True)
-                catalog.record_frames(conn, item.video_id, profile, {}, directory, 0)
-            catalog.advance_videos(conn, [item.video_id])
-
-        return ItemResult(commit=commit)
-
-    def noop(name, stage, partitions):
-        def asset(item, ctx):
-            return ItemResult()
-
-        asset.__name__ = name
-        return stage_asset(stage=stage, partitions_def=partitions)(_timed(asset))
-
-    return {
-        DOWNLOAD: downloads,
-        FRAMES: frames,
-        FILTER: noop("filtered_frames", FILTER, project_videos_partitions),
-        DEDUP: noop("deduped_set", DEDUP, projects_partitions),
-        DETECT: noop("detections", DETECT, projects_partitions),
-        DATASET: noop("dataset", DATASET, projects_partitions),
-    }
-
-
-def run(videos: int, root: Path) -> dict:
-    import dagster as dg
-
-    from dataminer_dagster.assets import lane_assets
+def setup_project(videos: int, root: Path):
+    """A project of `videos` local files, its catalog done: its downloads are queued."""
     from dataminer_dagster.config import parse_project_config
     from dataminer_dagster.db import migrate
     from dataminer_dagster.db.catalog import Candidate, Catalog
@@ -98,16 +44,13 @@ def run(videos: int, root: Path) -> dict:
     from dataminer_dagster.db.leases import LeaseStore
     from dataminer_dagster.db.schema import DONE
     from dataminer_dagster.db.server import claims_database_url
-    from dataminer_dagster.driver import drive
     from dataminer_dagster.paths import DataPaths
-    from dataminer_dagster.resources.database import DatabaseResource
-    from dataminer_dagster.sensors.pipeline_sensors import lane_jobs
     from dataminer_dagster.settings import load_settings
-    from dataminer_dagster.stages import CATALOG, LANES
+    from dataminer_dagster.stages import CATALOG
 
     settings = load_settings()
     engine = get_engine(claims_database_url(settings))
-    migrate.upgrade(engine)
+    migrate.ensure_schema(engine)
     store = LeaseStore(engine, settings.retry)
     catalog = Catalog(engine, store, DataPaths(settings.data_dir))
     name = f"bench{videos}"
@@ -130,18 +73,51 @@ def run(videos: int, root: Path) -> dict:
         catalog.link_videos(conn, project, candidates)
         catalog.advance_videos(conn, [c.video_id for c in candidates])
         store.mark(CATALOG, name, DONE, "bench", project_id=project.id, conn=conn)
+    return name, store
 
-    stages = build_noop_stages()
-    defs = dg.Definitions(
-        assets=list(lane_assets(stages, LANES).values()),
-        jobs=list(lane_jobs(stages, LANES).values()),
-        resources={"db": DatabaseResource()},
-        executor=dg.in_process_executor,
-    )
+
+def stage_work_seconds(store, name: str) -> float:
+    import sqlalchemy as sa
+
+    with store.engine.connect() as c:
+        return float(
+            c.execute(
+                sa.text("""SELECT coalesce(sum(CAST(outcome ->> 'work_s' AS float)), 0)
+                             FROM dataminer.work_items WHERE outcome ? 'work_s'""")
+            ).scalar()
+        )
+
+
+def project_stage(store, name: str) -> str:
+    import sqlalchemy as sa
+
+    with store.engine.connect() as c:
+        return c.execute(
+            sa.text("SELECT stage FROM dataminer.projects WHERE name = :n"), {"n": name}
+        ).scalar()
+
+
+def result(videos: int, runs: int, wall: float, work: float) -> dict:
+    return {
+        "videos": videos,
+        "runs": runs,
+        "wall_s": wall,
+        "stage_work_s": work,
+        "overhead_per_video_stage_s": (wall - work) / (3 * videos),
+    }
+
+
+def run_in_process(videos: int, root: Path) -> dict:
+    import dagster as dg
+    from noop_pipeline import build_definitions
+
+    from dataminer_dagster.driver import drive
+
+    name, store = setup_project(videos, root)
+    stages, defs = build_definitions(with_sensors=False)
     instance = dg.DagsterInstance.get()
-    WORK_SECONDS["total"] = 0.0
     started = time.perf_counter()
-    result = drive(
+    outcome = drive(
         [name],
         instance=instance,
         defs=defs,
@@ -151,41 +127,88 @@ def run(videos: int, root: Path) -> dict:
         stages=stages,
     )
     wall = time.perf_counter() - started
-    assert result.stages == {name: "complete"}, result
-    video_stages = 3 * videos
-    overhead = wall - WORK_SECONDS["total"]
-    return {
-        "videos": videos,
-        "runs": result.runs,
-        "wall_s": wall,
-        "stage_work_s": WORK_SECONDS["total"],
-        "overhead_per_video_stage_s": overhead / video_stages,
-    }
+    assert outcome.stages == {name: "complete"}, outcome
+    return result(videos, outcome.runs, wall, stage_work_seconds(store, name))
+
+
+def run_daemon(videos: int, root: Path) -> dict:
+    import dagster as dg
+
+    workspace = root / "workspace.yaml"
+    workspace.write_text(
+        "load_from:\n  - python_file:\n"
+        f"      relative_path: {REPO / 'bench' / 'noop_pipeline.py'}\n"
+        "      attribute: defs\n"
+        f"      working_directory: {REPO}\n"
+    )
+    log = (root / "daemon.log").open("w")
+    daemon = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(workspace)],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        _wait_for_first_tick(root / "daemon.log")
+        name, store = setup_project(videos, root)
+        started = time.perf_counter()
+        while project_stage(store, name) != "complete":
+            if time.perf_counter() - started > 1800:
+                raise TimeoutError(f"{name} not complete after 30 min; see {root / 'daemon.log'}")
+            time.sleep(0.2)
+        wall = time.perf_counter() - started
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        daemon.wait(60)
+        log.close()
+    runs = len(dg.DagsterInstance.get().get_runs())
+    return result(videos, runs, wall, stage_work_seconds(store, name))
+
+
+def _wait_for_first_tick(log: Path, timeout_s: float = 180) -> None:
+    """The code server is up and the work sensor has ticked once."""
+    deadline = time.monotonic() + timeout_s
+    while "Sensor work skipped" not in log.read_text():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the work sensor did not tick in {timeout_s:.0f} s; see {log}")
+        time.sleep(0.5)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--videos", type=int, nargs="+", default=[200, 2000])
+    parser.add_argument("--mode", choices=["in-process", "daemon"], default="in-process")
+    parser.add_argument("--videos", type=int, nargs="+", default=[200])
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    with tempfile.TemporaryDirectory(prefix="bench-orchestration-") as tmp:
-        root = Path(tmp)
+    run = run_daemon if args.mode == "daemon" else run_in_process
+    print(f"mode: {args.mode}")
+    print("| videos | runs | wall s | stage work s | overhead per video-stage |")
+    print("|---:|---:|---:|---:|---:|")
+    for n in args.videos:
+        # A fresh home per size: the embedded server, Dagster's history and the claim tables.
+        root = Path(tempfile.mkdtemp(prefix="bench-orchestration-"))
         os.environ["DATAMINER_HOME"] = str(root / "home")
         os.environ["DAGSTER_HOME"] = str(root / "dagster")
         (root / "dagster").mkdir()
-        repo_yaml = Path(__file__).resolve().parents[1] / "dagster.yaml"
-        (root / "dagster" / "dagster.yaml").write_text(repo_yaml.read_text())
-        print("| videos | runs | wall s | stage work s | overhead per video-stage |")
-        print("|---:|---:|---:|---:|---:|")
-        for n in args.videos:
+        shutil.copy(REPO / "dagster.yaml", root / "dagster" / "dagster.yaml")
+        try:
             r = run(n, root)
-            print(
-                f"| {r['videos']:,} | {r['runs']} | {r['wall_s']:.1f} | {r['stage_work_s']:.2f} | "
-                f"{r['overhead_per_video_stage_s'] * 1000:.1f} ms |",
-                flush=True,
+        finally:
+            subprocess.run(
+                [str(Path(sys.executable).parent / "dataminer"), "db", "stop"], capture_output=True
             )
+            from dataminer_dagster.db.engine import dispose_engines
+
+            dispose_engines()
+            shutil.rmtree(root, ignore_errors=True)
+        print(
+            f"| {r['videos']:,} | {r['runs']} | {r['wall_s']:.1f} | {r['stage_work_s']:.2f} | "
+            f"{r['overhead_per_video_stage_s'] * 1000:.1f} ms |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

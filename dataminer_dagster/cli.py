@@ -8,11 +8,20 @@ import click
 
 from dataminer_dagster.config import ConfigError, load_project_config
 from dataminer_dagster.db.schema import BLOCKED, DEAD, FAILED, STATUSES
+from dataminer_dagster.settings import SettingsError
 from dataminer_dagster.stages import ALL_STAGES, DOWNLOAD, FILTER, FRAMES
 
 
 class UserError(click.ClickException):
     """An error the user can fix; printed without a traceback."""
+
+
+class _Commands(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SettingsError as exc:  # from any command that reads the settings
+            raise UserError(str(exc)) from None
 
 
 def _context():
@@ -39,7 +48,7 @@ def _load_config(path: str):
         raise UserError(str(exc)) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dataminer-dagster")
 def main() -> None:
     """Mine computer-vision datasets from video, as a Dagster asset graph.
