@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
 
 from dataminer_dagster.config import ConfigError, load_project_config
 from dataminer_dagster.db.schema import BLOCKED, DEAD, FAILED, STATUSES
+from dataminer_dagster.paths import UnsafePathError
 from dataminer_dagster.settings import SettingsError
 from dataminer_dagster.stages import ALL_STAGES, DOWNLOAD, FILTER, FRAMES
 
@@ -20,7 +22,7 @@ class _Commands(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except SettingsError as exc:  # from any command that reads the settings
+        except (SettingsError, UnsafePathError) as exc:  # settings read, or a project registered
             raise UserError(str(exc)) from None
 
 
@@ -70,9 +72,10 @@ def db() -> None:
 @db.command("upgrade")
 def db_upgrade() -> None:
     """Create or migrate the schema (safe to run again)."""
+    from dataminer_dagster.core.redact import redact_url
     from dataminer_dagster.db import migrate
     from dataminer_dagster.db.engine import get_engine
-    from dataminer_dagster.db.server import claims_database_url, mask_password
+    from dataminer_dagster.db.server import claims_database_url
     from dataminer_dagster.settings import load_settings
 
     url = claims_database_url(load_settings())
@@ -81,7 +84,7 @@ def db_upgrade() -> None:
     migrate.upgrade(engine)
     after = migrate.current_revision(engine)
     change = "already at" if before == after else f"upgraded from {before or 'empty'} to"
-    click.echo(f"{mask_password(url)}: schema {change} revision {after}")
+    click.echo(f"{redact_url(url)}: schema {change} revision {after}")
 
 
 @db.command("stop")
@@ -104,11 +107,12 @@ def db_stop() -> None:
 
 @db.command("url")
 def db_url() -> None:
-    """Print the database URL in use (password masked)."""
-    from dataminer_dagster.db.server import claims_database_url, mask_password
+    """Print the database URL in use (password and secret query values masked)."""
+    from dataminer_dagster.core.redact import redact_url
+    from dataminer_dagster.db.server import claims_database_url
     from dataminer_dagster.settings import load_settings
 
-    click.echo(mask_password(claims_database_url(load_settings())))
+    click.echo(redact_url(claims_database_url(load_settings())))
 
 
 # --- projects ---------------------------------------------------------------------------------
@@ -125,8 +129,8 @@ def project_add(config: str) -> None:
     """Register a project from its YAML CONFIG, or update it; its video catalog is (re)queued
     when the config is new or changed. With `dagster dev` running, the sensors take it from there."""
     cfg = _load_config(config)
-    _, _, catalog = _context()
-    result = catalog.register_project(cfg)
+    settings, _, catalog = _context()
+    result = catalog.register_project(cfg, protected=settings.protected_dirs)
     verb = "registered" if result.created else ("updated" if result.changed else "unchanged")
     click.echo(f"project {cfg.name} {verb}; output in {result.project.output_dir}")
     if result.changed:
@@ -180,6 +184,7 @@ def add_video(url: str, project_name: str) -> None:
 @click.option("--dry-run", is_flag=True, help="Only print what would be added.")
 def populate(config: str, dry_run: bool) -> None:
     """Find the videos of a project's inputs (searches, URLs, files) and add them."""
+    from dataminer_dagster.core.redact import redact
     from dataminer_dagster.db.schema import DONE
     from dataminer_dagster.resources.video_sources import YtDlpSources
     from dataminer_dagster.sources import collect_candidates
@@ -192,10 +197,10 @@ def populate(config: str, dry_run: bool) -> None:
     if dry_run:
         click.echo(f"{len(found.candidates)} videos would be added to {cfg.name}:")
         for c in found.candidates:
-            click.echo(f"  {c.video_id:<24} {c.source:<9} {c.url or c.source_path}")
+            click.echo(f"  {c.video_id:<24} {c.source:<9} {redact(c.url or c.source_path)}")
         return
-    _, _, catalog = _context()
-    result = catalog.register_project(cfg)
+    settings, _, catalog = _context()
+    result = catalog.register_project(cfg, protected=settings.protected_dirs)
     with catalog.engine.begin() as conn:
         linked = catalog.link_videos(conn, result.project, found.candidates)
         queued = catalog.advance_videos(
@@ -237,7 +242,9 @@ def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> i
     from dataminer_dagster.reporting import ProgressBoard
 
     settings, store, catalog = _context()
-    projects = [catalog.register_project(cfg).project for cfg in configs]
+    projects = [
+        catalog.register_project(cfg, protected=settings.protected_dirs).project for cfg in configs
+    ]
     instance, keep_alive = _instance()
     board = (
         ProgressBoard(store.engine, projects[0].id, enabled=progress)
@@ -604,11 +611,11 @@ def db_reset(yes: bool) -> None:
     """Drop the claim tables (schema `dataminer`) with every project, video and work item, and
     create them again, empty. Files on disk and Dagster's run history are not touched. Refuses
     without --yes."""
+    from dataminer_dagster.core.redact import redact_url
     from dataminer_dagster.db import admin
-    from dataminer_dagster.db.server import mask_password
 
     _, store, _ = _context()
-    url = mask_password(store.engine.url.render_as_string(hide_password=False))
+    url = redact_url(store.engine.url.render_as_string(hide_password=False))
     before = admin.database_summary(store.engine)
     if not yes:
         raise UserError(
@@ -662,17 +669,17 @@ def project_delete(name: str, files: bool, yes: bool) -> None:
     )
     if files:
         what += f" and {len(plan.files)} files and directories"
-        if plan.output_dir_shared:
-            click.echo(
-                f"its output directory {plan.output_dir} stays: it overlaps "
-                + ", ".join(plan.output_dir_shared)
-            )
+        if plan.output_dir_kept:
+            click.echo(f"its output directory {plan.output_dir} stays: {plan.output_dir_kept}")
         else:
-            what += f", its output directory {plan.output_dir} included"
+            what += f", the project's results in {plan.output_dir} included"
     _confirm(f"Delete {what}?", yes)
     done = delete(dry_run=False)
     click.echo(f"deleted project {name}")
     _report_left_videos(done, files, "videos")
+    if files and not done.output_dir_kept:
+        with contextlib.suppress(OSError):  # only when nothing else is left in it
+            done.output_dir.rmdir()
     if not files and done.orphaned and done.files:
         click.echo(f"its output directory stays: {done.output_dir} (--files removes it)")
 
@@ -811,9 +818,15 @@ def retry(project_name: str | None, stages: tuple[str, ...], statuses: tuple[str
 def _force(name: str, stage: str) -> None:
     from dataminer_dagster.db import admin
 
-    _, store, _ = _context()
-    forced = _admin_call(admin.force_stage, store, name, stage)
+    _, _, catalog = _context()
+    forced = _admin_call(admin.force_stage, catalog, name, stage)
     click.echo(f"project {name}: {forced.previous_stage} -> {stage}; {stage} is queued")
+    if forced.frames_released:
+        click.echo(
+            f"note: the frames of {len(forced.frames_released)} of its videos were released "
+            "(backup or cleanup); they are extracted and filtered again first",
+            err=True,
+        )
     if forced.earlier_not_done:
         click.echo(
             f"note: {', '.join(forced.earlier_not_done)} has not finished for this project, and "
@@ -967,16 +980,16 @@ def _export_dataset(dataset: Path, dest: Path, *, copy: bool) -> tuple[int, int]
 @click.argument("name")
 @click.argument("dest", type=click.Path(path_type=Path))
 @click.option(
-    "--copy",
-    "copy_images",
+    "--link",
+    "link_images",
     is_flag=True,
-    help="Copy the images' bytes instead of hard-linking them (hard links are made where DEST "
-    "shares the frame store's filesystem; copies elsewhere).",
+    help="Hard-link the images instead of copying them, where DEST shares the frame store's "
+    "filesystem (no extra space; the links are the frame store's own read-only files, so an "
+    "edit in place by root would change the frame store and every dataset that uses them).",
 )
-def export(name: str, dest: Path, copy_images: bool) -> None:
-    """Export project NAME's dataset to DEST, a new or empty directory: images/ (regular files,
-    never symbolic links into the frame store), annotations.coco.json (when the project detects)
-    and manifest.parquet."""
+def export(name: str, dest: Path, link_images: bool) -> None:
+    """Export project NAME's dataset to DEST, a new or empty directory: images/ (copies, yours
+    to edit), annotations.coco.json (when the project detects) and manifest.parquet."""
     from dataminer_dagster.paths import ProjectPaths
 
     _, _, catalog = _context()
@@ -991,8 +1004,8 @@ def export(name: str, dest: Path, copy_images: bool) -> None:
     dest = dest.expanduser().resolve()
     if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
         raise UserError(f"{dest} already exists and is not an empty directory; choose a new one")
-    images, links = _export_dataset(dataset, dest, copy=copy_images)
-    how = "copied" if copy_images else f"{links} hard links, {images - links} copies"
+    images, links = _export_dataset(dataset, dest, copy=not link_images)
+    how = f"{links} hard links, {images - links} copies" if link_images else "copied"
     click.echo(f"exported {images} images ({how}) of project {name} to {dest}")
 
 
@@ -1133,9 +1146,10 @@ def _run_services(action) -> None:
     import sqlalchemy as sa
 
     from dataminer_dagster import services as svc
+    from dataminer_dagster.core.redact import redact_url
     from dataminer_dagster.db import migrate
     from dataminer_dagster.db.engine import get_engine
-    from dataminer_dagster.db.server import claims_database_url, mask_password
+    from dataminer_dagster.db.server import claims_database_url
     from dataminer_dagster.settings import load_settings
 
     supervisor = svc.supervisor_for_home()
@@ -1147,7 +1161,7 @@ def _run_services(action) -> None:
         try:
             migrate.ensure_schema(get_engine(url))
         except sa.exc.OperationalError as exc:
-            raise UserError(f"cannot migrate {mask_password(url)}: {exc.orig}") from None
+            raise UserError(f"cannot migrate {redact_url(url)}: {exc.orig}") from None
         states = action(supervisor)
     except svc.ServicesError as exc:
         raise UserError(str(exc)) from None

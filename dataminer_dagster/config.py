@@ -15,6 +15,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from dataminer_dagster.core.extract import DEFAULT_MAX_FRAME_PIXELS, DEFAULT_MAX_FRAMES
+from dataminer_dagster.core.rsync import check_dest, is_remote
+
 SAFE_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
 
@@ -54,6 +57,21 @@ class InputsConfig(_Section):
     files: list[str] = Field(
         default_factory=list, description="Local video files or glob patterns."
     )
+    max_list_file_mb: float = Field(
+        16,
+        gt=0,
+        description="Largest url_file or search.queries_file read; a larger one is refused.",
+    )
+    max_list_file_lines: int = Field(
+        100_000,
+        ge=1,
+        description="Most lines in a url_file or search.queries_file; more are refused.",
+    )
+    max_file_matches: int = Field(
+        10_000,
+        ge=1,
+        description="Most video files one `files` pattern may match; more are refused.",
+    )
 
     @model_validator(mode="after")
     def _has_a_source(self) -> InputsConfig:
@@ -76,8 +94,17 @@ class DownloadConfig(_Section):
         default_factory=list,
         description="Skip videos carrying one of these tags (whole-tag match, case-insensitive, leading # optional).",
     )
-    max_duration_s: float | None = Field(None, gt=0, description="Skip longer videos.")
-    max_filesize_mb: float | None = Field(None, gt=0, description="Skip larger files.")
+    max_duration_s: float = Field(7200, gt=0, description="Skip longer videos.")
+    max_filesize_mb: float = Field(
+        4096,
+        gt=0,
+        description="Skip larger files; a download without an announced size stops once past it.",
+    )
+    min_free_disk_mb: float = Field(
+        1024,
+        ge=0,
+        description="Free space a download leaves on the data disk besides the video's expected size; else it waits.",
+    )
     cookies_file: Path | None = Field(None, description="Netscape cookies file handed to yt-dlp.")
 
 
@@ -91,13 +118,23 @@ class ExtractConfig(_Section):
     scene_threshold: float = Field(
         27.0, gt=0, le=255, description="scene: content change (0-255) that starts a new scene."
     )
-    max_frames: int | None = Field(None, ge=1, description="Most frames kept per video.")
+    max_frames: int = Field(DEFAULT_MAX_FRAMES, ge=1, description="Most frames kept per video.")
     image_format: Literal["jpg", "png", "webp"] = Field(
         "jpg", description="Format of the extracted frames."
     )
     quality: int = Field(95, ge=1, le=100, description="JPEG/WebP quality.")
     max_side: int | None = Field(
         None, ge=32, description="Downscale frames so the longest side is at most this."
+    )
+    max_frame_pixels: int = Field(
+        DEFAULT_MAX_FRAME_PIXELS,
+        ge=1,
+        description="Videos with larger frames (width x height) are refused, not decoded; default 8K.",
+    )
+    min_free_disk_mb: float = Field(
+        1024,
+        ge=0,
+        description="Free space required on the data disk before extracting; else it waits.",
     )
 
     def options(self):
@@ -113,12 +150,14 @@ class ExtractConfig(_Section):
             image_format=self.image_format,
             quality=self.quality,
             max_side=self.max_side,
+            max_frame_pixels=self.max_frame_pixels,
         )
 
 
 class FilterConfig(_Section):
     model: str = Field(
-        "google/siglip2-so400m-patch14-384", description="SigLIP2 model: hub id or local directory."
+        "google/siglip2-so400m-patch14-384",
+        description="SigLIP2 model: hub id or local directory (relative: to the config file).",
     )
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps.")
     batch_size: int = Field(32, ge=1, description="Images per model call.")
@@ -185,7 +224,7 @@ class DetectConfig(_Section):
         description="yolo: fixed classes; owlv2 / grounding_dino: open vocabulary from prompts."
     )
     model: str = Field(
-        description="Weights: a .pt file or name for yolo, a hub id or local directory otherwise."
+        description="Weights: a .pt file or name for yolo, a hub id or local directory otherwise (relative paths: to the config file)."
     )
     classes: list[str] = Field(
         default_factory=list, description="yolo: class names to keep (empty: all)."
@@ -221,18 +260,28 @@ class CleanupConfig(_Section):
 
 
 class BackupConfig(_Section):
-    dest: str = Field(description="Local directory or user@host:/path (rsync over ssh).")
+    dest: str = Field(
+        description="Local directory outside the data directory (relative: to the config file), "
+        "or [user@]host:/path (rsync over ssh, key-based)."
+    )
     delete_after_backup: bool = Field(
         False,
         description="Delete raw frames after a verified backup, when no project still needs them.",
     )
+
+    @field_validator("dest")
+    @classmethod
+    def _plain_destination(cls, dest: str) -> str:
+        return check_dest(dest)
 
 
 class ProjectConfig(_Section):
     name: str = Field(pattern=SAFE_NAME, description="Project name: letters, digits, _ and -.")
     output_dir: Path | None = Field(
         None,
-        description="Where the project's results go; default $DATAMINER_DATA_DIR/projects/<name>.",
+        description="Where the project's results go: a new or empty directory of its own, not "
+        "in or above the data directory, DATAMINER_HOME or DAGSTER_HOME (relative: to the config "
+        "file); default $DATAMINER_DATA_DIR/projects/<name>.",
     )
     inputs: InputsConfig = Field(description="Where the videos come from (at least one source).")
     download: DownloadConfig = Field(
@@ -344,8 +393,34 @@ def _resolve_paths(config: ProjectConfig, base: Path) -> ProjectConfig:
     download = config.download.model_copy(
         update={"cookies_file": absolute(config.download.cookies_file)}
     )
+
+    def model_path(reference: str | None) -> str | None:
+        """A model given as a path (./x, ../x, ~/x, or one that exists beside the config) is
+        made absolute; anything else is a hub id or a name its library knows (yolo11n.pt)."""
+        if reference is None or Path(reference).is_absolute():
+            return reference
+        local = reference.startswith(("./", "../", "~")) or (base / reference).exists()
+        return str(absolute(Path(reference))) if local else reference
+
+    sections: dict[str, Any] = {
+        "filter": config.filter.model_copy(update={"model": model_path(config.filter.model)}),
+        "dedup": config.dedup.model_copy(update={"model": model_path(config.dedup.model)}),
+    }
+    if config.detect:
+        sections["detect"] = config.detect.model_copy(
+            update={"model": model_path(config.detect.model)}
+        )
+    if config.backup and not is_remote(config.backup.dest):
+        sections["backup"] = config.backup.model_copy(
+            update={"dest": str(absolute(Path(config.backup.dest)))}
+        )
     return config.model_copy(
-        update={"inputs": inputs, "download": download, "output_dir": absolute(config.output_dir)}
+        update={
+            "inputs": inputs,
+            "download": download,
+            "output_dir": absolute(config.output_dir),
+            **sections,
+        }
     )
 
 

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dataminer_dagster.core.files import require_free_space
 from dataminer_dagster.core.media import VideoDecodeError, VideoProbe, probe_video
+from dataminer_dagster.core.redact import redact, redact_url
 from dataminer_dagster.core.video_ids import YOUTUBE_ID, youtube_watch_url
 
 logger = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ _SAFE_ID = re.compile(r"[A-Za-z0-9_-]+")
 _DESCRIPTION_HASHTAG = re.compile(r"#(\w+)")
 _HTTP_STATUS_IN_TEXT = re.compile(r"HTTP Error (\d{3})")
 _MAX_FILESIZE_ABORT = "larger than max-filesize"
+_UNFINISHED_LIVE = frozenset({"is_live", "post_live"})  # yt-dlp's live_status values
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class DownloadOptions:
     blocked_hashtags: tuple[str, ...] = ()  # whole tags, case-insensitive, '#' optional
     max_duration_s: float | None = None
     max_filesize_mb: float | None = None
+    min_free_disk_mb: float | None = None  # kept free besides the video's expected size
     cookies_file: Path | None = None
     retries: int = 3  # yt-dlp's own retries (HTTP download, fragments, extractor)
 
@@ -102,7 +106,7 @@ class DownloadBlocked(VideoDownloadError):
 
     def __init__(self, message: str, *, rule: str):
         super().__init__(message)
-        self.rule = rule  # "hashtag", "duration" or "filesize"
+        self.rule = rule  # "hashtag", "duration", "filesize" or "live"
 
 
 class PermanentDownloadError(VideoDownloadError):
@@ -151,13 +155,25 @@ def ytdlp_params(options: DownloadOptions) -> dict[str, Any]:
         "color": "no_color",
         "logger": _YtdlpLogger(),
     }
-    if options.max_filesize_mb is not None:
-        params["max_filesize"] = int(options.max_filesize_mb * 1024 * 1024)
+    if (max_bytes := _max_bytes(options)) is not None:
+        params["max_filesize"] = max_bytes
     if options.cookies_file is not None:
         params["cookiefile"] = str(options.cookies_file)
     if deno := deno_path():
         params["js_runtimes"] = {"deno": {"path": deno}}
     return params
+
+
+def download_params(options: DownloadOptions) -> dict[str, Any]:
+    """`ytdlp_params` for downloading one video: a playlist URL (refused as not a video) is
+    enumerated no further than its first entry, since some never end (mixes, channels' streams)."""
+    return ytdlp_params(options) | {"playlist_items": "1"}
+
+
+def _max_bytes(options: DownloadOptions) -> int | None:
+    if options.max_filesize_mb is None:
+        return None
+    return int(options.max_filesize_mb * 1024 * 1024)
 
 
 @functools.cache
@@ -263,7 +279,7 @@ def download_video(
         raise ValueError(f"video id {video_id!r} may only contain A-Z a-z 0-9 _ -")
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
-    subject = f"Video {video_id} ({url})"
+    subject = f"Video {video_id} ({redact_url(url)})"  # for messages; `url` fetches
     _remove_stale_work_dirs(dest_dir, video_id)
     work_dir = Path(tempfile.mkdtemp(prefix=f".{video_id}.download-", dir=dest_dir))
     try:
@@ -291,8 +307,8 @@ def _fetch(url, work_dir, options, progress, subject) -> tuple[dict[str, Any], P
     from yt_dlp.utils import YoutubeDLError
 
     ytdlp_log = _YtdlpLogger()
-    hook = _ProgressForwarder(progress)
-    params = ytdlp_params(options) | {
+    hook = _ProgressForwarder(progress, options, subject)
+    params = download_params(options) | {
         "logger": ytdlp_log,
         "paths": {"home": str(work_dir), "temp": str(work_dir)},
         "outtmpl": {"default": "video.%(ext)s"},
@@ -305,13 +321,14 @@ def _fetch(url, work_dir, options, progress, subject) -> tuple[dict[str, Any], P
             info = ydl.extract_info(url, download=False)
             _require_single_video(info, subject)
             check_download_rules(info, options, subject=subject)
+            _require_disk_space(work_dir, _expected_size(info), options, subject)
             # The second half of extract_info(download=True), on the same metadata: no second
             # request. Private keys stay (e.g. which formats already failed yt-dlp's test).
             result = ydl.process_ie_result(info, download=True)
     except YoutubeDLError as exc:
-        hook.reraise_callback_error()
+        hook.reraise_hook_error()
         raise classify_ytdlp_error(exc, subject=subject) from exc
-    hook.reraise_callback_error()
+    hook.reraise_hook_error()
     return info, _produced_file(result, work_dir, ytdlp_log, options, subject)
 
 
@@ -332,6 +349,25 @@ def _require_single_video(info: dict[str, Any] | None, subject: str) -> None:
         raise PermanentDownloadError(
             f"{subject} is a {info.get('_type')} (playlist or channel), not a single video"
         )
+    if info.get("is_live") or info.get("live_status") in _UNFINISHED_LIVE:
+        # It has no end: no size or duration cap could be checked before downloading it.
+        raise DownloadBlocked(
+            f"{subject} is blocked: it is a live stream; only finished videos are downloaded",
+            rule="live",
+        )
+
+
+def _require_disk_space(
+    work_dir: Path, expected: int | None, options: DownloadOptions, subject: str
+) -> None:
+    if options.min_free_disk_mb is None:
+        return
+    reserve = int(options.min_free_disk_mb * 1024 * 1024)
+    purpose = (
+        f"{subject}: its expected size ({(expected or 0) / 2**20:,.0f} MB) plus the "
+        f"download.min_free_disk_mb reserve ({options.min_free_disk_mb:g} MB)"
+    )
+    require_free_space(work_dir, reserve + (expected or 0), purpose)
 
 
 def _produced_file(result, work_dir, ytdlp_log, options, subject) -> Path:
@@ -612,26 +648,29 @@ class _YtdlpLogger:
     """yt-dlp's `logger` parameter: everything goes to logging, nothing to stdout.
 
     Errors are logged at debug level because they are raised (classified) to the caller anyway.
-    The last messages are kept to explain outcomes yt-dlp reports only in text.
+    The last messages are kept to explain outcomes yt-dlp reports only in text. yt-dlp names the
+    URL it fetches, so every message is redacted first.
     """
 
     def __init__(self) -> None:
         self._recent: deque[str] = deque(maxlen=20)
 
     def debug(self, message: str) -> None:
-        self._recent.append(message)
-        _ytdlp_logger.debug("%s", message.removeprefix("[debug] "))
+        _ytdlp_logger.debug("%s", self._keep(message).removeprefix("[debug] "))
 
     def info(self, message: str) -> None:
         self.debug(message)
 
     def warning(self, message: str) -> None:
-        self._recent.append(message)
-        _ytdlp_logger.warning("%s", message)
+        _ytdlp_logger.warning("%s", self._keep(message))
 
     def error(self, message: str) -> None:
-        self._recent.append(message)
-        _ytdlp_logger.debug("%s", message)
+        _ytdlp_logger.debug("%s", self._keep(message))
+
+    def _keep(self, message: str) -> str:
+        redacted = redact(message)
+        self._recent.append(redacted)
+        return redacted
 
     def saw(self, fragment: str) -> bool:
         return any(fragment in message for message in self._recent)
@@ -641,16 +680,38 @@ class _YtdlpLogger:
 
 
 class _ProgressForwarder:
-    """A yt-dlp progress hook that forwards to the caller's callback and remembers its errors."""
+    """A yt-dlp progress hook that stops a download growing past the size cap, forwards to the
+    caller's callback and remembers its errors.
 
-    def __init__(self, callback: Callable[[DownloadProgress], None] | None):
+    yt-dlp's own max_filesize only acts on a size the server announces; a body without a
+    Content-Length (a live or generated response) would otherwise be read to its end, if any."""
+
+    def __init__(
+        self,
+        callback: Callable[[DownloadProgress], None] | None,
+        options: DownloadOptions,
+        subject: str,
+    ):
         self._callback = callback
+        self._options = options
+        self._max_bytes = _max_bytes(options)
+        self._subject = subject
         self._error: BaseException | None = None
 
     def __call__(self, status: dict[str, Any]) -> None:
-        if self._callback is None or status.get("status") not in ("downloading", "finished"):
+        if status.get("status") not in ("downloading", "finished"):
             return
         try:
+            downloaded = status.get("downloaded_bytes") or 0
+            if self._max_bytes is not None and downloaded > self._max_bytes:
+                raise DownloadBlocked(
+                    f"{self._subject} is blocked: it grew over the limit of "
+                    f"{self._options.max_filesize_mb:g} MB while downloading (its size was not "
+                    "announced); the download was stopped there",
+                    rule="filesize",
+                )
+            if self._callback is None:
+                return
             self._callback(
                 DownloadProgress(
                     status=status["status"],
@@ -664,6 +725,6 @@ class _ProgressForwarder:
             self._error = exc
             raise
 
-    def reraise_callback_error(self) -> None:
+    def reraise_hook_error(self) -> None:
         if self._error is not None:
             raise self._error

@@ -18,6 +18,7 @@ from dataminer_dagster.db.project_flow import COMPLETE, PROJECT_FAILED
 from dataminer_dagster.db.scheduling import next_due
 from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_cycle, record_requests
 from dataminer_dagster.stages import LANES, Lane
+from dataminer_dagster.tags import DEADLINE_TAG
 
 if TYPE_CHECKING:
     from dataminer_dagster.assets.stage import StageAsset
@@ -46,8 +47,10 @@ def drive(
     stages: Mapping[str, StageAsset] | None = None,
     lanes: Sequence[Lane] = LANES,
 ) -> DriveResult:
-    """Drive `projects` to complete or failed. `defs` holds the lane jobs of `stages` (default:
-    the pipeline's) and `lanes`."""
+    """Drive `projects` to complete or failed, working only on their items (other projects'
+    work waits for its own command or the sensors). `defs` holds the lane jobs of `stages`
+    (default: the pipeline's) and `lanes`. Past `timeout_s` the runs start no new item and
+    TimeoutError is raised."""
     if stages is None:
         from dataminer_dagster.assets import STAGES as stages
     from dataminer_dagster.sensors.pipeline_sensors import lane_jobs, lanes_of
@@ -56,6 +59,7 @@ def drive(
     jobs = {name: job.name for name, job in lane_jobs(stages, lanes).items()}
     stage_keys = {stage: s.key for stage, s in stages.items()}
     engine = store.engine
+    project_ids = list(_by_name(store, projects, "id").values())
     cursor = DiscoveryCursor()
     started = time.monotonic()
     deadline = None if timeout_s is None else started + timeout_s
@@ -76,6 +80,7 @@ def drive(
             stage_keys=stage_keys,
             ahead=False,
             rerequest_after_s=0,
+            projects=project_ids,
         )
         cycle.discovery.apply(instance)
         cursor = cycle.discovery.cursor
@@ -96,9 +101,12 @@ def drive(
         for run in cycle.runs:
             _check_deadline(deadline, timeout_s, stages)
             job = defs.resolve_job_def(run.request.job_name)
+            tags = dict(run.request.tags)
+            if deadline is not None:  # the run stops starting items then, too
+                tags[DEADLINE_TAG] = f"{time.time() + deadline - time.monotonic():.3f}"
             result = job.execute_in_process(
                 instance=instance,
-                tags=run.request.tags,
+                tags=tags,
                 asset_selection=run.request.asset_selection,
                 run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
                 raise_on_error=False,
@@ -116,12 +124,17 @@ def _check_deadline(deadline: float | None, timeout_s: float | None, stages: dic
 
 
 def _stages(store: LeaseStore, projects: Sequence[str]) -> dict[str, str]:
+    return _by_name(store, projects, "stage")
+
+
+def _by_name(store: LeaseStore, projects: Sequence[str], column: str) -> dict:
+    """One column of each project's row, by name; ValueError for unknown names."""
     import sqlalchemy as sa
 
     with store.engine.connect() as c:
         rows = c.execute(
             sa.text(
-                "SELECT name, stage FROM dataminer.projects WHERE name = ANY(CAST(:n AS text[]))"
+                f"SELECT name, {column} FROM dataminer.projects WHERE name = ANY(CAST(:n AS text[]))"
             ),
             {"n": list(projects)},
         ).all()

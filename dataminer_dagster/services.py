@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dataminer_dagster.core.runtime_dir import private_runtime_dir
 from dataminer_dagster.settings import ENV_EXECUTOR, EXECUTORS, load_settings
 
 DEFAULT_QUEUE = "dagster"
@@ -54,16 +55,17 @@ class ServicesPaths:
 
     @property
     def socket(self) -> Path:
-        """In the services directory, or, when that path is too long for a Unix socket, in the
-        temporary directory under a name derived from the home (the same for every command)."""
+        """In the services directory, or, when that path is too long for a Unix socket, in a
+        private folder of the user in the temporary directory, named after the home (the same
+        for every command)."""
         inside = self.services_dir / "supervisor.sock"
         if len(str(inside)) <= MAX_SOCKET_PATH:
             return inside
-        import hashlib
-        import tempfile
-
         digest = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / f"dataminer-supervisor-{digest}.sock"
+        try:
+            return private_runtime_dir(f"supervisor-{digest}") / "supervisor.sock"
+        except PermissionError as exc:
+            raise ServicesError(str(exc)) from None
 
     @property
     def pidfile(self) -> Path:

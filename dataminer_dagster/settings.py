@@ -117,6 +117,15 @@ class Settings(BaseModel):
     def embedded_pgdata(self) -> Path:
         return self.home / "pg"
 
+    @property
+    def protected_dirs(self) -> dict[str, Path]:
+        """Directories that no project's output may be, hold or (but for $HOME) lie in, beside
+        the data directory."""
+        dirs = {"DATAMINER_HOME": self.home, "$HOME": Path.home()}
+        if os.environ.get("DAGSTER_HOME"):
+            dirs["DAGSTER_HOME"] = Path(os.environ["DAGSTER_HOME"]).expanduser()
+        return dirs
+
     def lane(self, name: str, default: LanePolicy) -> LanePolicy:
         override = self.lanes.get(name)
         if override is None:

@@ -3,11 +3,16 @@
 Every source is tried; a source that fails (a search that errors, an unreadable URL file, a glob
 that matches nothing, a URL without a usable id) is reported by name and the others go on. The
 first source of a video wins when it is found twice.
+
+Bad input is bounded: URL and query files are read up to a size and a number of lines, a glob up
+to a number of matches (inputs.max_*; over a cap the source is refused whole, not cut short), and
+only the first PROBLEMS_KEPT problems are kept word for word; the others are counted.
 """
 
 from __future__ import annotations
 
 import glob
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from dataminer_dagster.config import InputsConfig
+from dataminer_dagster.core.redact import redact
 from dataminer_dagster.core.video_ids import (
     is_youtube_url,
     video_id_for_file,
@@ -26,12 +32,14 @@ from dataminer_dagster.db.catalog import Candidate
 VIDEO_SUFFIXES = {".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".mpg", ".mpeg", ".ts"}
 
 SearchFunction = Callable[[str, int], list]  # (query, max_results) -> hits with .video_id
+PROBLEMS_KEPT = 20
 
 
 @dataclass
 class Collected:
     candidates: list[Candidate] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # the first PROBLEMS_KEPT
+    problem_count: int = 0
     per_source: dict[str, int] = field(default_factory=dict)  # "search: <query>" -> videos found
     _seen: set[str] = field(default_factory=set)
 
@@ -39,6 +47,19 @@ class Collected:
         if candidate.video_id not in self._seen:
             self._seen.add(candidate.video_id)
             self.candidates.append(candidate)
+
+    def problem(self, text: str) -> None:
+        self.problem_count += 1
+        if len(self.problems) < PROBLEMS_KEPT:
+            self.problems.append(redact(text))  # logged and kept as metadata
+
+    @property
+    def problems_not_kept(self) -> int:
+        return self.problem_count - len(self.problems)
+
+    def summary(self) -> str:
+        more = self.problems_not_kept
+        return "; ".join(self.problems) + (f" (and {more} more problems)" if more else "")
 
 
 def collect_candidates(inputs: InputsConfig, search: SearchFunction) -> Collected:
@@ -48,7 +69,7 @@ def collect_candidates(inputs: InputsConfig, search: SearchFunction) -> Collecte
             try:
                 hits = search(query, inputs.search.max_results_per_query)
             except Exception as exc:
-                found.problems.append(f"search {query!r} failed: {exc}")
+                found.problem(f"search {query!r} failed: {exc}")
                 continue
             found.per_source[f"search: {query}"] = len(hits)
             for hit in hits:
@@ -58,24 +79,22 @@ def collect_candidates(inputs: InputsConfig, search: SearchFunction) -> Collecte
     for url in inputs.urls:
         _add_url(found, url, "url", "config")
     if inputs.url_file:
-        try:
-            lines = Path(inputs.url_file).read_text().splitlines()
-        except OSError as exc:
-            found.problems.append(f"url_file {inputs.url_file}: {exc.strerror or exc}")
-            lines = []
-        for line in lines:
+        text = _read_list_file(Path(inputs.url_file), "url_file", inputs, found) or ""
+        for line in text.splitlines():
             line = line.strip()
             if line and not line.startswith("//"):
                 _add_url(found, line, "url_file", str(inputs.url_file))
     for pattern in inputs.files:
-        matches = sorted(
-            p
-            for p in glob.glob(pattern, recursive=True)
-            if Path(p).suffix.lower() in VIDEO_SUFFIXES
-        )
+        matches = _video_files(pattern, inputs.max_file_matches)
+        if matches is None:
+            found.problem(
+                f"files {pattern!r}: matches more than {inputs.max_file_matches:,} video files "
+                "(inputs.max_file_matches); narrow the pattern or raise the limit"
+            )
+            continue
         found.per_source[f"files: {pattern}"] = len(matches)
         if not matches:
-            found.problems.append(f"files {pattern!r}: no video file matches")
+            found.problem(f"files {pattern!r}: no video file matches")
         for match in matches:
             path = Path(match).resolve()
             found.add(Candidate(video_id_for_file(path), "file", pattern, source_path=str(path)))
@@ -86,13 +105,49 @@ def _queries(inputs: InputsConfig, found: Collected) -> list[str]:
     search = inputs.search
     queries = list(search.queries)
     if search.queries_file:
-        try:
-            text = Path(search.queries_file).read_text()
-        except OSError as exc:
-            found.problems.append(f"queries_file {search.queries_file}: {exc.strerror or exc}")
-            return queries
-        queries += _parse_queries_file(text)
+        text = _read_list_file(Path(search.queries_file), "queries_file", inputs, found)
+        queries += _parse_queries_file(text or "")
     return list(dict.fromkeys(q.strip() for q in queries if q.strip()))
+
+
+def _read_list_file(path: Path, key: str, inputs: InputsConfig, found: Collected) -> str | None:
+    """The text of a URL or query file; None (and a problem) when it is unreadable or over a cap.
+    Reads at most the cap, so that /dev/zero or a runaway log cannot exhaust memory."""
+    limit = int(inputs.max_list_file_mb * 2**20)
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as exc:
+        found.problem(f"{key} {path}: {exc.strerror or exc}")
+        return None
+    if len(data) > limit:
+        found.problem(
+            f"{key} {path}: larger than {inputs.max_list_file_mb:g} MB "
+            "(inputs.max_list_file_mb); none of it was used"
+        )
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        found.problem(f"{key} {path}: not UTF-8 text; none of it was used")
+        return None
+    if len(text.splitlines()) > inputs.max_list_file_lines:
+        found.problem(
+            f"{key} {path}: more than {inputs.max_list_file_lines:,} lines "
+            "(inputs.max_list_file_lines); none of it was used"
+        )
+        return None
+    return text
+
+
+def _video_files(pattern: str, limit: int) -> list[str] | None:
+    """The video files `pattern` matches, sorted; None when there are more than `limit` (the walk
+    stops there, so `/**/*.mp4` does not list the whole filesystem first)."""
+    videos = (
+        p for p in glob.iglob(pattern, recursive=True) if Path(p).suffix.lower() in VIDEO_SUFFIXES
+    )
+    matches = list(itertools.islice(videos, limit + 1))
+    return None if len(matches) > limit else sorted(matches)
 
 
 def _parse_queries_file(text: str) -> list[str]:
@@ -112,7 +167,7 @@ def _add_url(found: Collected, url: str, source: str, info: str) -> None:
     try:
         video_id = video_id_for_url(url)
     except ValueError as exc:
-        found.problems.append(f"{source} {url!r}: {exc}")
+        found.problem(f"{source} {url!r}: {exc}")
         return
     found.per_source[f"{source}: {info}"] = found.per_source.get(f"{source}: {info}", 0) + 1
     canonical = youtube_watch_url(video_id) if is_youtube_url(url) else url

@@ -22,8 +22,6 @@ DATASET = "dataset"  # per project
 BACKUP = "backup"  # per video
 
 VIDEO_STAGES = (DOWNLOAD, FRAMES, BACKUP)
-PROJECT_VIDEO_STAGES = (FILTER,)
-PROJECT_STAGES = (CATALOG, DEDUP, DETECT, DATASET)
 # The project-level stages that run, in this order, once every member video is finished.
 PROJECT_CHAIN = (DEDUP, DETECT, DATASET)
 ALL_STAGES = (CATALOG, DOWNLOAD, FRAMES, FILTER, DEDUP, DETECT, DATASET, BACKUP)

@@ -3,6 +3,8 @@
 # Op tags of the stage assets.
 STAGE_TAG = "dataminer/stage"  # the work-item stage an asset processes
 DEVICE_TAG = "dataminer/device"  # "gpu" on the model stages
+CELERY_QUEUE_TAG = "dagster-celery/queue"  # the dagster-celery queue a step goes to
+GPU_OP_TAGS = {DEVICE_TAG: "gpu", CELERY_QUEUE_TAG: "gpu"}  # the op tags of the model stages
 
 # Run tags of the runs the sensors request.
 LANE_TAG = "dataminer/lane"  # the lane (job) of the run
@@ -11,6 +13,9 @@ ITEMS_TAG = "dataminer/items"  # how many work items the run was requested for
 BATCH_TAG = "dataminer/batch"  # "<first work item id>-<last work item id>" of the request
 REQUESTED_BY_TAG = "dataminer/requested_by"  # "sensor": the run respects retry back-off
 AHEAD_TAG = "dataminer/ahead"  # "true": requested before its input was ready; it waits for it
+# Runs of `dataminer run`:
+PROJECTS_TAG = "dataminer/projects"  # ids, comma-separated: claim only items of these projects
+DEADLINE_TAG = "dataminer/deadline"  # Unix time after which the run starts no new item
 PRIORITY_TAG = "dagster/priority"  # the run queue starts higher values first
 
 # Dagster's own tags for a run over a range of partitions.

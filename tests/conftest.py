@@ -137,3 +137,11 @@ def dataminer_env(monkeypatch, tmp_path: Path, database_url: str) -> Path:
     monkeypatch.setenv("DATAMINER_DATABASE_URL", database_url)
     monkeypatch.setenv("DATAMINER_DATA_DIR", str(home / "data"))
     return home
+
+
+@pytest.fixture(scope="session")
+def tiny_siglip(tmp_path_factory) -> Path:
+    """A tiny random-weight SigLIP2 checkpoint on disk, for tests that run the filter stage."""
+    from dataminer_dagster.models.tiny import build_tiny_siglip
+
+    return build_tiny_siglip(tmp_path_factory.mktemp("models") / "siglip")

@@ -55,7 +55,7 @@ def routing_job(gpu_queue: str, record_dir: str) -> dg.JobDefinition:
     queue name. Rebuilt by every worker from these arguments (see `build_reconstructable_job`)."""
     from dagster_celery import celery_executor
 
-    from dataminer_dagster.assets.filter import GPU_OP_TAGS
+    from dataminer_dagster.tags import GPU_OP_TAGS
 
     @dg.asset(partitions_def=ITEMS, backfill_policy=dg.BackfillPolicy.single_run())
     def decoded(context) -> None:

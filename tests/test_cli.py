@@ -21,7 +21,6 @@ from dataminer_dagster.db.catalog import Candidate, Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, PENDING, RUNNING
-from dataminer_dagster.db.server import mask_password
 from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.settings import load_settings
 from dataminer_dagster.stages import CATALOG, DATASET, DEDUP, DETECT, DOWNLOAD, FILTER, FRAMES
@@ -197,19 +196,6 @@ def test_config_without_a_required_key_says_so(tmp_path):
 def test_config_that_does_not_exist_is_a_usage_error(tmp_path):
     result = invoke("project", "add", str(tmp_path / "missing.yaml"), code=2)
     assert "does not exist" in result.output
-
-
-@pytest.mark.parametrize(
-    ("url", "masked"),
-    [
-        ("postgresql://user:secret@host:5432/db", "postgresql://user:***@host:5432/db"),
-        ("postgresql+psycopg://u:p%40ss@h/db", "postgresql+psycopg://u:***@h/db"),
-        ("postgresql://user@host/db", "postgresql://user@host/db"),
-        ("postgresql:///db?host=/tmp/sock", "postgresql:///db?host=/tmp/sock"),
-    ],
-)
-def test_mask_password(url, masked):
-    assert mask_password(url) == masked
 
 
 # --- database -----------------------------------------------------------------------------------
@@ -425,13 +411,116 @@ def test_project_delete_files_removes_only_what_no_other_project_uses(world, tmp
     assert world.status(DOWNLOAD, "mine") is None
 
 
-def test_project_delete_files_keeps_an_output_dir_that_another_project_uses(world, tmp_path):
+def test_project_delete_files_keeps_an_output_dir_registered_before_markers_existed(
+    world, tmp_path
+):
+    """Rows written before registration checked output directories: one that another project's
+    output lies in, and one without the marker, keep every file."""
     world.project("p1", ["v1"], output_dir=tmp_path / "out")
-    world.project("p2", ["v2"], output_dir=tmp_path / "out" / "p2")
-    (tmp_path / "out" / "p2").mkdir(parents=True)
+    world.project("p2", ["v2"], output_dir=tmp_path / "elsewhere")
+    with world.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE dataminer.projects SET output_dir = :d WHERE name = 'p2'"),
+            {"d": str(tmp_path / "out" / "p2")},
+        )
+    (tmp_path / "out" / "p2" / "dataset").mkdir(parents=True)
+    (tmp_path / "out" / "dataset").mkdir()
     out = invoke("project", "delete", "p1", "--files", "--yes").output
     assert f"its output directory {tmp_path / 'out'} stays: it overlaps project p2" in out
-    assert (tmp_path / "out" / "p2").is_dir() and world.catalog.project("p1") is None
+    assert (tmp_path / "out" / "dataset").is_dir() and (tmp_path / "out" / "p2").is_dir()
+
+    out = invoke("project", "delete", "p2", "--files", "--yes").output
+    assert "stays: it carries no marker naming project p2" in out
+    assert (tmp_path / "out" / "p2" / "dataset").is_dir()
+
+
+# --- output directories: a project writes only where it may ------------------------------------
+
+
+def _add(tmp_path: Path, name: str, output_dir, code: int = 0, folder: Path | None = None):
+    folder = folder or tmp_path / f"configs-{name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = {**CONFIG, "name": name, "output_dir": str(output_dir)}
+    return invoke("project", "add", str(_write_config(folder / f"{name}.yaml", raw)), code=code)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "an existing folder",
+        "the config's own folder",
+        "the embedded database",
+        "the frame store",
+        "the data directory",
+        "DATAMINER_HOME",
+        "above DATAMINER_HOME",
+        "DAGSTER_HOME",
+        "$HOME",
+    ],
+)
+def test_project_add_refuses_an_output_dir_it_may_not_own(world, tmp_path, monkeypatch, where):
+    """Each of these was deleted whole by `project delete --files` when it was an output_dir."""
+    home, data = Path(os.environ["DATAMINER_HOME"]), world.paths.root
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    configs = tmp_path / "configs"
+    (configs / "other.yaml").parent.mkdir(parents=True)
+    (configs / "other.yaml").write_text("another project's config")
+    existing = tmp_path / "photos"
+    (existing / "2024").mkdir(parents=True)
+    output_dir, message = {
+        "an existing folder": (existing, "is not empty (2024)"),
+        "the config's own folder": (".", "is not empty (other.yaml, street.yaml)"),
+        "the embedded database": (home / "pg", "overlaps DATAMINER_HOME"),
+        "the frame store": (data / "frames", "overlaps the data directory"),
+        "the data directory": (data, "overlaps the data directory"),
+        "DATAMINER_HOME": (home, "overlaps the data directory"),
+        "above DATAMINER_HOME": (tmp_path, "overlaps the data directory"),
+        "DAGSTER_HOME": (tmp_path / "dagster" / "runs", "overlaps DAGSTER_HOME"),
+        "$HOME": (tmp_path / "user", "overlaps $HOME"),
+    }[where]
+    out = _add(tmp_path, "street", output_dir, code=1, folder=configs).output
+    assert message in out, out
+    assert world.catalog.project("street") is None
+    assert (existing / "2024").is_dir() and (configs / "other.yaml").is_file()
+    assert not (Path(configs / output_dir) / ".dataminer-project").exists()
+
+
+def test_two_projects_cannot_share_or_nest_output_dirs(world, tmp_path):
+    _add(tmp_path, "p1", tmp_path / "out" / "p1")
+    assert (tmp_path / "out" / "p1" / ".dataminer-project").read_text() == "p1\n"
+    for other in (tmp_path / "out" / "p1", tmp_path / "out" / "p1" / "inner", tmp_path / "out"):
+        out = _add(tmp_path, "p2", other, code=1).output
+        assert "overlaps the output directory of project p1" in out
+    _add(tmp_path, "p2", tmp_path / "out" / "p2")
+    _add(tmp_path, "p1", tmp_path / "out" / "p1")  # the same project again: its own directory
+    assert world.catalog.project("p2").output_dir == tmp_path / "out" / "p2"
+
+
+def test_project_add_takes_an_empty_folder_and_one_holding_only_its_own_results(world, tmp_path):
+    (tmp_path / "empty").mkdir()
+    _add(tmp_path, "p1", tmp_path / "empty")
+    (tmp_path / "older" / "dataset").mkdir(parents=True)  # written before markers existed
+    _add(tmp_path, "p2", tmp_path / "older")
+    assert (tmp_path / "older" / ".dataminer-project").read_text() == "p2\n"
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / ".dataminer-project").write_text("someone\n")
+    assert "belongs to project someone" in _add(tmp_path, "p3", tmp_path / "taken", 1).output
+
+
+def test_project_delete_files_removes_only_what_the_project_wrote(world, tmp_path):
+    _add(tmp_path, "p1", tmp_path / "out")
+    output = ProjectPaths(tmp_path / "out")
+    for entry in (output.filter_table("v1"), output.dataset_dir / "images" / "a.jpg"):
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.write_bytes(b"x")
+    (tmp_path / "out" / "notes.txt").write_text("the user's own file, put here later")
+    invoke("project", "delete", "p1", "--files", "--yes")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["notes.txt"]
+
+    _add(tmp_path, "p2", tmp_path / "out2")
+    invoke("project", "delete", "p2", "--files", "--yes")
+    assert not (tmp_path / "out2").exists()  # nothing else was in it
 
 
 def test_project_delete_is_refused_while_its_work_runs(world):
@@ -630,7 +719,7 @@ def test_export(world, tmp_path):
     assert "dataminer run CONFIG" in missing
     frames = _dataset(world, project)
 
-    out = invoke("export", "p1", str(tmp_path / "linked")).output
+    out = invoke("export", "p1", str(tmp_path / "linked"), "--link").output
     assert "exported 3 images (3 hard links, 0 copies) of project p1" in out
     exported = tmp_path / "linked"
     assert sorted(p.name for p in exported.iterdir()) == [
@@ -643,10 +732,28 @@ def test_export(world, tmp_path):
     assert image.stat().st_ino == (frames / "v_1.jpg").stat().st_ino
 
     (tmp_path / "empty").mkdir()
-    out = invoke("export", "p1", str(tmp_path / "empty"), "--copy").output
+    out = invoke("export", "p1", str(tmp_path / "empty")).output  # copies by default
     assert "exported 3 images (copied)" in out
     copied = tmp_path / "empty" / "images" / "v_1.jpg"
     assert copied.read_bytes() == b"jpeg 1"
     assert copied.stat().st_ino != (frames / "v_1.jpg").stat().st_ino
 
     assert "is not an empty directory" in invoke("export", "p1", str(exported), code=1).output
+
+
+def test_run_fails_a_project_whose_every_video_is_dead(world, tmp_path):
+    """It used to end "complete" with an empty dataset and exit 0."""
+    from tests.helpers.http_server import LocalHTTPServer
+
+    (tmp_path / "www").mkdir()
+    with LocalHTTPServer(tmp_path / "www") as server:
+        raw = {
+            **CONFIG,
+            "name": "gone",
+            "inputs": {"urls": [server.url("/missing1.mp4"), server.url("/missing2.mp4")]},
+        }
+        path = _write_config(tmp_path / "gone.yaml", raw)
+        result = CliRunner().invoke(main, ["run", str(path), "--no-progress", "--timeout", "120"])
+    assert result.exit_code == 1, result.output
+    assert "project gone: failed (none of its 2 videos could be used" in result.output
+    assert world.catalog.project("gone").stage == "failed"

@@ -112,6 +112,37 @@ def test_file_errors_and_relative_paths(tmp_path: Path):
     assert config.output_dir == tmp_path / "sub" / "out"
 
 
+def test_model_and_backup_paths_resolve_against_the_config_folder(tmp_path: Path, monkeypatch):
+    """Not against the working directory of whichever process runs the stage."""
+    folder = tmp_path / "project"
+    (folder / "models" / "siglip").mkdir(parents=True)
+    (folder / "detector.pt").write_bytes(b"")
+    (folder / "p.yaml").write_text(
+        "name: p\ninputs: {urls: ['https://example.com/a.mp4']}\n"
+        "filter: {positive_prompts: [a], model: models/siglip}\n"
+        "dedup: {embeddings: dinov2, model: ../shared/dinov2}\n"
+        "detect: {detector: yolo, model: detector.pt}\n"
+        "backup: {dest: backups}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    config = load_project_config(folder / "p.yaml")
+    assert config.filter.model == str(folder / "models" / "siglip")
+    assert config.dedup.model == str(tmp_path / "shared" / "dinov2")
+    assert config.detect.model == str(folder / "detector.pt")
+    assert config.backup.dest == str(folder / "backups")
+
+    (folder / "p.yaml").write_text(
+        "name: p\ninputs: {urls: ['https://example.com/a.mp4']}\n"
+        "filter: {positive_prompts: [a], model: google/siglip2-base-patch16-224}\n"
+        "detect: {detector: yolo, model: yolo11n.pt}\n"
+        "backup: {dest: 'me@backup-host:/srv/frames'}\n"
+    )
+    config = load_project_config(folder / "p.yaml")  # hub ids, library names, remote: as given
+    assert config.filter.model == "google/siglip2-base-patch16-224"
+    assert config.detect.model == "yolo11n.pt"
+    assert config.backup.dest == "me@backup-host:/srv/frames"
+
+
 def test_config_hash_follows_the_content():
     a = parse_project_config(MINIMAL)
     b = parse_project_config(_with(filter__positive_threshold=0.2))
@@ -131,3 +162,26 @@ def test_extraction_profiles_differ_only_when_the_output_would():
         "every_frames does not matter for time"
     )
     assert profile(time_1s) != profile(time_2s)
+
+
+def test_safety_caps_have_defaults_that_a_config_can_raise_but_not_remove():
+    defaults = parse_project_config(MINIMAL)
+    assert (defaults.download.max_duration_s, defaults.download.max_filesize_mb) == (7200, 4096)
+    assert defaults.download.min_free_disk_mb == defaults.extract.min_free_disk_mb == 1024
+    assert (defaults.extract.max_frames, defaults.extract.max_frame_pixels) == (10_000, 7680 * 4320)
+    assert (defaults.inputs.max_list_file_mb, defaults.inputs.max_list_file_lines) == (16, 100_000)
+    assert defaults.inputs.max_file_matches == 10_000
+    options = defaults.extract.options()
+    assert (options.max_frames, options.max_frame_pixels) == (10_000, 7680 * 4320)
+
+    raised = parse_project_config(
+        _with(
+            download={"max_duration_s": 86_400, "max_filesize_mb": 100_000},
+            extract={"max_frames": 1_000_000, "max_frame_pixels": 16384 * 16384},
+        )
+    )
+    assert raised.download.max_duration_s == 86_400
+    assert raised.extract.options().max_frames == 1_000_000
+    for key in ("download__max_filesize_mb", "extract__max_frames", "inputs__max_file_matches"):
+        with pytest.raises(ConfigError, match=key.replace("__", ".")):
+            parse_project_config(_with(**{key: None}))

@@ -140,6 +140,13 @@ def test_two_projects_complete_under_the_daemon_with_gpu_steps_one_at_a_time(
     assert len(intervals) >= 3, "a filter run and two project runs"
     for (_, end, first), (start, _, second) in zip(intervals, intervals[1:], strict=False):
         assert start >= end, f"gpu steps of runs {first} and {second} overlapped"
+    judged_dead = [
+        (run.run_id, message)
+        for run in instance.get_runs()
+        for message in run_failure_messages(instance, run.run_id)
+        if "Failed by dataminer" in (message or "")
+    ]
+    assert not judged_dead, "an undisturbed run was judged dead (its slot freed while it ran)"
     log = deployment.log_path.read_text()
     assert "Sensor tick caught an error" not in log, log[-4000:]
 

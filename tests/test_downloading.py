@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from dataminer_dagster.downloading import (
     DownloadBlocked,
@@ -27,6 +28,7 @@ from dataminer_dagster.downloading import (
     classify_ytdlp_error,
     default_format,
     deno_path,
+    download_params,
     download_video,
     parse_retry_after,
     parse_search_results,
@@ -296,6 +298,64 @@ def test_size_limit_blocks_before_the_body_is_downloaded(http_server, clips, tmp
     with pytest.raises(DownloadBlocked, match="over the limit of 0.01 MB") as raised:
         download_video(url, "vid", tmp_path, DownloadOptions(max_filesize_mb=0.01))
     assert raised.value.rule == "filesize"
+    assert_nothing_left_but(tmp_path)
+
+
+def test_a_body_without_a_length_is_cut_off_once_past_the_size_cap(http_server, tmp_path):
+    # No Content-Length: neither the metadata nor yt-dlp's own max_filesize can stop it early.
+    http_server.stream("/endless.mp4", total_bytes=40 * 2**20)
+    url = http_server.url("/endless.mp4")
+    with pytest.raises(DownloadBlocked, match="over the limit of 1 MB") as raised:
+        download_video(url, "vid", tmp_path, DownloadOptions(max_filesize_mb=1))
+    assert raised.value.rule == "filesize"
+    sent = [r.bytes_sent for r in http_server.requests if r.path == "/endless.mp4"]
+    assert max(sent) < 6 * 2**20, f"the download went on past the cap: {sent} bytes sent"
+    assert_nothing_left_but(tmp_path)
+
+
+def test_a_live_stream_is_refused_before_any_media_request(http_server, tmp_path):
+    # An HLS media playlist without #EXT-X-ENDLIST is a live stream: it never ends.
+    (http_server.root / "live.m3u8").write_text(
+        "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:0\n"
+        "#EXTINF:2.0,\nsegment0.ts\n"
+    )
+    with pytest.raises(DownloadBlocked, match="live stream") as raised:
+        download_video(http_server.url("/live.m3u8"), "vid", tmp_path, DownloadOptions())
+    assert raised.value.rule == "live"
+    assert http_server.hits("/segment0.ts") == 0
+    assert_nothing_left_but(tmp_path)
+
+
+def test_an_endless_playlist_is_not_enumerated_past_its_first_entry():
+    from yt_dlp import YoutubeDL
+    from yt_dlp.extractor.common import InfoExtractor
+
+    enumerated = []
+
+    class EndlessIE(InfoExtractor):
+        _VALID_URL = r"endless:"
+
+        def _real_extract(self, url):
+            def entries():
+                while len(enumerated) < 10_000:  # "endless"; a test must end
+                    enumerated.append(len(enumerated))
+                    yield self.url_result(f"https://example.com/{len(enumerated)}.mp4")
+
+            return self.playlist_result(entries(), "endless")
+
+    with YoutubeDL(download_params(DownloadOptions())) as ydl:
+        ydl.add_info_extractor(EndlessIE())
+        info = ydl.extract_info("endless:", download=False, ie_key="Endless")
+    assert info["_type"] == "playlist"  # which download_video refuses as "not a single video"
+    assert len(enumerated) == 1
+
+
+def test_a_download_needs_free_disk_space_for_its_size_and_a_reserve(http_server, clips, tmp_path):
+    url = serve_copy(http_server, clips["mp4"], "roomy.mp4")
+    with pytest.raises(InsufficientDiskSpace, match="download.min_free_disk_mb") as raised:
+        download_video(url, "vid", tmp_path, DownloadOptions(min_free_disk_mb=2**40))
+    assert "free" in str(raised.value) and "vid" in str(raised.value)
+    assert http_server.hits("/roomy.mp4") == 1, "refused after the metadata, before the media"
     assert_nothing_left_but(tmp_path)
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import subprocess
 import time
 from collections.abc import Sequence
@@ -70,13 +71,6 @@ SPEC = SyntheticVideoSpec(width=96, height=64, fps=10, seconds=2.0, scene_cuts=(
 def _short_leases(monkeypatch):
     monkeypatch.setenv("DATAMINER_HEARTBEAT_SECONDS", str(HEARTBEAT_S))
     monkeypatch.setenv("DATAMINER_LEASE_STALE_SECONDS", str(STALE_S))
-
-
-@pytest.fixture(scope="module")
-def siglip(tmp_path_factory) -> Path:
-    from dataminer_dagster.models.tiny import build_tiny_siglip
-
-    return build_tiny_siglip(tmp_path_factory.mktemp("models") / "siglip")
 
 
 @pytest.fixture(scope="module")
@@ -345,7 +339,7 @@ def assert_same_outputs(got: dict, expected: dict) -> None:
 
 
 def test_runs_killed_in_every_stage_resume_to_the_same_dataset_as_a_clean_run(
-    pg_server, database_url, tmp_path, videos, siglip
+    pg_server, database_url, tmp_path, videos, tiny_siglip
 ):
     seed = int(os.environ.get("DATAMINER_TEST_SEED") or random.randrange(2**32))
     rng = random.Random(seed)
@@ -357,13 +351,13 @@ def test_runs_killed_in_every_stage_resume_to_the_same_dataset_as_a_clean_run(
 
     clean_db = pg_server.new_database()
     try:
-        clean = Pipeline(tmp_path / "clean", pg_server.url(clean_db), videos, siglip)
+        clean = Pipeline(tmp_path / "clean", pg_server.url(clean_db), videos, tiny_siglip)
         run_stage_by_stage(clean, {})
         expected = project_outputs(clean)
     finally:
         pg_server.drop(clean_db)
 
-    crashed = Pipeline(tmp_path / "crashed", database_url, videos, siglip)
+    crashed = Pipeline(tmp_path / "crashed", database_url, videos, tiny_siglip)
     killed = run_stage_by_stage(crashed, kills)
 
     assert_same_outputs(project_outputs(crashed), expected)
@@ -381,9 +375,9 @@ def test_runs_killed_in_every_stage_resume_to_the_same_dataset_as_a_clean_run(
 
 
 def test_two_runs_of_one_partition_one_does_the_work_the_other_leaves_cleanly(
-    database_url, tmp_path, videos, siglip
+    database_url, tmp_path, videos, tiny_siglip
 ):
-    p = Pipeline(tmp_path, database_url, videos[:1], siglip)
+    p = Pipeline(tmp_path, database_url, videos[:1], tiny_siglip)
     [video_id] = p.video_ids
     gate = tmp_path / "go"
     with p.instance() as instance:
@@ -443,10 +437,10 @@ def restartable_postgres():
 
 
 def test_project_completes_across_postgres_restarts(
-    restartable_postgres, tmp_path, videos, siglip, caplog
+    restartable_postgres, tmp_path, videos, tiny_siglip, caplog
 ):
     server = restartable_postgres
-    p = Pipeline(tmp_path, server.url("dataminer"), videos, siglip)
+    p = Pipeline(tmp_path, server.url("dataminer"), videos, tiny_siglip)
     restart = {"action": "restart_postgres", "pgdata": server.pgdata, "once": True}
     hooks = [
         # While a frames run holds its leases and its heartbeat thread beats: down for 4 beats.
@@ -489,12 +483,12 @@ def test_project_completes_across_postgres_restarts(
     ids=["poison-last-in-batch", "poison-first-in-batch"],
 )
 def test_an_item_that_kills_its_process_every_time_ends_dead_and_the_rest_completes(
-    poison_first, monkeypatch, database_url, tmp_path, videos, siglip
+    poison_first, monkeypatch, database_url, tmp_path, videos, tiny_siglip
 ):
     max_attempts = 3
     monkeypatch.setenv("DATAMINER_MAX_ATTEMPTS", str(max_attempts))
     files = [videos[2], videos[0], videos[1]] if poison_first else videos
-    p = Pipeline(tmp_path, database_url, files, siglip)
+    p = Pipeline(tmp_path, database_url, files, tiny_siglip)
     poison = video_id_for_file(videos[2])
     good = [v for v in p.video_ids if v != poison]
     hook = Hook(FRAMES, "processed", "kill", key=poison)  # it dies while being worked on
@@ -538,9 +532,9 @@ def test_an_item_that_kills_its_process_every_time_ends_dead_and_the_rest_comple
 
 
 def test_a_killed_runs_staging_files_are_removed_by_the_next_attempt(
-    database_url, tmp_path, videos, siglip
+    database_url, tmp_path, videos, tiny_siglip
 ):
-    p = Pipeline(tmp_path, database_url, videos[:1], siglip)
+    p = Pipeline(tmp_path, database_url, videos[:1], tiny_siglip)
     with p.instance() as instance:
         for stage in (CATALOG, DOWNLOAD, FRAMES):
             p.materialize(instance, stage)
@@ -551,8 +545,10 @@ def test_a_killed_runs_staging_files_are_removed_by_the_next_attempt(
     assert sorted(f.name for f in filter_dir.iterdir()) == [f"{p.video_ids[0]}.parquet"]
 
 
-def test_filter_scores_do_not_depend_on_the_embedding_cache(database_url, tmp_path, videos, siglip):
-    p = Pipeline(tmp_path, database_url, videos[:1], siglip)
+def test_filter_scores_do_not_depend_on_the_embedding_cache(
+    database_url, tmp_path, videos, tiny_siglip
+):
+    p = Pipeline(tmp_path, database_url, videos[:1], tiny_siglip)
     table = ProjectPaths(p.root / "out").filter_table(p.video_ids[0])
     with p.instance() as instance:
         for stage in (CATALOG, DOWNLOAD, FRAMES, FILTER):
@@ -561,3 +557,28 @@ def test_filter_scores_do_not_depend_on_the_embedding_cache(database_url, tmp_pa
         p.materialize(instance, FILTER, redo=True)  # what a retry sees: the cached embeddings
         cached = pd.read_parquet(table)
     pd.testing.assert_series_equal(cached["pos_max"], fresh["pos_max"])
+
+
+def test_a_filter_whose_frames_are_gone_fails_and_queues_their_extraction_in_one_step(
+    database_url, tmp_path, videos, tiny_siglip
+):
+    p = Pipeline(tmp_path, database_url, videos[:1], tiny_siglip)
+    video = p.video_ids[0]
+    with p.instance() as instance:
+        for stage in (CATALOG, DOWNLOAD, FRAMES):
+            p.materialize(instance, stage)
+        [(frames_dir, _)] = p.catalog.frame_profiles([video])[video].values()
+        shutil.rmtree(frames_dir)
+        result = materialize_partitions(
+            [STAGES[FILTER]],
+            [f"{p.name}.{video}"],
+            instance=instance,
+            resources=p.resources(),
+            partitions=STAGES[FILTER].partitions_def,
+            raise_on_error=False,
+        )
+    assert not result.success  # a run of one partition fails with its item's reason
+    item = p.items(FILTER)[f"{p.name}.{video}"]
+    assert item.status == "failed" and item.attempts == 1
+    assert "are missing; their extraction is queued again" in item.last_error
+    assert p.items(FRAMES)[video].status == "pending"

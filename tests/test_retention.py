@@ -3,6 +3,7 @@ extracted again, and frames are only deleted once every project using them is do
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import dagster as dg
@@ -10,6 +11,7 @@ import pytest
 
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
+from dataminer_dagster.db.admin import force_stage
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.paths import DataPaths
@@ -23,13 +25,6 @@ from tests.helpers.pipeline import (
 )
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def tiny_siglip(tmp_path_factory) -> Path:
-    from dataminer_dagster.models.tiny import build_tiny_siglip
-
-    return build_tiny_siglip(tmp_path_factory.mktemp("models") / "siglip")
 
 
 def _config(name, urls, model, out: Path, **sections):
@@ -101,6 +96,19 @@ def test_cleanup_and_backup_then_a_later_project_gets_everything_back(
             "the dataset keeps its images"
         )
 
+        # Forcing dedup again after the frames went extracts and filters them again first.
+        frames_before = {k: r.finished_at for k, r in work_items(engine, "frames").items()}
+        dedup_before = work_items(engine, "dedup")["first"].finished_at
+        forced = force_stage(catalog, "first", "dedup")
+        assert forced.frames_released == ids and forced.unfinished_members == len(ids)
+        result = drive_quietly(["first"], instance=instance, defs=defs, store=store)
+        assert result.stages == {"first": "complete"}
+        assert all(work_items(engine, "frames")[v].finished_at > frames_before[v] for v in ids)
+        dedup = work_items(engine, "dedup")["first"]
+        assert dedup.status == "done" and dedup.finished_at > dedup_before
+        assert dedup.attempts == 1 and dedup.last_error is None
+        assert list(dataset.iterdir()), "the dataset was made again from the frames"
+
         # A later project with other sampling needs the same videos: fetched and extracted again.
         second = _config(
             "second",
@@ -116,3 +124,45 @@ def test_cleanup_and_backup_then_a_later_project_gets_everything_back(
         assert all(catalog.frame_profiles([v]).get(v) for v in ids), (
             "frames exist again for the new project"
         )
+
+
+def test_a_backup_onto_the_frame_store_is_refused_and_the_frames_stay(
+    tmp_path, database_url, engine, tiny_siglip
+):
+    """rsync verifies a copy onto the frame store against itself; with delete_after_backup the
+    only copy would go. Registration refuses such a destination; a project registered before
+    that check existed gets its backup item failed with the reason, and keeps its frames."""
+    from dataminer_dagster.paths import UnsafePathError
+
+    www = tmp_path / "www"
+    write_videos(www, {"v0.mp4": SyntheticVideoSpec(width=96, height=64, fps=10, seconds=1.0)})
+    data_dir = tmp_path / "data"
+    store = LeaseStore(engine)
+    catalog = Catalog(engine, store, DataPaths(data_dir))
+    backup = {"dest": str(data_dir / "frames" / "copy"), "delete_after_backup": True}
+    with LocalHTTPServer(www) as server, dg.instance_for_test() as instance:
+        config = _config("onto", [server.url("/v0.mp4")], tiny_siglip, tmp_path / "out")
+        with pytest.raises(UnsafePathError, match="backup.dest .* overlaps the data directory"):
+            catalog.register_project(config.model_copy(update={"backup": _backup(backup)}))
+        catalog.register_project(config)
+        with engine.begin() as conn:  # as a registration made before the check would be
+            conn.exec_driver_sql(
+                "UPDATE dataminer.projects SET config = jsonb_set(config, '{backup}', %s::jsonb)",
+                (json.dumps(backup),),
+            )
+        defs = pipeline_definitions(resources(database_url, data_dir))
+        result = drive_quietly(["onto"], instance=instance, defs=defs, store=store, timeout_s=60)
+        assert result.stages == {"onto": "complete"}
+        (item,) = work_items(engine, "backup").values()
+        assert (
+            item.status in ("failed", "dead") and "overlaps the data directory" in item.last_error
+        )
+        (video,) = work_items(engine, "download")
+        assert catalog.frame_profiles([video]), "the frames were not released"
+        assert not (data_dir / "frames" / "copy").exists()
+
+
+def _backup(raw: dict):
+    from dataminer_dagster.config import BackupConfig
+
+    return BackupConfig.model_validate(raw)

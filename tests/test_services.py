@@ -378,3 +378,35 @@ def test_a_long_home_puts_the_socket_in_the_temporary_directory(tmp_path):
     assert len(str(paths.socket)) <= MAX_SOCKET_PATH
     assert paths.socket == ServicesPaths(long_home).socket, "the same for every command"
     assert paths.socket != ServicesPaths(tmp_path / "other").socket
+
+
+def test_a_long_home_keeps_the_socket_in_a_folder_only_its_user_may_enter(tmp_path, monkeypatch):
+    import tempfile
+
+    from dataminer_dagster.services import ServicesPaths
+
+    shared = tmp_path / "tmp"
+    shared.mkdir(mode=0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    socket_path = ServicesPaths(tmp_path / ("very-long-directory-name-" * 5) / "home").socket
+    assert socket_path.parent != shared, "not a predictable name in the shared directory"
+    folder = socket_path.parent
+    while folder != shared:
+        assert folder.stat().st_uid == os.getuid()
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+        folder = folder.parent
+
+
+def test_a_private_socket_folder_that_another_user_made_is_refused(tmp_path, monkeypatch):
+    import tempfile
+
+    from dataminer_dagster.services import ServicesPaths
+
+    shared = tmp_path / "tmp"
+    shared.mkdir(mode=0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    planted = shared / f"dataminer-{os.getuid()}"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)  # made first by someone else, open to all
+    with pytest.raises(svc.ServicesError, match=str(planted)):
+        _ = ServicesPaths(tmp_path / ("very-long-directory-name-" * 5) / "home").socket

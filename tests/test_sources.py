@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from dataminer_dagster.config import InputsConfig, SearchConfig
 from dataminer_dagster.downloading import SearchHit
-from dataminer_dagster.sources import collect_candidates
+from dataminer_dagster.sources import PROBLEMS_KEPT, collect_candidates
 
 
 def _search(results: dict[str, list[str]]):
@@ -67,3 +69,58 @@ def test_a_missing_url_file_is_reported_not_fatal(tmp_path: Path):
     found = collect_candidates(inputs, _search({}))
     assert [c.video_id for c in found.candidates] == ["AAAAAAAAAAA"]
     assert found.problems and "missing.txt" in found.problems[0]
+
+
+def test_a_huge_file_of_bad_urls_reports_the_first_problems_and_a_count(tmp_path: Path):
+    bad = [f"not a url {n}" for n in range(99_999)]  # 100,000 lines: the default cap
+    (tmp_path / "urls.txt").write_text("\n".join(["https://youtu.be/AAAAAAAAAAA", *bad]))
+    inputs = InputsConfig(url_file=tmp_path / "urls.txt")
+    found = collect_candidates(inputs, _search({}))
+    assert [c.video_id for c in found.candidates] == ["AAAAAAAAAAA"]
+    assert found.problem_count == 99_999
+    assert len(found.problems) == PROBLEMS_KEPT
+    assert "'not a url 0'" in found.problems[0]
+    assert found.summary().endswith(f"(and {99_999 - PROBLEMS_KEPT} more problems)")
+
+
+@pytest.mark.parametrize(
+    ("content", "limits", "expected"),
+    [
+        ("https://youtu.be/AAAAAAAAAAA\n" * 11, {"max_list_file_lines": 10}, "more than 10 lines"),
+        ("x" * 2 * 2**20, {"max_list_file_mb": 1}, "larger than 1 MB"),
+        (b"\xff\xfe not text", {}, "not UTF-8 text"),
+    ],
+)
+def test_a_url_file_over_its_caps_is_refused_by_name(tmp_path: Path, content, limits, expected):
+    path = tmp_path / "urls.txt"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    inputs = InputsConfig(urls=["https://youtu.be/BBBBBBBBBBB"], url_file=path, **limits)
+    found = collect_candidates(inputs, _search({}))
+    assert [c.video_id for c in found.candidates] == ["BBBBBBBBBBB"], "nothing from the file"
+    [problem] = found.problems
+    assert problem.startswith(f"url_file {path}: {expected}"), problem
+
+
+def test_an_endless_url_file_is_read_no_further_than_its_cap():
+    found = collect_candidates(InputsConfig(url_file=Path("/dev/zero")), _search({}))
+    assert not found.candidates
+    assert found.problems == [
+        "url_file /dev/zero: larger than 16 MB (inputs.max_list_file_mb); none of it was used"
+    ]
+
+
+def test_a_glob_matching_more_files_than_the_cap_is_refused(tmp_path: Path):
+    for n in range(6):
+        (tmp_path / f"clip{n}.mp4").write_bytes(b"x")
+    pattern = str(tmp_path / "**" / "*.mp4")
+    found = collect_candidates(InputsConfig(files=[pattern], max_file_matches=5), _search({}))
+    assert not found.candidates
+    assert found.problems == [
+        f"files {pattern!r}: matches more than 5 video files (inputs.max_file_matches); "
+        "narrow the pattern or raise the limit"
+    ]
+    found = collect_candidates(InputsConfig(files=[pattern], max_file_matches=6), _search({}))
+    assert len(found.candidates) == 6 and not found.problems

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.partitions import projects_partitions, videos_partitions
 from dataminer_dagster.paths import FRAMES_MANIFEST, DataPaths
+from dataminer_dagster.sources import PROBLEMS_KEPT
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
     materialize_partitions,
@@ -133,6 +135,8 @@ def test_bad_items_end_in_the_right_state_and_good_ones_get_frames(
             assert count == len(manifest) == 4  # 0.0, 0.5, 1.0, 1.5 s
             assert list(manifest["timestamp"].round(2)) == [0.0, 0.5, 1.0, 1.5]
             assert all((directory / name).is_file() for name in manifest["file_name"])
+            # Shared by hard links with datasets: nobody edits a frame in place by mistake.
+            assert not any(f.stat().st_mode & 0o222 for f in directory.iterdir())
         assert set(work_items(engine, "filter")) == {f"p1.{v}" for v in good}
 
         # A second run of everything does no new work.
@@ -246,3 +250,100 @@ def test_frames_reextracts_when_a_project_needs_another_profile_and_refetches_de
         assert work_items(engine, "filter")["p2." + good].status == "pending"
         assert work_items(engine, "filter")["p1." + good].status == "pending"
         shutil.rmtree(webp[0])
+
+
+def test_unbounded_downloads_are_stopped_and_a_full_disk_costs_no_attempt(
+    served, tmp_path, database_url, engine
+):
+    served.stream("/endless.mp4", total_bytes=40 * 2**20)  # no Content-Length
+    (served.root / "live.m3u8").write_text(  # no #EXT-X-ENDLIST: a live stream
+        "#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXTINF:2.0,\nsegment0.ts\n"
+    )
+    names = ["endless.mp4", "live.m3u8", "good.mp4"]
+    ids = {name: video_id_for_url(served.url(f"/{name}")) for name in names}
+
+    def config(**download):
+        return parse_project_config(
+            {
+                "name": "p1",
+                "inputs": {"urls": [served.url(f"/{n}") for n in names]},
+                "download": {"max_filesize_mb": 1, **download},
+                "filter": {"positive_prompts": ["a thing"]},
+            }
+        )
+
+    data_dir = tmp_path / "data"
+    catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
+    catalog.register_project(config(min_free_disk_mb=2**40))  # a petabyte: the disk is "full"
+    res = resources(database_url, data_dir)
+    with dg.instance_for_test() as instance:
+        materialize_partitions(
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=res,
+            partitions=projects_partitions,
+        )
+        keys = list(ids.values())
+        result = materialize_partitions(
+            [downloads], keys, instance=instance, resources=res, partitions=videos_partitions
+        )
+        assert result.success
+        dl = work_items(engine, "download")
+        assert dl[ids["live.m3u8"]].status == "blocked"
+        assert "live stream" in dl[ids["live.m3u8"]].last_error
+        for name in ("endless.mp4", "good.mp4"):
+            item = dl[ids[name]]
+            assert (item.status, item.attempts) == ("failed", 0), (
+                "the disk's fault, not the video's"
+            )
+            assert "not enough free disk space" in item.last_error
+            assert "download.min_free_disk_mb" in item.last_error
+
+        catalog.register_project(config())  # space was freed (the default reserve fits)
+        materialize_partitions(
+            [downloads], keys, instance=instance, resources=res, partitions=videos_partitions
+        )
+        dl = work_items(engine, "download")
+        assert dl[ids["good.mp4"]].status == "done"
+        endless = dl[ids["endless.mp4"]]
+        assert endless.status == "blocked" and "over the limit of 1 MB" in endless.last_error
+        sent = [r.bytes_sent for r in served.requests if r.path == "/endless.mp4"]
+        assert max(sent) < 6 * 2**20, f"the download went on past the cap: {sent} bytes sent"
+
+
+def test_a_huge_file_of_bad_urls_logs_the_first_problems_and_a_count(
+    tmp_path, database_url, engine
+):
+    bad = [f"not a url {n}" for n in range(99_999)]
+    url_file = tmp_path / "urls.txt"
+    url_file.write_text("\n".join(["https://youtu.be/AAAAAAAAAAA", *bad]))
+    config = parse_project_config(
+        {
+            "name": "p1",
+            "inputs": {"url_file": str(url_file)},
+            "filter": {"positive_prompts": ["a thing"]},
+        }
+    )
+    data_dir = tmp_path / "data"
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    with dg.instance_for_test() as instance:
+        result = materialize_partitions(
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=resources(database_url, data_dir),
+            partitions=projects_partitions,
+        )
+        warnings = [
+            e.user_message
+            for e in instance.all_logs(result.run_id)
+            if e.level == logging.WARNING and e.user_message.startswith("p1: ")
+        ]
+    assert len(warnings) == PROBLEMS_KEPT + 1
+    assert (
+        warnings[-1]
+        == f"p1: {99_999 - PROBLEMS_KEPT} more problems like these are not shown (99999 in all)"
+    )
+    [item] = work_items(engine, "catalog").values()
+    assert item.status == "done" and item.outcome == {"videos": 1, "problems": 99_999}

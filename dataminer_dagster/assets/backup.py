@@ -6,10 +6,13 @@ them any more; see retention.py.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dataminer_dagster.assets.frames import frames
 from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
-from dataminer_dagster.core.rsync import copy_tree, verify_tree
+from dataminer_dagster.core.rsync import copy_tree, is_remote, verify_tree
 from dataminer_dagster.partitions import videos_partitions
+from dataminer_dagster.paths import check_backup_dest
 from dataminer_dagster.retention import release_finished_frames
 from dataminer_dagster.stages import BACKUP
 
@@ -25,6 +28,8 @@ def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
         return ItemResult(metadata={"status": "nothing to back up"})
     checked = {}
     for dest in destinations:
+        if not is_remote(dest):  # registered before registration checked it
+            check_backup_dest(Path(dest), ctx.db.paths.root)
         target = f"{dest.rstrip('/')}/{item.video_id}"
         copy_tree(frames_root, target)
         checked[dest] = verify_tree(frames_root, target)

@@ -25,12 +25,15 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
     if project is None:
         raise ValueError(f"project {item.key!r} is not registered (dataminer project add CONFIG)")
     found = collect_candidates(project.config.inputs, ctx.resources.video_sources.search)
-    for problem in found.problems:
+    for problem in found.problems:  # the first few: a file of bad lines must not flood the log
         ctx.log.warning(f"{project.name}: {problem}")
-    if not found.candidates and found.problems:
-        raise RuntimeError(
-            f"no video found for project {project.name}: " + "; ".join(found.problems)
+    if found.problems_not_kept:
+        ctx.log.warning(
+            f"{project.name}: {found.problems_not_kept} more problems like these are not shown "
+            f"({found.problem_count} in all)"
         )
+    if not found.candidates and found.problems:
+        raise RuntimeError(f"no video found for project {project.name}: {found.summary()}")
 
     summary: dict = {}
 
@@ -45,8 +48,8 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
         metadata={
             "videos": len(found.candidates),
             "per_source": found.per_source,
-            "problems": "\n".join(found.problems) or "none",
+            "problems": found.summary() or "none",
         },
-        outcome={"videos": len(found.candidates), "problems": len(found.problems)},
+        outcome={"videos": len(found.candidates), "problems": found.problem_count},
         commit=commit,
     )

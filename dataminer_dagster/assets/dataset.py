@@ -23,6 +23,7 @@ from dataminer_dagster.assets.stage import (
     stage_asset,
 )
 from dataminer_dagster.core.files import link_or_copy, publish, staging_path
+from dataminer_dagster.core.redact import redact_url
 from dataminer_dagster.db.project_flow import project_members
 from dataminer_dagster.partitions import projects_partitions
 from dataminer_dagster.paths import ProjectPaths
@@ -67,7 +68,10 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     kept["file_name"] = [Path(f).name for f in kept["file"]]
 
     videos = catalog.videos(kept["video_id"].unique().tolist())
-    kept["source_url"] = [videos[v].url or videos[v].source_path for v in kept["video_id"]]
+    kept["source_url"] = [  # a dataset travels: no passwords or signed tokens in it
+        redact_url(videos[v].url) if videos[v].url else videos[v].source_path
+        for v in kept["video_id"]
+    ]
     kept["video_title"] = [videos[v].title for v in kept["video_id"]]
     has_detections = paths.detections_table.is_file() and project.config.detect is not None
     if has_detections:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dataminer_dagster.assets.filter import FRAME_COLUMNS, GPU_OP_TAGS, filtered_frames, load_scorer
+from dataminer_dagster.assets.filter import FRAME_COLUMNS, filtered_frames, load_scorer
 from dataminer_dagster.assets.previews import preview_metadata
 from dataminer_dagster.assets.stage import (
     ItemResult,
@@ -31,6 +31,7 @@ from dataminer_dagster.core.visualize import contact_sheet, histogram
 from dataminer_dagster.partitions import projects_partitions
 from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.stages import DEDUP
+from dataminer_dagster.tags import GPU_OP_TAGS
 
 
 def _no_duplicates_kept(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]:

@@ -13,7 +13,6 @@ from pathlib import Path
 import pandas as pd
 
 from dataminer_dagster.assets.dedup import deduped_set
-from dataminer_dagster.assets.filter import GPU_OP_TAGS
 from dataminer_dagster.assets.previews import preview_metadata
 from dataminer_dagster.assets.stage import (
     ItemResult,
@@ -36,6 +35,7 @@ from dataminer_dagster.core.visualize import contact_sheet, draw_detections
 from dataminer_dagster.partitions import projects_partitions
 from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.stages import DETECT
+from dataminer_dagster.tags import GPU_OP_TAGS
 
 READ_CHUNK = 64  # frames read from disk at a time
 

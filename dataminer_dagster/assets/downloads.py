@@ -16,11 +16,13 @@ from dataminer_dagster.assets.stage import (
     Blocked,
     ItemResult,
     PermanentFailure,
+    Postponed,
     StageContext,
     StageItem,
     stage_asset,
 )
 from dataminer_dagster.config import DownloadConfig
+from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.catalog import ProjectRow
@@ -77,6 +79,8 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
         raise Blocked(str(exc)) from exc
     except PermanentDownloadError as exc:
         raise PermanentFailure(str(exc)) from exc
+    except InsufficientDiskSpace as exc:
+        raise Postponed(str(exc)) from exc
     if options.sleep_seconds:
         time.sleep(options.sleep_seconds)
 
@@ -102,7 +106,8 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
 
 def merged_download_options(configs: list[DownloadConfig]) -> DownloadOptions:
     """One download serves every linked project: the most permissive of their settings (rules
-    that only some projects have are applied per project afterwards)."""
+    that only some projects have are applied per project afterwards), but the largest reserve of
+    free disk space."""
 
     def loosest(values):
         return None if any(v is None for v in values) else max(values)
@@ -118,6 +123,7 @@ def merged_download_options(configs: list[DownloadConfig]) -> DownloadOptions:
         blocked_hashtags=tuple(sorted(blocked)),
         max_duration_s=loosest([c.max_duration_s for c in configs]),
         max_filesize_mb=loosest([c.max_filesize_mb for c in configs]),
+        min_free_disk_mb=max(c.min_free_disk_mb for c in configs),
         cookies_file=next((c.cookies_file for c in configs if c.cookies_file), None),
     )
 

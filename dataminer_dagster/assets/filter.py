@@ -14,7 +14,13 @@ import numpy as np
 import pandas as pd
 
 from dataminer_dagster.assets.frames import frames
-from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
+from dataminer_dagster.assets.stage import (
+    ItemResult,
+    RequeueFirst,
+    StageContext,
+    StageItem,
+    stage_asset,
+)
 from dataminer_dagster.config import FilterConfig
 from dataminer_dagster.core.embedding_cache import EmbeddingCache, quantize
 from dataminer_dagster.core.extract import read_manifest
@@ -23,8 +29,7 @@ from dataminer_dagster.core.filter_rule import FilterThresholds, apply_filter_ru
 from dataminer_dagster.partitions import project_videos_partitions
 from dataminer_dagster.paths import FRAMES_MANIFEST, ProjectPaths
 from dataminer_dagster.stages import FILTER
-
-GPU_OP_TAGS = {"dataminer/device": "gpu", "dagster-celery/queue": "gpu"}
+from dataminer_dagster.tags import GPU_OP_TAGS
 
 
 def load_scorer(config: FilterConfig):
@@ -58,10 +63,9 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
     profile = project.config.extract.options().profile_id()
     stored = catalog.frame_profiles([item.video_id]).get(item.video_id, {}).get(profile)
     if stored is None or not stored[0].is_dir():
-        with catalog.engine.begin() as conn:
-            catalog.advance_videos(conn, [item.video_id])
-        raise RuntimeError(
-            f"frames of video {item.video_id} ({profile}) are missing; their extraction is queued again"
+        raise RequeueFirst(
+            f"frames of video {item.video_id} ({profile}) are missing; their extraction is queued again",
+            lambda conn: catalog.advance_videos(conn, [item.video_id]),
         )
     frames_dir = stored[0]
     manifest = read_manifest(frames_dir / FRAMES_MANIFEST)

@@ -15,6 +15,7 @@ from dataminer_dagster.assets.downloads import downloads
 from dataminer_dagster.assets.stage import (
     ItemResult,
     PermanentFailure,
+    Postponed,
     StageCheck,
     StageContext,
     StageItem,
@@ -26,9 +27,16 @@ from dataminer_dagster.core.extract import (
     read_manifest,
     write_manifest,
 )
-from dataminer_dagster.core.files import publish, staging_path
+from dataminer_dagster.core.files import (
+    InsufficientDiskSpace,
+    make_read_only,
+    publish,
+    require_free_space,
+    staging_path,
+)
 from dataminer_dagster.core.media import VideoDecodeError
 from dataminer_dagster.core.progress import format_seconds
+from dataminer_dagster.db.catalog import ProjectRow
 from dataminer_dagster.partitions import videos_partitions
 from dataminer_dagster.paths import FRAMES_MANIFEST
 from dataminer_dagster.retention import delete_video_file, may_delete_video_file
@@ -104,6 +112,8 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
             commit=refetch,
         )
 
+    if missing:
+        _require_disk_space(ctx, projects)
     staged: list[Path] = []
     made: list[tuple[str, ExtractionOptions, Path, Path, int]] = []
     summary: dict[str, int] = {}
@@ -126,6 +136,7 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
         for warning in result.warnings:
             ctx.log.warning(f"frames {item.video_id}: {warning}")
         write_manifest(result, staging / FRAMES_MANIFEST)
+        make_read_only(staging)
         made.append((profile, options, staging, final, len(result.frames)))
         summary[profile] = len(result.frames)
         ctx.check_lease(item)
@@ -150,6 +161,21 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
         commit=commit,
         staged=staged,
     )
+
+
+def _require_disk_space(ctx: StageContext, projects: list[ProjectRow]) -> None:
+    """Raise Postponed when the data disk has less free space than a linked project reserves."""
+    reserve_mb = max(p.config.extract.min_free_disk_mb for p in projects)
+    root = ctx.db.paths.root
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        require_free_space(
+            root,
+            int(reserve_mb * 2**20),
+            f"extracting frames (extract.min_free_disk_mb reserve of {reserve_mb:g} MB)",
+        )
+    except InsufficientDiskSpace as exc:
+        raise Postponed(str(exc)) from exc
 
 
 def _progress_logger(ctx: StageContext, item: StageItem, profile: str):

@@ -12,6 +12,8 @@ Outcomes per item:
 * return an ItemResult                -> done, materialized
 * raise Blocked("reason")              -> blocked by a rule (terminal, not a failure)
 * raise PermanentFailure("reason")     -> dead at once (retrying cannot help)
+* raise Postponed("reason")            -> not the item's fault (the disk is full): failed, retried
+                                          with back-off, the attempt not counted (never dead)
 * raise anything else                  -> failed; retried with back-off, dead after the last attempt
 * the lease was lost meanwhile         -> nothing is published; the new owner's work stands
 
@@ -20,6 +22,7 @@ on the partition as an observation with the reason; a run of a single partition 
 that `dagster asset materialize --partition X` shows the error.
 """
 
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,12 +34,13 @@ import sqlalchemy as sa
 
 from dataminer_dagster.core.files import remove
 from dataminer_dagster.core.progress import Progress
+from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
 from dataminer_dagster.db.project_flow import advance_projects
 from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.stages import split_project_video_key
-from dataminer_dagster.tags import LANE_TAG, REQUESTED_BY_TAG
+from dataminer_dagster.tags import DEADLINE_TAG, LANE_TAG, PROJECTS_TAG, REQUESTED_BY_TAG
 
 
 class Blocked(Exception):
@@ -45,6 +49,20 @@ class Blocked(Exception):
 
 class PermanentFailure(Exception):
     """Retrying cannot help (HTTP 404, an undecodable file): the item is dead at once."""
+
+
+class RequeueFirst(Exception):
+    """The item needs work done again before it can run (its frames were deleted): `requeue`
+    queues that work in the transaction that records this failure (the attempt counts)."""
+
+    def __init__(self, message: str, requeue: Callable[[sa.Connection], None]):
+        super().__init__(message)
+        self.requeue = requeue
+
+
+class Postponed(Exception):
+    """Not the item's fault (too little free disk space): it is tried again after a back-off, and
+    the attempt does not count, so a full disk never turns good items dead."""
 
 
 @dataclass
@@ -252,11 +270,14 @@ def run_stage(
     stage, process, key = stage_def.stage, stage_def.process, stage_def.key
     db: DatabaseResource = context.resources.db
     keys = list(context.partition_keys)
-    by_sensor = context.run.tags.get(REQUESTED_BY_TAG) == "sensor"
+    tags = context.run.tags
+    by_sensor = tags.get(REQUESTED_BY_TAG) == "sensor"
+    only = [int(p) for p in tags[PROJECTS_TAG].split(",")] if PROJECTS_TAG in tags else None
     leases, unclaimed = db.leases.claim_keys(
-        stage, keys, redo=config.redo, respect_backoff=by_sensor
+        stage, keys, redo=config.redo, respect_backoff=by_sensor, projects=only
     )
     _report_unclaimed(context, stage, unclaimed, len(keys))
+    deadline = float(tags[DEADLINE_TAG]) if DEADLINE_TAG in tags else None
 
     ctx = StageContext(context, db, following)
     progress = Progress(f"{stage}", len(leases), context.log.info)
@@ -265,6 +286,12 @@ def run_stage(
     pending = list(leases)
     try:
         while pending:
+            if deadline is not None and time.time() > deadline:
+                context.log.warning(
+                    f"{stage}: past the deadline of the command that asked for this run; "
+                    f"{len(pending)} items left for later"
+                )
+                break
             lease = pending.pop(0)
             for event in _process_item(context, key, ctx, process, lease, failures):
                 if isinstance(event, dg.AssetMaterialization):
@@ -318,18 +345,31 @@ def _process_item(
         )
     except LeaseLost as lost:
         context.log.warning(str(lost))
-    except Blocked as reason:
-        leases.block(lease, str(reason))
+    except Blocked as blocked:
+        reason = redact(str(blocked))
+        leases.block(lease, reason)
         context.log.info(f"{lease.stage} {lease.key}: skipped: {reason}")
-        yield _observation(asset_key, lease, "blocked", str(reason))
+        yield _observation(asset_key, lease, "blocked", reason)
+    except Postponed as postponed:
+        reason = redact(str(postponed))
+        outcome = leases.postpone(lease, reason)
+        if outcome.applied:
+            text = (
+                f"{lease.stage} {lease.key} postponed (not counted as an attempt): {reason}; "
+                f"tried again after {outcome.next_attempt_at:%H:%M:%S %Z}"
+            )
+            context.log.warning(text)
+            failures.append(text)
+            yield _observation(asset_key, lease, "postponed", reason)
     except Exception as error:  # one bad item must not stop the batch
         permanent = isinstance(error, PermanentFailure)
-        message = (
+        message = redact(  # what the log, the run's failure and last_error show
             str(error)
-            if isinstance(error, (PermanentFailure, ValueError, OSError))
+            if isinstance(error, (PermanentFailure, RequeueFirst, ValueError, OSError))
             else f"{type(error).__name__}: {error}"
         )
-        outcome = leases.fail(lease, message, retryable=not permanent)
+        requeue = error.requeue if isinstance(error, RequeueFirst) else None
+        outcome = leases.fail(lease, message, retryable=not permanent, then=requeue)
         if not outcome.applied:
             context.log.warning(
                 f"{lease.stage} {lease.key}: failed after its lease was lost: {message}"

@@ -3,9 +3,12 @@
 Pure: no Dagster, no SQL. Decoding is the cost floor, so the work is arranged around it:
 
 * A first pass over the packets (demuxing only, no decoding; ~60 ms for a 120 MB file) lists
-  every frame's presentation timestamp and the keyframes. Frame indexes and timestamps therefore
-  come from the stream, not from fps arithmetic: right for variable frame rates, for 29.97 fps,
-  and for WebM, whose header has no frame count.
+  every frame's presentation timestamp and the keyframes, in NumPy arrays (8 bytes a frame, so
+  a day-long stream costs megabytes, not a Python object per frame). Frame indexes and
+  timestamps therefore come from the stream, not from fps arithmetic: right for variable frame
+  rates, for 29.97 fps, and for WebM, whose header has no frame count.
+* Bounded by default: at most DEFAULT_MAX_FRAMES frames kept, and a video whose frames exceed
+  DEFAULT_MAX_FRAME_PIXELS is refused before anything is decoded (options can raise both).
 * Decoding uses frame threading. Frames that are dropped are never converted or encoded.
 * For interval and time sampling the target frames are known up front; when the keyframe before
   the next target lies well ahead of the decoder, we seek to it instead of decoding forward.
@@ -14,11 +17,12 @@ Pure: no Dagster, no SQL. Decoding is the cost floor, so the work is arranged ar
 
 from __future__ import annotations
 
-import bisect
 import hashlib
+import itertools
 import json
 import math
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,12 +31,13 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from dataminer_dagster.core.images import IMAGE_FORMATS, encode_image, fit_within, sharpness
 from dataminer_dagster.core.media import VideoDecodeError, ffmpeg_reason
 
 if TYPE_CHECKING:
     import av
-    import numpy as np
 
 Strategy = Literal["interval", "time", "scene"]
 STRATEGIES: tuple[str, ...] = ("interval", "time", "scene")
@@ -50,6 +55,8 @@ WRITER_THREADS = 2
 WRITER_QUEUE = 6  # kept frames in flight at most, which bounds memory
 TIME_EPSILON = 1e-6  # seconds; float slack when comparing timestamps with a time grid
 PROGRESS_STEP = 0.01
+DEFAULT_MAX_FRAMES = 10_000  # frames kept per video unless the options say otherwise
+DEFAULT_MAX_FRAME_PIXELS = 7680 * 4320  # 8K UHD; larger frames are refused, not decoded
 
 MANIFEST_COLUMNS = (
     "frame_index",
@@ -69,10 +76,12 @@ class ExtractionOptions:
     every_seconds: float | None = None  # time: one frame per this many seconds of stream time
     scene_threshold: float = 27.0  # scene: mean abs HSV difference (0-255) that makes a cut
     min_scene_seconds: float = 0.5  # scene: no cut closer than this to the previous one
-    max_frames: int | None = None  # caps the frames kept, never the frames looked at
+    max_frames: int | None = DEFAULT_MAX_FRAMES  # caps the frames kept, never those looked at
     image_format: Literal["jpg", "png", "webp"] = "jpg"
     quality: int = 95  # jpg and webp, 1-100
     max_side: int | None = None  # downscale so that the longest side is at most this
+    # Refuses larger videos; never changes the frames written, so it is not part of profile_id.
+    max_frame_pixels: int | None = DEFAULT_MAX_FRAME_PIXELS
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -99,6 +108,10 @@ class ExtractionOptions:
             raise ValueError(f"quality must be between 1 and 100, got {self.quality!r}")
         if self.max_side is not None and self.max_side < 1:
             raise ValueError(f"max_side must be >= 1 or None, got {self.max_side!r}")
+        if self.max_frame_pixels is not None and self.max_frame_pixels < 1:
+            raise ValueError(
+                f"max_frame_pixels must be >= 1 or None, got {self.max_frame_pixels!r}"
+            )
 
     def profile_id(self) -> str:
         """Short stable hash of the options that change the output; names output directories."""
@@ -158,8 +171,9 @@ def extract_frames(
 ) -> ExtractionResult:
     """Write the sampled frames of `video_path` into `out_dir` (which the caller created).
 
-    Raises VideoDecodeError for a missing, empty, non-video or undecodable file and when no frame
-    is kept. Corrupt data after some frames were kept ends the extraction with a warning instead.
+    Raises VideoDecodeError for a missing, empty, non-video or undecodable file, for frames over
+    `max_frame_pixels`, and when no frame is kept. Corrupt data after some frames were kept ends
+    the extraction with a warning instead.
     """
     import av
 
@@ -167,7 +181,11 @@ def extract_frames(
     video_path, out_dir = Path(video_path), Path(out_dir)
     _check_file(video_path)
     with _open_video(video_path) as container:
-        timeline, warnings = _read_timeline(container, container.streams.video[0], video_path)
+        stream = container.streams.video[0]
+        _check_frame_size(
+            stream.codec_context.width, stream.codec_context.height, options, video_path
+        )
+        timeline, warnings = _read_timeline(container, stream, video_path)
     stats = _DecodeStats()
     with _open_video(video_path) as container:
         stream = container.streams.video[0]
@@ -178,6 +196,8 @@ def extract_frames(
             kept = _kept_frames(container, stream, timeline, options, fps, stats, reporter)
             try:
                 for index, timestamp, frame in kept:
+                    # The header may not state the size, or the stream may change it.
+                    _check_frame_size(frame.width, frame.height, options, video_path)
                     writer.submit(index, timestamp, frame)
             except av.FFmpegError as exc:
                 if writer.submitted == 0:
@@ -259,17 +279,21 @@ def read_manifest(path: Path) -> list[ExtractedFrame]:
 
 @dataclass(frozen=True)
 class _Timeline:
-    """Every frame's pts in presentation order, and the indexes of the keyframes."""
+    """Every frame's pts in presentation order (ascending, distinct), and the indexes of the
+    keyframes (ascending): int64 arrays."""
 
-    pts: list[int]
-    keyframes: list[int]
+    pts: np.ndarray
+    keyframes: np.ndarray
     time_base: Fraction
-    index_of: dict[int, int]
 
     def seconds(self, index: int) -> float:
         # int * int / int: exact until the one rounding of the division, and fast (no Fraction).
         base = self.time_base
-        return (self.pts[index] - self.pts[0]) * base.numerator / base.denominator
+        return int(self.pts[index] - self.pts[0]) * base.numerator / base.denominator
+
+    def index_of(self, pts: int) -> int | None:
+        position = int(np.searchsorted(self.pts, pts))
+        return position if position < len(self.pts) and self.pts[position] == pts else None
 
     @property
     def end(self) -> float:
@@ -279,8 +303,18 @@ class _Timeline:
         return last + last / (count - 1) if count > 1 else last
 
     def keyframe_at_or_before(self, index: int) -> int:
-        position = bisect.bisect_right(self.keyframes, index) - 1
-        return self.keyframes[position] if position >= 0 else 0
+        position = int(np.searchsorted(self.keyframes, index, side="right")) - 1
+        return int(self.keyframes[position]) if position >= 0 else 0
+
+
+def _check_frame_size(width: int, height: int, options: ExtractionOptions, path: Path) -> None:
+    limit = options.max_frame_pixels
+    if limit is not None and width * height > limit:
+        raise VideoDecodeError(
+            path,
+            f"its frames are {width}x{height} ({width * height:,} pixels), over the limit of "
+            f"{limit:,} pixels (max_frame_pixels); raise the limit to extract it",
+        )
 
 
 def _check_file(path: Path) -> None:
@@ -318,8 +352,7 @@ def _read_timeline(
     """
     import av
 
-    pts: list[int] = []
-    keyframe_pts: set[int] = set()
+    pts, keyframe_pts = array("q"), array("q")
     packets = 0
     usable = True
     try:
@@ -332,7 +365,7 @@ def _read_timeline(
             elif not packet.is_discard:  # frames before an edit list's start are not shown
                 pts.append(packet.pts)
                 if packet.is_keyframe:
-                    keyframe_pts.add(packet.pts)
+                    keyframe_pts.append(packet.pts)
     except av.FFmpegError:
         pass  # decoding reaches the same corrupt data and reports it where it stops
     if packets == 0:
@@ -343,15 +376,15 @@ def _read_timeline(
             f"the file holds {packets} of the {stream.frames} frames its header declares; "
             "it may be truncated"
         )
-    pts.sort()
-    if not usable or not pts or len(set(pts)) != len(pts) or stream.time_base is None:
+    ordered = np.sort(np.frombuffer(pts, dtype=np.int64))
+    distinct = bool(np.all(np.diff(ordered) > 0))
+    if not usable or not len(ordered) or not distinct or stream.time_base is None:
         return None, warnings
-    index_of = {value: index for index, value in enumerate(pts)}
+    keyframes = np.unique(np.frombuffer(keyframe_pts, dtype=np.int64))
     timeline = _Timeline(
-        pts=pts,
-        keyframes=sorted(index_of[value] for value in keyframe_pts),
+        pts=ordered,
+        keyframes=np.searchsorted(ordered, keyframes),
         time_base=Fraction(stream.time_base),
-        index_of=index_of,
     )
     declared = _declared_duration(container, stream)
     if not warnings and declared and declared - timeline.end > max(1.0, 0.05 * declared):
@@ -448,8 +481,8 @@ def _sampler(options: ExtractionOptions) -> Callable[[int, float], bool]:
 
 def _plan_targets(options: ExtractionOptions, timeline: _Timeline) -> list[int]:
     sampler = _sampler(options)
-    targets = [i for i in range(len(timeline.pts)) if sampler(i, timeline.seconds(i))]
-    return targets[: options.max_frames]
+    targets = (i for i in range(len(timeline.pts)) if sampler(i, timeline.seconds(i)))
+    return list(itertools.islice(targets, options.max_frames))
 
 
 class _SceneDetector:
@@ -511,7 +544,7 @@ def _decode(
         if can_seek:
             start = timeline.keyframe_at_or_before(pending[0])
             if start - next_index > min_skip:
-                container.seek(timeline.pts[start], backward=True, stream=stream)
+                container.seek(int(timeline.pts[start]), backward=True, stream=stream)
                 frames = container.decode(stream)
                 next_index, sought = start, pending[0]
         frame = next(frames, None)
@@ -521,7 +554,7 @@ def _decode(
         index = _frame_index(frame, timeline, next_index)
         if sought is not None and index > sought:
             # The demuxer landed past the target: decode from the start, never seek again.
-            container.seek(timeline.pts[0], backward=True, stream=stream)
+            container.seek(int(timeline.pts[0]), backward=True, stream=stream)
             frames = container.decode(stream)
             next_index, sought, can_seek = 0, None, False
             continue
@@ -545,7 +578,9 @@ def _decode(
 
 def _frame_index(frame: av.VideoFrame, timeline: _Timeline | None, counted: int) -> int:
     if timeline is not None and frame.pts is not None:
-        return timeline.index_of.get(frame.pts, counted)
+        index = timeline.index_of(frame.pts)
+        if index is not None:
+            return index
     return counted
 
 

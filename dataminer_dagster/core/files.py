@@ -1,7 +1,8 @@
 """Atomic publication of files and directories: build in a hidden sibling, then rename into place.
 
 A re-run replaces what was there; a crash leaves either the old output or the new one, plus a
-hidden staging directory that the next attempt removes.
+hidden staging directory that the next attempt removes. Work that writes much checks the free
+space first (`require_free_space`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,21 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+
+
+class InsufficientDiskSpace(OSError):
+    """Too little free disk space for a piece of work: the disk's state, not the work's fault."""
+
+
+def require_free_space(directory: Path, needed_bytes: int, purpose: str) -> None:
+    """Raise InsufficientDiskSpace unless the filesystem of `directory` has `needed_bytes` free.
+    `purpose` says what needs the space and which setting asks for it."""
+    free = shutil.disk_usage(directory).free
+    if free < needed_bytes:
+        raise InsufficientDiskSpace(
+            f"not enough free disk space in {directory}: {free / 2**20:,.0f} MB free, "
+            f"{needed_bytes / 2**20:,.0f} MB needed for {purpose}"
+        )
 
 
 def staging_path(final: Path) -> Path:
@@ -44,6 +60,15 @@ def remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def make_read_only(directory: Path) -> None:
+    """Take write permission off every file under `directory`. Frames are shared by hard links
+    (datasets, exports with --link): an edit in place would change every copy at once. (Root
+    can still write; a tool that saves to a new file and renames it leaves the frame alone.)"""
+    for path in directory.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(path.stat().st_mode & ~0o222)
 
 
 def link_or_copy(source: Path, target: Path) -> bool:

@@ -1,10 +1,13 @@
 """Copying a directory with rsync and proving the copy is complete (checksums, file counts).
 
-A destination is a local directory or `user@host:/path` (rsync over ssh, key-based, no prompts).
+A destination is a local directory or `[user@]host:/path` (rsync over ssh, key-based, no prompts).
+Nothing runs through a shell: rsync itself lists a remote destination, and `check_dest` refuses
+destinations that a remote shell or ssh's option parser would read as more than a path.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,9 +19,32 @@ class BackupError(RuntimeError):
     pass
 
 
+# user and host as ssh takes them (never an option), and a path without spaces or shell syntax.
+_REMOTE = re.compile(
+    r"(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?[A-Za-z0-9_][A-Za-z0-9._-]*:[A-Za-z0-9._~/+=,@%-]+"
+)
+
+
 def is_remote(dest: str) -> bool:
+    """As rsync reads a destination: remote when a colon comes before any slash."""
     head = dest.split(":", 1)[0]
-    return ":" in dest and "@" in head and "/" not in head
+    return ":" in dest and "/" not in head
+
+
+def check_dest(dest: str) -> str:
+    """`dest` unchanged, or ValueError when rsync or a remote shell could read it as more than a
+    place to copy to."""
+    if dest.startswith("-") or not dest.strip():
+        raise ValueError(
+            f"backup.dest {dest!r} must name a directory, and not start with '-' (an rsync option)"
+        )
+    if is_remote(dest) and not _REMOTE.fullmatch(dest):
+        raise ValueError(
+            f"backup.dest {dest!r} is not a user@host:/path rsync destination: user and host may "
+            "hold letters, digits, '.', '_' and '-' (not first), the path letters, digits and "
+            "._~/+=,@%- only (no spaces, quotes or other shell characters)"
+        )
+    return dest
 
 
 def copy_tree(source: Path, dest: str, *, timeout_s: float = 3600) -> None:
@@ -46,18 +72,8 @@ def verify_tree(source: Path, dest: str, *, timeout_s: float = 1800) -> int:
 
 
 def _count_files(dest: str, timeout_s: float) -> int:
-    if not is_remote(dest):
-        return sum(1 for p in Path(dest).rglob("*") if p.is_file())
-    host, path = dest.split(":", 1)
-    result = subprocess.run(
-        [*SSH.split(), host, f"find '{path}' -type f | wc -l"],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
-    if result.returncode != 0:
-        raise BackupError(f"counting files at {dest} failed: {result.stderr.strip()}")
-    return int(result.stdout.strip() or 0)
+    listing = _rsync(["--list-only", f"{dest.rstrip('/')}/"], timeout_s)
+    return sum(1 for line in listing.splitlines() if line.startswith("-"))
 
 
 def _rsync(args: list[str], timeout_s: float) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_flow import (
     ACTIVE,
@@ -38,7 +39,7 @@ from dataminer_dagster.db.schema import (
     SCHEMA,
     STATUSES,
 )
-from dataminer_dagster.paths import DataPaths, ProjectPaths
+from dataminer_dagster.paths import DataPaths, ProjectPaths, overlaps
 from dataminer_dagster.stages import (
     BACKUP,
     CATALOG,
@@ -260,7 +261,7 @@ def _delete_unused(
 class ProjectDeletion:
     project: str
     output_dir: Path
-    output_dir_shared: list[str]  # what else is in or around it (then it is not listed in files)
+    output_dir_kept: str | None  # why nothing in it is deleted (else its own entries are in files)
     videos: int  # videos the project used
     orphaned: list[str]  # videos no other project uses (kept unless delete_unused)
     deleted_videos: list[str]  # of those, deleted with their work items
@@ -291,7 +292,7 @@ def delete_project(
                 {"p": project.id},
             ).scalars()
         )
-        shared = _overlapping_outputs(conn, paths, project)
+        kept = _why_output_dir_stays(conn, paths, project)
         conn.execute(sa.text(f"DELETE FROM {S}.projects WHERE id = :p"), {"p": project.id})
         orphaned = _lock_unused_videos(conn, members)
         deleted: list[str] = []
@@ -301,39 +302,38 @@ def delete_project(
                 conn, paths, orphaned, f"a video only project {name} uses is being processed"
             )
             deleted = orphaned
-    output_dir = Path(project.output_dir)
+    output = ProjectPaths(Path(project.output_dir))
     return ProjectDeletion(
         project=name,
-        output_dir=output_dir,
-        output_dir_shared=shared,
+        output_dir=output.root,
+        output_dir_kept=kept,
         videos=len(members),
         orphaned=orphaned,
         deleted_videos=deleted,
-        files=([] if shared else _existing([output_dir])) + files,
+        files=([] if kept else _existing(output.own_entries())) + files,
     )
 
 
-def _overlapping_outputs(conn: sa.Connection, paths: DataPaths, project: sa.Row) -> list[str]:
-    """What else lives in or around a project's output directory: other projects' outputs, or
-    the data directory. Such an output directory is never deleted."""
-    mine = Path(project.output_dir).resolve()
-
-    def overlaps(other: Path) -> bool:
-        other = other.resolve()
-        return other == mine or other in mine.parents or mine in other.parents
-
+def _why_output_dir_stays(conn: sa.Connection, paths: DataPaths, project: sa.Row) -> str | None:
+    """Why nothing in a project's output directory may be deleted, or None: only a directory
+    whose marker names the project is its own, and even then not one that overlaps the data
+    directory or another project's output (registrations made before the marker existed)."""
+    output = ProjectPaths(Path(project.output_dir))
+    if output.owner() != project.name:
+        return f"it carries no marker naming project {project.name} ({output.marker})"
     found = [
         f"project {r.name}"
         for r in conn.execute(
             sa.text(f"SELECT name, output_dir FROM {S}.projects WHERE id <> :p ORDER BY name"),
             {"p": project.id},
         )
-        if overlaps(Path(r.output_dir))
+        if overlaps(output.root, Path(r.output_dir))
     ]
-    root = paths.root.resolve()
-    if root == mine or mine in root.parents:
-        found.append(f"the data directory {root}")
-    return found
+    if overlaps(output.root, paths.root) and not output.root.is_relative_to(
+        paths.default_project_dir(project.name)
+    ):
+        found.append(f"the data directory {paths.root}")
+    return f"it overlaps {', '.join(found)}" if found else None
 
 
 @dataclass(frozen=True)
@@ -474,17 +474,30 @@ class ForcedStage:
     previous_stage: str
     unfinished_members: int  # while > 0 the project transitions send it back to active
     earlier_not_done: list[str]  # earlier project stages whose result this stage reads
+    frames_released: list[str]  # videos whose frames are extracted (and filtered) again first
 
 
-def force_stage(store: LeaseStore, name: str, stage: str) -> ForcedStage:
+def force_stage(catalog: Catalog, name: str, stage: str) -> ForcedStage:
     """Put a project on `stage` (dedup or detect) and queue that stage's item again, whatever
     the project's stage was. Items of later stages are dropped (they are queued again when their
-    turn comes). Refused while this stage's or a later stage's item is running."""
+    turn comes). Refused while this stage's or a later stage's item is running.
+
+    Videos whose frames were released (backup, cleanup) get their extraction queued again and
+    their filter item dropped, as for a later project: the project goes back to active until
+    they are filtered again, then runs from dedup."""
     if stage not in FORCEABLE_STAGES:
         raise ValueError(f"only {', '.join(FORCEABLE_STAGES)} can be forced, not {stage!r}")
+    store = catalog.store
     following = list(PROJECT_CHAIN[PROJECT_CHAIN.index(stage) :])
     with store.engine.begin() as conn:
         project = _lock_project(conn, name)
+        released = catalog.filtered_without_frames(conn, catalog.project(name))
+        conn.execute(
+            sa.text(f"""DELETE FROM {W} WHERE project_id = :p AND stage = '{FILTER}'
+                           AND video_id = ANY(CAST(:ids AS text[]))"""),
+            {"p": project.id, "ids": released},
+        )
+        catalog.advance_videos(conn, released)
         items = _lock_items(
             conn,
             "project_id = :p AND stage = ANY(CAST(:stages AS text[]))",
@@ -520,7 +533,7 @@ def force_stage(store: LeaseStore, name: str, stage: str) -> ForcedStage:
             ).scalars()
         )
     return ForcedStage(
-        name, stage, project.stage, unfinished, [s for s in earlier if s not in done]
+        name, stage, project.stage, unfinished, [s for s in earlier if s not in done], released
     )
 
 

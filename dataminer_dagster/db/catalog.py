@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,9 +17,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from dataminer_dagster.config import ProjectConfig
+from dataminer_dagster.core.rsync import is_remote
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, RUNNING, SCHEMA
-from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.paths import DataPaths, check_backup_dest, claim_output_dir
 from dataminer_dagster.stages import BACKUP, CATALOG, DOWNLOAD, FILTER, FRAMES, project_video_key
 
 S = SCHEMA
@@ -93,9 +94,15 @@ class Catalog:
 
     # --- projects -------------------------------------------------------------------------
 
-    def register_project(self, config: ProjectConfig) -> RegisterResult:
-        """Create or update a project; a new or changed config queues its catalog run."""
-        output_dir = str(config.output_dir or self.paths.default_project_dir(config.name))
+    def register_project(
+        self, config: ProjectConfig, *, protected: Mapping[str, Path] | None = None
+    ) -> RegisterResult:
+        """Create or update a project; a new or changed config queues its catalog run.
+
+        Its output directory must be one it may own (`paths.claim_output_dir`; `protected` adds
+        directories to the data directory, which is always protected); registrations take turns,
+        so two projects cannot claim one directory at once. Raises UnsafePathError."""
+        output_dir = config.output_dir or self.paths.default_project_dir(config.name)
         config_hash = config.config_hash()
         statement = sa.text(f"""
             INSERT INTO {S}.projects (name, config, config_hash, output_dir)
@@ -106,13 +113,27 @@ class Catalog:
                       (SELECT config_hash FROM {S}.projects WHERE name = :name) AS previous_hash
         """)
         with self.engine.begin() as c:
+            c.execute(sa.text(f"LOCK TABLE {S}.projects IN SHARE ROW EXCLUSIVE MODE"))
+            others = c.execute(
+                sa.text(f"SELECT name, output_dir FROM {S}.projects WHERE name <> :name"),
+                {"name": config.name},
+            ).all()
+            if config.backup and not is_remote(config.backup.dest):
+                check_backup_dest(Path(config.backup.dest), self.paths.root)
+            claim_output_dir(
+                output_dir,
+                config.name,
+                protected={"the data directory": self.paths.root, **(protected or {})},
+                projects_dir=self.paths.default_project_dir(config.name).parent,
+                others={r.name: Path(r.output_dir) for r in others},
+            )
             row = c.execute(
                 statement,
                 {
                     "name": config.name,
                     "config": json.dumps(config.to_json()),
                     "hash": config_hash,
-                    "output_dir": output_dir,
+                    "output_dir": str(output_dir),
                 },
             ).one()
             changed = row.created or row.previous_hash != config_hash
@@ -436,6 +457,23 @@ class Catalog:
                 requested=stage in self.requested_stages,
             )
         return queued
+
+    def filtered_without_frames(self, conn: sa.Connection, project: ProjectRow) -> list[str]:
+        """The project's videos whose filter is done but whose frames (of its extraction
+        profile) are gone: released after a backup or a cleanup, or deleted by hand."""
+        filtered = list(
+            conn.execute(
+                sa.text(f"""SELECT pv.video_id FROM {S}.project_videos pv
+                              JOIN {S}.work_items fi ON fi.stage = '{FILTER}'
+                               AND fi.item_key = :name || '.' || pv.video_id
+                             WHERE pv.project_id = :p AND fi.status = '{DONE}'
+                             ORDER BY pv.id"""),
+                {"p": project.id, "name": project.name},
+            ).scalars()
+        )
+        profile = project.config.extract.options().profile_id()
+        present = self._profiles_on_disk(conn, filtered)
+        return [v for v in filtered if profile not in present.get(v, set())]
 
     def _profiles_on_disk(
         self, conn: sa.Connection, video_ids: Sequence[str]

@@ -4,6 +4,8 @@ Every operation is one conditional SQL statement. A lease belongs to a Dagster r
 and is identified by a random `lease_token`; completing, failing or releasing checks the token, so a
 run that lost its lease (reaped, or released by the run-failure sensor) changes nothing and is told
 so. Liveness is per run: one `run_heartbeats` row, refreshed by the run's resource thread.
+Errors are stored redacted (core/redact.py): a video URL's password or token never reaches
+`last_error`, nor what reads it (status, logs, project errors).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,6 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from psycopg.rows import namedtuple_row
 
+from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.schema import (
     BLOCKED,
@@ -146,6 +149,13 @@ _CLEAR_LEASE = (
 _CLEAR_LEASE_KEEP_START = _CLEAR_LEASE.replace("started_at = NULL, ", "")
 
 
+# When an item that failed is tried again: exponential back-off in its attempts, with jitter.
+_BACKOFF_AT = (
+    "now() + make_interval(secs => least(:max_delay, "
+    ":base_delay * power(2, greatest(attempts - 1, 0))) * (0.5 + random() * 0.5))"
+)
+
+
 # Failing an item: back to `failed` with exponential back-off and jitter, or `dead` once it has
 # used its attempts (or at once when the failure is permanent). Shared by fail, reap and release_run.
 def _fail_set(error_sql: str = ":error", *, spare_unstarted: bool = False) -> str:
@@ -154,10 +164,7 @@ def _fail_set(error_sql: str = ":error", *, spare_unstarted: bool = False) -> st
     last = ":retryable AND attempts < max_attempts"
     status = f"CASE WHEN {last} THEN '{FAILED}' ELSE '{DEAD}' END"
     attempts = "attempts"
-    next_at = (
-        "now() + make_interval(secs => least(:max_delay, "
-        ":base_delay * power(2, greatest(attempts - 1, 0))) * (0.5 + random() * 0.5))"
-    )
+    next_at = _BACKOFF_AT
     finished = f"CASE WHEN {last} THEN NULL ELSE now() END"
     if spare_unstarted:
         status = f"CASE WHEN started_at IS NULL THEN {_UNCOUNTED_STATUS} ELSE {status} END"
@@ -173,11 +180,13 @@ def _fail_set(error_sql: str = ":error", *, spare_unstarted: bool = False) -> st
 _UNCOUNTED_STATUS = f"CASE WHEN attempts > 1 THEN '{FAILED}' ELSE '{PENDING}' END"
 
 
-# Items that concern project `:project` (all when it is NULL): its own, and its videos' downloads,
-# extractions and backups.
-_CONCERNS_PROJECT = f"""(CAST(:project AS int) IS NULL OR project_id = :project
+# Items that concern the projects `:projects` (all when it is NULL): their own, and their videos'
+# downloads, extractions and backups.
+CONCERNS_PROJECTS = f"""(CAST(:projects AS int[]) IS NULL
+    OR project_id = ANY(CAST(:projects AS int[]))
     OR (stage IN ('download', 'frames', 'backup')
-        AND video_id IN (SELECT video_id FROM {SCHEMA}.project_videos WHERE project_id = :project)))"""
+        AND video_id IN (SELECT video_id FROM {SCHEMA}.project_videos
+                          WHERE project_id = ANY(CAST(:projects AS int[])))))"""
 
 
 # The hot statements, also run as they are by bench/claims.py.
@@ -345,7 +354,7 @@ class LeaseStore:
             "video": video_id,
             "max_attempts": self.policy.max_attempts,
             "status": status,
-            "reason": reason,
+            "reason": redact(reason),
         }
         return bool(self._run(statement, params, conn))
 
@@ -365,9 +374,11 @@ class LeaseStore:
         *,
         redo: bool = False,
         respect_backoff: bool = True,
+        projects: Sequence[int] | None = None,
     ) -> tuple[list[Lease], list[Unclaimed]]:
-        """Claim the named items that are claimable (with `redo`, finished ones too).
-        Returns the leases and, for every other key, why it was not claimed."""
+        """Claim the named items that are claimable (with `redo`, finished ones too) and, with
+        `projects`, concern one of these projects. Returns the leases and, for every other key,
+        why it was not claimed."""
         if not keys:
             return [], []
         statuses = [PENDING, FAILED] + ([DONE, DEAD, BLOCKED] if redo else [])
@@ -382,6 +393,7 @@ class LeaseStore:
                      WHERE stage = :stage AND item_key = ANY(CAST(:keys AS text[]))
                        AND status = ANY(CAST(:statuses AS text[]))
                        AND (NOT :respect_backoff OR status <> '{FAILED}' OR next_attempt_at <= now())
+                       AND {CONCERNS_PROJECTS}
                      ORDER BY id FOR UPDATE SKIP LOCKED) pick
              WHERE w.id = pick.id
             RETURNING w.{_LEASE_COLUMNS.replace(", ", ", w.")}
@@ -392,6 +404,7 @@ class LeaseStore:
             "owner": owner,
             "statuses": statuses,
             "respect_backoff": respect_backoff,
+            "projects": None if projects is None else list(projects),
         }
         leases = sorted((_lease(r) for r in self._run(statement, params)), key=lambda x: x.item_id)
         claimed = {lease.key for lease in leases}
@@ -487,16 +500,53 @@ class LeaseStore:
         params = {**_held(leases), "outcome": _json(outcome)}
         return _lost(leases, (row.id for row in self._run(COMPLETE, params, conn)))
 
-    def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> FailResult:
+    def fail(
+        self,
+        lease: Lease,
+        error: str,
+        *,
+        retryable: bool = True,
+        then: Callable[[sa.Connection], None] | None = None,
+    ) -> FailResult:
         """Record a failure: retry later with back-off, or dead after the last attempt (or at
-        once when not retryable). Changes nothing when the lease was lost."""
+        once when not retryable). Changes nothing when the lease was lost. `then` runs in the
+        same transaction when the failure is recorded (work to queue again first)."""
         statement = sa.text(f"""
             UPDATE {W} SET {_fail_set()}
              WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
             RETURNING status, next_attempt_at
         """)
+        if then is None:
+            return self._record_failure(statement, lease, error, retryable)
+        with self.engine.begin() as conn:
+            result = self._record_failure(statement, lease, error, retryable, conn)
+            if result.applied:
+                then(conn)
+        return result
+
+    def postpone(self, lease: Lease, reason: str) -> FailResult:
+        """The item could not be worked on for a reason that is not its own (the disk is full):
+        it is `failed` with `reason` and waits a failure's back-off, but the attempt is not
+        counted, so such a reason never makes it dead. Changes nothing when the lease was lost."""
+        statement = sa.text(f"""
+            UPDATE {W} SET status = '{FAILED}', attempts = greatest(attempts - 1, 0),
+                   next_attempt_at = {_BACKOFF_AT}, finished_at = NULL, last_error = :error,
+                   {_CLEAR_LEASE}
+             WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
+            RETURNING status, next_attempt_at
+        """)
+        return self._record_failure(statement, lease, reason, retryable=True)
+
+    def _record_failure(
+        self,
+        statement: sa.TextClause,
+        lease: Lease,
+        error: str,
+        retryable: bool,
+        conn: sa.Connection | None = None,
+    ) -> FailResult:
         params = {"id": lease.item_id, "token": lease.token, **self._fail_params(error, retryable)}
-        rows = self._run(statement, params)
+        rows = self._run(statement, params, conn)
         if not rows:
             return FailResult(False, None, None)
         [row] = rows
@@ -510,7 +560,9 @@ class LeaseStore:
             RETURNING id
         """)
         return bool(
-            self._run(statement, {"id": lease.item_id, "token": lease.token, "reason": reason})
+            self._run(
+                statement, {"id": lease.item_id, "token": lease.token, "reason": redact(reason)}
+            )
         )
 
     def release(self, lease: Lease) -> bool:
@@ -579,7 +631,7 @@ class LeaseStore:
                 SELECT stage, item_key, lease_owner, lease_token,
                        extract(epoch FROM now() - started_at) AS held_s
                   FROM {W} WHERE status = '{RUNNING}' AND started_at IS NOT NULL
-                   AND {_CONCERNS_PROJECT}),
+                   AND {CONCERNS_PROJECTS}),
             usual AS (
                 SELECT s.stage, (
                     SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d) FROM (
@@ -597,7 +649,7 @@ class LeaseStore:
             "without": policy.without_history_s,
             "min_s": policy.min_s,
             "factor": policy.factor,
-            "project": project_id,
+            "projects": None if project_id is None else [project_id],
         }
         return [
             LongRunning(
@@ -620,7 +672,7 @@ class LeaseStore:
         else:
             set_clause = f"""status = {_UNCOUNTED_STATUS}, attempts = greatest(attempts - 1, 0),
                              last_error = :error, {_CLEAR_LEASE}"""
-            params = {"owner": owner, "error": reason}
+            params = {"owner": owner, "error": redact(reason)}
         statement = sa.text(f"""
             UPDATE {W} SET {set_clause} WHERE lease_owner = :owner AND status = '{RUNNING}' RETURNING id
         """)
@@ -639,13 +691,13 @@ class LeaseStore:
                    requested_at = NULL, finished_at = NULL, updated_at = now()
              WHERE status = ANY(CAST(:statuses AS text[]))
                AND (CAST(:stages AS text[]) IS NULL OR stage = ANY(CAST(:stages AS text[])))
-               AND {_CONCERNS_PROJECT}
+               AND {CONCERNS_PROJECTS}
             RETURNING id
         """)
         params = {
             "statuses": [s for s in statuses if s != RUNNING],
             "stages": list(stages) if stages else None,
-            "project": project_id,
+            "projects": None if project_id is None else [project_id],
         }
         return len(self._run(statement, params))
 
@@ -653,7 +705,7 @@ class LeaseStore:
 
     def _fail_params(self, error: str, retryable: bool) -> dict:
         return {
-            "error": error,
+            "error": redact(error),
             "retryable": retryable,
             "base_delay": self.policy.base_delay_s,
             "max_delay": self.policy.max_delay_s,

@@ -5,8 +5,10 @@
        +---- new unfinished members (never while a stage's item is running) ------+---- also from
                                                                                          complete/failed
 A member video is finished when its filter item is done, dead or blocked for this project, or when
-its download or extraction is dead or blocked. A dead project-stage item fails the project with its
-error; `dataminer retry` or new videos bring it back.
+its download or extraction is dead or blocked. A project with no member video, or none whose filter
+is done (each dead or blocked), fails instead of completing with an empty dataset. A dead
+project-stage item fails the project with its error; `dataminer retry` or new videos bring it
+back.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from dataminer_dagster.stages import CATALOG, DOWNLOAD, FILTER, FRAMES, PROJECT_
 
 S = SCHEMA
 ACTIVE, COMPLETE, PROJECT_FAILED = "active", "complete", "failed"
-PROJECT_STAGES = (ACTIVE, *PROJECT_CHAIN, COMPLETE, PROJECT_FAILED)
 
 # A member is finished for its project when one of these holds.
 MEMBER_FINISHED_SQL = f"""coalesce(
@@ -53,6 +54,7 @@ class _ProjectState:
     stage: str
     members: int
     unfinished: int
+    usable: int  # members whose filter is done: the ones that feed the dataset
     items: dict[str, tuple[str, str | None]]  # project-level stage -> (status, last error)
 
 
@@ -104,6 +106,14 @@ def _next(state: _ProjectState) -> tuple[str, str, str | None] | None:
             return None
         if state.members == 0:
             return PROJECT_FAILED, "no video was found for this project", None
+        if state.usable == 0:
+            return (
+                PROJECT_FAILED,
+                f"none of its {state.members} videos could be used: each one's download, "
+                f"extraction or filter ended dead or blocked (dataminer status {state.name} "
+                "lists why)",
+                None,
+            )
         return PROJECT_CHAIN[0], f"all {state.members} member videos finished", PROJECT_CHAIN[0]
     if state.stage in PROJECT_CHAIN:
         status, error = state.items.get(state.stage, (None, None))
@@ -124,10 +134,11 @@ def _states(engine: sa.Engine) -> list[_ProjectState]:
     with engine.connect() as c:
         projects = c.execute(sa.text(f"SELECT id, name, stage FROM {S}.projects ORDER BY id")).all()
         members = dict(
-            (r.project_id, (r.members, r.unfinished))
+            (r.project_id, (r.members, r.unfinished, r.usable))
             for r in c.execute(
                 sa.text(f"""SELECT pv.project_id, count(*) AS members,
-                                   count(*) FILTER (WHERE NOT {MEMBER_FINISHED_SQL}) AS unfinished
+                                   count(*) FILTER (WHERE NOT {MEMBER_FINISHED_SQL}) AS unfinished,
+                                   count(*) FILTER (WHERE fi.status = '{DONE}') AS usable
                               FROM {MEMBERS_JOIN} GROUP BY pv.project_id""")
             )
         )
@@ -139,7 +150,7 @@ def _states(engine: sa.Engine) -> list[_ProjectState]:
         ):
             items.setdefault(r.project_id, {})[r.stage] = (r.status, r.last_error)
     return [
-        _ProjectState(p.id, p.name, p.stage, *members.get(p.id, (0, 0)), items.get(p.id, {}))
+        _ProjectState(p.id, p.name, p.stage, *members.get(p.id, (0, 0, 0)), items.get(p.id, {}))
         for p in projects
     ]
 

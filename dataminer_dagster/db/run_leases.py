@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import sqlalchemy as sa
@@ -77,11 +77,22 @@ class RunLeases:
         return leases
 
     def claim_keys(
-        self, stage: str, keys: Sequence[str], *, redo: bool = False, respect_backoff: bool = True
+        self,
+        stage: str,
+        keys: Sequence[str],
+        *,
+        redo: bool = False,
+        respect_backoff: bool = True,
+        projects: Sequence[int] | None = None,
     ) -> tuple[list[Lease], list[Unclaimed]]:
         with self._lock:
             leases, unclaimed = self.store.claim_keys(
-                stage, keys, self.owner, redo=redo, respect_backoff=respect_backoff
+                stage,
+                keys,
+                self.owner,
+                redo=redo,
+                respect_backoff=respect_backoff,
+                projects=projects,
             )
             self._held.update((lease.token, lease) for lease in leases)
         return leases, unclaimed
@@ -119,9 +130,22 @@ class RunLeases:
         finally:
             self._forget(lease)
 
-    def fail(self, lease: Lease, error: str, *, retryable: bool = True) -> FailResult:
+    def fail(
+        self,
+        lease: Lease,
+        error: str,
+        *,
+        retryable: bool = True,
+        then: Callable[[sa.Connection], None] | None = None,
+    ) -> FailResult:
         try:
-            return self.store.fail(lease, error, retryable=retryable)
+            return self.store.fail(lease, error, retryable=retryable, then=then)
+        finally:
+            self._forget(lease)
+
+    def postpone(self, lease: Lease, reason: str) -> FailResult:
+        try:
+            return self.store.postpone(lease, reason)
         finally:
             self._forget(lease)
 

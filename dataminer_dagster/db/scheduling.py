@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from dataminer_dagster.db.leases import CONCERNS_PROJECTS
 from dataminer_dagster.db.project_flow import ACTIVE, MEMBER_FINISHED_SQL
 from dataminer_dagster.db.schema import DONE, FAILED, PENDING, RUNNING, SCHEMA
 from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
@@ -33,19 +34,30 @@ class Requestable:
 
 
 def requestable(
-    engine: sa.Engine, stages: Sequence[str], limit: int, rerequest_after_s: float
+    engine: sa.Engine,
+    stages: Sequence[str],
+    limit: int,
+    rerequest_after_s: float,
+    projects: Sequence[int] | None = None,
 ) -> list[Requestable]:
+    """Items of `stages` that a run may be asked for (with `projects`, only those that concern
+    one of these projects), in due order."""
     statement = sa.text(f"""
         SELECT id, stage, item_key FROM {W}
          WHERE stage = ANY(CAST(:stages AS text[])) AND status IN ('{PENDING}', '{FAILED}')
            AND next_attempt_at <= now()
            AND (requested_at IS NULL OR requested_at < now() - make_interval(secs => :again))
+           AND {CONCERNS_PROJECTS}
          ORDER BY next_attempt_at, id LIMIT :limit
     """)
+    params = {
+        "stages": list(stages),
+        "limit": limit,
+        "again": rerequest_after_s,
+        "projects": None if projects is None else list(projects),
+    }
     with engine.connect() as c:
-        rows = c.execute(
-            statement, {"stages": list(stages), "limit": limit, "again": rerequest_after_s}
-        ).all()
+        rows = c.execute(statement, params).all()
     return [Requestable(r.id, r.stage, r.item_key) for r in rows]
 
 

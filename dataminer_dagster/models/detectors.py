@@ -25,6 +25,7 @@ when a detector is loaded.
 from __future__ import annotations
 
 import difflib
+import os
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -125,10 +126,16 @@ class UltralyticsDetector:
         device: str,
         batch_size: int,
     ):
-        from ultralytics import YOLO
-
+        YOLO = _ultralytics_loading_safely()  # noqa: N806 (the library's class)
         try:
             self.model = load_once(("yolo", model), lambda: YOLO(model))
+        except TypeError as exc:  # ultralytics' answer to a checkpoint it may not unpickle
+            raise ModelUnavailableError(
+                f"YOLO model {model!r} was not loaded: {exc}. Checkpoints are loaded with "
+                "torch.load(weights_only=True) and ultralytics' list of known model classes, "
+                "because a .pt file can run any code when it is unpickled in full. If you trust "
+                f"this file, set {SAFE_LOAD_VARIABLE}=0 in the environment of the runs."
+            ) from exc
         except OSError as exc:  # FileNotFoundError for a missing path, ConnectionError offline
             raise ModelUnavailableError(
                 f"YOLO model {model!r} could not be loaded: {exc}. Give the path of a local .pt "
@@ -177,6 +184,29 @@ class UltralyticsDetector:
                     boxes.xyxy, boxes.conf, labels, images[i].shape, self.confidence
                 )
         return results
+
+
+SAFE_LOAD_VARIABLE = "ULTRALYTICS_SAFE_LOAD"
+
+
+def _ultralytics_loading_safely() -> type:
+    """ultralytics' YOLO class, with its restricted checkpoint loading switched on (unless the
+    user switched it off with ULTRALYTICS_SAFE_LOAD=0). By default ultralytics unpickles a
+    checkpoint in full, and pip-installs a module that the checkpoint names and that is missing:
+    a .pt file from elsewhere could run any code."""
+    os.environ.setdefault(SAFE_LOAD_VARIABLE, "1")
+    from ultralytics import YOLO
+    from ultralytics.nn import tasks
+
+    wanted = os.environ[SAFE_LOAD_VARIABLE].strip().lower() not in ("0", "false", "no", "off")
+    if wanted and not getattr(getattr(tasks, "_SafeLoad", None), "SUPPORTED", False):
+        raise ModelUnavailableError(
+            "this ultralytics or torch cannot load checkpoints safely (ultralytics >= 8.4.190 and "
+            f"torch >= 2.6 can); upgrade them, or set {SAFE_LOAD_VARIABLE}=0 to trust every "
+            "checkpoint"
+        )
+    tasks.SAFE_LOAD = wanted  # read at each load; set here too when ultralytics came in earlier
+    return YOLO
 
 
 class Owlv2Detector:

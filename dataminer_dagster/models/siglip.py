@@ -10,10 +10,17 @@ Frames are read, decoded and preprocessed by a thread pool a few batches ahead o
 (a bounded queue of futures consumed in input order), so the model does not wait on JPEG
 decoding. A frame that cannot be read is reported with its index and the reason and left out of
 its batch; it never fails the batch (reference bug 24).
+
+On CUDA, with a fixed-size SigLIP processor, the threads only read the files: JPEGs are decoded
+in batches by nvjpeg (`torchvision.io.decode_jpeg`) and resized and normalised on the GPU by
+`DevicePreprocessing`, which equals the PIL processor up to its rounding. Other formats, JPEGs
+with EXIF data and JPEGs nvjpeg rejects take the CPU path one by one, which reports unreadable
+files as before. Elsewhere (the CPU, naflex and DINO processors) preprocessing stays on the CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import deque
@@ -31,6 +38,14 @@ from dataminer_dagster.models.loading import LoadedModel, load_pretrained
 
 # SigLIP2 was trained on prompts padded to 64 tokens; the text tower has 64 positions.
 TEXT_MAX_LENGTH = 64
+# Prefetch threads on the CPU, where they share the cores with the model (bench/filter.py), and
+# on CUDA when the GPU decodes (bench/gpu.md).
+CPU_PREFETCH_WORKERS = 2
+# Images resized together on the device: bounds the float32 copies of full-size frames.
+DEVICE_RESIZE_CHUNK = 16
+# EXIF data (orientation) sits in an APP1 segment near the start; such files take the CPU path.
+_EXIF_MARKER = b"Exif\x00\x00"
+_EXIF_SEARCH_BYTES = 65_536
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,124 @@ class _PreparedBatch:
     errors: dict[int, str]
 
 
+def default_prefetch_workers(device_type: str, cpus: int | None, *, decodes_on_device: bool) -> int:
+    """Prefetch threads for a model on `device_type` on a machine with `cpus` cores.
+
+    On the CPU the threads compete with the model for the cores, so a fixed few. When the GPU
+    decodes, the threads only read files, and more of them only crowd the GPU with
+    preprocessing (H200, bench/gpu.md: 0.950x of bare with 2, 0.920x with 8). A GPU model fed by
+    the CPU path (naflex, DINO) gets half the cores, at most 8.
+    """
+    if device_type != "cuda" or decodes_on_device:
+        return CPU_PREFETCH_WORKERS
+    return max(CPU_PREFETCH_WORKERS, min(8, (cpus or 1) // 2))
+
+
+def _available_cpus() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count()
+
+
+@dataclass(frozen=True)
+class DevicePreprocessing:
+    """A fixed-size SigLIP image processor as tensor ops on decoded CHW uint8 images.
+
+    As the PIL processor: resize to height x width with its filter (antialiased, as PIL
+    resamples), one axis at a time in Pillow's order, each pass rounded to uint8 levels as
+    Pillow's; rescale; normalise. Pillow's fixed-point weights make up to a few percent of the
+    pixels differ by one level (the tests bound it). On CUDA the input comes from nvjpeg, whose
+    pixels may differ from libjpeg-turbo's (OpenCV) by a level or so as well.
+    """
+
+    height: int
+    width: int
+    mode: str  # torch.nn.functional.interpolate mode: "bilinear" or "bicubic"
+    rescale_factor: float
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @classmethod
+    def of(cls, processor: Any) -> DevicePreprocessing | None:
+        """The equivalent of `processor`, or None where it is not a fixed-size SigLIP processor
+        (Siglip2's naflex processor keeps the aspect ratio; DINO's crops)."""
+        size = getattr(processor, "size", None) or {}
+        keys = ("height", "width", "shortest_edge", "longest_edge", "max_height", "max_width")
+        # a dict, or transformers 5's SizeDict
+        fields = {
+            key: size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+            for key in keys
+        }
+        given = {key for key, value in fields.items() if value}
+        modes = {2: "bilinear", 3: "bicubic"}  # PIL's BILINEAR and BICUBIC
+        if (
+            not type(processor).__name__.startswith("SiglipImageProcessor")
+            or given != {"height", "width"}
+            or not (processor.do_resize and processor.do_rescale and processor.do_normalize)
+            or getattr(processor, "do_center_crop", False)
+            or getattr(processor, "do_pad", False)
+            or int(processor.resample) not in modes
+        ):
+            return None
+        channels = 3
+        mean, std = processor.image_mean, processor.image_std
+        return cls(
+            height=int(fields["height"]),
+            width=int(fields["width"]),
+            mode=modes[int(processor.resample)],
+            rescale_factor=float(processor.rescale_factor),
+            mean=tuple(float(m) for m in np.broadcast_to(mean, channels)),
+            std=tuple(float(s) for s in np.broadcast_to(std, channels)),
+        )
+
+    def __call__(self, images: Sequence[Any], dtype: Any) -> Any:
+        """(N, 3, height, width) pixel values in `dtype` on the images' device."""
+        import torch
+
+        device = images[0].device
+        mean = torch.tensor(self.mean, device=device).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, device=device).view(1, -1, 1, 1)
+        out = torch.empty((len(images), 3, self.height, self.width), dtype=dtype, device=device)
+        for start in range(0, len(images), DEVICE_RESIZE_CHUNK):
+            part = images[start : start + DEVICE_RESIZE_CHUNK]
+            resized = torch.cat([self._resize(image) for image in _same_size_runs(part)])
+            pixels = resized.mul_(self.rescale_factor)
+            out[start : start + len(part)] = pixels.sub_(mean).div_(std)
+        return out
+
+    def _resize(self, images: Any) -> Any:
+        """One axis at a time, each pass rounded to uint8 levels, as Pillow resamples uint8."""
+        import torch
+
+        resized = images.float()
+        for size in self._pass_sizes(*images.shape[-2:]):
+            if tuple(resized.shape[-2:]) != size:
+                resized = torch.nn.functional.interpolate(
+                    resized, size=size, mode=self.mode, align_corners=False, antialias=True
+                )
+                # Pillow rounds halves up; ties are common where the weights are dyadic.
+                resized = resized.add_(0.5).floor_().clamp_(0, 255)
+        return resized
+
+    def _pass_sizes(self, height: int, width: int) -> list[tuple[int, int]]:
+        """Pillow's order: height first where it shrinks more than the width, else width first."""
+        if height > self.height and height / self.height > width / self.width:
+            return [(self.height, width), (self.height, self.width)]
+        return [(height, self.width), (self.height, self.width)]
+
+
+def _same_size_runs(images: Sequence[Any]) -> Iterator[Any]:
+    """Consecutive images of one size stacked (N, C, H, W): one resize for a video's frames."""
+    import torch
+
+    start = 0
+    for end in range(1, len(images) + 1):
+        if end == len(images) or images[end].shape != images[start].shape:
+            yield torch.stack(list(images[start:end]))
+            start = end
+
+
 class ImageEmbedder:
     """L2-normalised image embeddings from a transformers vision model, batched and prefetched.
 
@@ -83,17 +216,21 @@ class ImageEmbedder:
         device: str = "auto",
         dtype: str | None = None,
         batch_size: int = 32,
-        prefetch_workers: int = 2,
+        prefetch_workers: int | None = None,
+        decode_on_device: bool | None = None,
         revision: str | None = None,
     ):
+        """`prefetch_workers`: None chooses from the device and the cores
+        (`default_prefetch_workers`). `decode_on_device`: decode JPEGs and preprocess on the
+        model's device; None does so on CUDA where the processor allows (`DevicePreprocessing`).
+        """
         import transformers
 
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if prefetch_workers < 0:
+        if prefetch_workers is not None and prefetch_workers < 0:
             raise ValueError(f"prefetch_workers must not be negative, got {prefetch_workers}")
         self.batch_size = batch_size
-        self.prefetch_workers = prefetch_workers
         # The PIL image processors reproduce the preprocessing of the reference system, and are
         # faster on the CPU than the torchvision ones, whose threads compete with the model.
         self.loaded: LoadedModel = load_pretrained(
@@ -104,6 +241,26 @@ class ImageEmbedder:
             processor_class=getattr(transformers, self.processor_class_name),
             processor_kwargs={"backend": "pil"},
         )
+        self.device_preprocessing = self._device_preprocessing(decode_on_device)
+        if prefetch_workers is None:
+            prefetch_workers = default_prefetch_workers(
+                self.device.type,
+                _available_cpus(),
+                decodes_on_device=self.device_preprocessing is not None,
+            )
+        self.prefetch_workers = prefetch_workers
+
+    def _device_preprocessing(self, decode_on_device: bool | None) -> DevicePreprocessing | None:
+        if decode_on_device is False or (decode_on_device is None and self.device.type != "cuda"):
+            return None
+        preprocessing = DevicePreprocessing.of(self.image_processor)
+        if preprocessing is None and decode_on_device:
+            raise ValueError(
+                f"decode_on_device=True needs a fixed-size SigLIP image processor; model "
+                f"{self.loaded.source.reference} has {type(self.image_processor).__name__}. "
+                "Leave decode_on_device unset to preprocess its images on the CPU."
+            )
+        return preprocessing
 
     @property
     def model(self) -> Any:
@@ -168,6 +325,58 @@ class ImageEmbedder:
 
     def _prepare(self, paths: Sequence[Path], chunk: Sequence[int]) -> _PreparedBatch:
         """Read, decode and preprocess one batch (runs on a prefetch thread)."""
+        if self.device_preprocessing is None:
+            return self._prepare_on_host(paths, chunk)
+        return self._prepare_on_device(paths, chunk)
+
+    def _prepare_on_device(self, paths: Sequence[Path], chunk: Sequence[int]) -> _PreparedBatch:
+        """JPEGs decoded and preprocessed on the device; the other files as `_prepare_on_host`.
+
+        On CUDA the work runs on a stream of this thread, finished before the batch is handed
+        over, so the model's stream never waits on it.
+        """
+        import torch
+
+        encoded = {index: _jpeg_bytes(paths[index]) for index in chunk}
+        encoded = {index: data for index, data in encoded.items() if data is not None}
+        with _side_stream(self.device):
+            decoded = self._decode_jpegs(encoded)
+            rest = self._prepare_on_host(paths, [i for i in chunk if i not in decoded])
+            pixels = None
+            if decoded:
+                pixels = self.device_preprocessing(list(decoded.values()), self.loaded.dtype)
+            if rest.inputs is not None:
+                host = rest.inputs["pixel_values"]
+                host = host.to(self.device, dtype=self.loaded.dtype, non_blocking=True)
+                pixels, indices = _merge_rows(list(decoded), pixels, rest.indices, host)
+            else:
+                indices = list(decoded)
+            if self.device.type == "cuda":
+                # Done before the model sees it; the model's own .cpu() copy then finishes its
+                # use of these tensors before they are freed.
+                torch.cuda.current_stream(self.device).synchronize()
+        inputs = None if pixels is None else {"pixel_values": pixels}
+        return _PreparedBatch(indices, inputs, rest.errors)
+
+    def _decode_jpegs(self, encoded: dict[int, Any]) -> dict[int, Any]:
+        """Decoded CHW uint8 RGB images on the device by input position; those the decoder
+        rejects are left out (the CPU path reads them again and says why they fail)."""
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        if not encoded:
+            return {}
+        try:
+            images = decode_jpeg(list(encoded.values()), mode=ImageReadMode.RGB, device=self.device)
+            return dict(zip(encoded, images, strict=True))
+        except RuntimeError:  # one bad file fails the whole batched call
+            decoded = {}
+            for index, data in encoded.items():
+                with contextlib.suppress(RuntimeError):
+                    decoded[index] = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+            return decoded
+
+    def _prepare_on_host(self, paths: Sequence[Path], chunk: Sequence[int]) -> _PreparedBatch:
+        """Read, decode (OpenCV) and preprocess (the PIL processor) on this thread."""
         indices: list[int] = []
         images: list[np.ndarray] = []
         errors: dict[int, str] = {}
@@ -316,6 +525,45 @@ class SiglipScorer(ImageEmbedder):
 
     def _image_features(self, inputs: dict[str, Any]) -> Any:
         return _pooled(self.model.get_image_features(**inputs))
+
+
+def _merge_rows(
+    first: list[int], first_rows: Any, second: list[int], second_rows: Any
+) -> tuple[Any, list[int]]:
+    """Two sets of rows by input position as one tensor in input order, and the positions."""
+    import torch
+
+    rows = dict(zip(second, second_rows, strict=True))
+    if first_rows is not None:
+        rows.update(zip(first, first_rows, strict=True))
+    indices = sorted(rows)
+    return torch.stack([rows[index] for index in indices]), indices
+
+
+def _jpeg_bytes(path: Path) -> Any:
+    """The file as a uint8 tensor when it is a JPEG without EXIF data, else None.
+
+    EXIF orientation is applied by OpenCV and not by nvjpeg, so such files keep the CPU path, as
+    do files that cannot be read (the CPU path reports why).
+    """
+    import torch
+
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if not data.startswith(b"\xff\xd8\xff") or _EXIF_MARKER in data[:_EXIF_SEARCH_BYTES]:
+        return None
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _side_stream(device: Any) -> contextlib.AbstractContextManager[Any]:
+    """A CUDA stream of its own for the calling thread's work on `device`; nothing elsewhere."""
+    import torch
+
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.Stream(device))
 
 
 def _pooled(output: Any) -> Any:

@@ -35,6 +35,7 @@ from dataminer_dagster.tags import (
     ITEMS_TAG,
     LANE_TAG,
     PRIORITY_TAG,
+    PROJECTS_TAG,
     RANGE_END,
     RANGE_START,
     REQUESTED_BY_TAG,
@@ -206,6 +207,7 @@ def plan_runs(
     ahead: bool = True,
     rerequest_after_s: float = REREQUEST_AFTER_S,
     discovery: Discovery | None = None,
+    projects: Sequence[int] | None = None,
 ) -> list[PlannedRun]:
     """Runs to request, lane by lane: batches of ready partitions, each a tight range in Dagster's
     partition order, then (with `ahead`) batches of partitions that work in flight is producing.
@@ -214,7 +216,8 @@ def plan_runs(
     dead, and no partition that a live run of the lane covers is requested again. Without them
     (`dataminer run`, which executes every request before it plans again) nothing is in flight.
     `jobs` maps lanes to job names; with `stage_keys` (stage -> asset key) a run that starts
-    past its lane's first stage selects only the stages it runs."""
+    past its lane's first stage selects only the stages it runs. With `projects` (ids) only work
+    that concerns these projects is requested, and the runs claim nothing else (PROJECTS_TAG)."""
     engine = store.engine
     orders = _PartitionOrders(instance, discovery or Discovery())
     in_flight = _live_runs_by_lane(instance, store, limits) if limits else {}
@@ -226,13 +229,12 @@ def plan_runs(
         if slots <= 0:
             continue
         covered = {position for record in live for position in _covered(record, order)}
-        ready = _ready_batches(engine, lane, order, covered, slots, rerequest_after_s)
+        ready = _ready_batches(engine, lane, order, covered, slots, rerequest_after_s, projects)
         for keys, items in ready:
             first = min(lane.stages.index(i.stage) for i in items)
+            item_ids = [i.id for i in items]
             planned.append(
-                _planned(
-                    lane, lane.stages[first:], keys, [i.id for i in items], jobs, stage_keys, False
-                )
+                _planned(lane, lane.stages[first:], keys, item_ids, jobs, stage_keys, projects)
             )
         slots -= len(ready)
         if not (ahead and lane.ahead and slots > 0):
@@ -248,7 +250,7 @@ def plan_runs(
         known = sorted((k for k in keys if k in order and order[k] not in taken), key=order.get)
         for start in range(0, len(known), lane.policy.batch):
             chunk = known[start : start + lane.policy.batch]
-            planned.append(_planned(lane, lane.stages, chunk, [], jobs, stage_keys, True))
+            planned.append(_planned(lane, lane.stages, chunk, [], jobs, stage_keys, ahead=True))
     return planned
 
 
@@ -259,9 +261,10 @@ def _ready_batches(
     covered: set[int],
     slots: int,
     rerequest_after_s: float,
+    projects: Sequence[int] | None,
 ) -> list[tuple[list[str], list]]:
     """Up to `slots` batches of ready keys (each with its items), in partition order."""
-    items = requestable(engine, lane.stages, slots * lane.policy.batch, rerequest_after_s)
+    items = requestable(engine, lane.stages, slots * lane.policy.batch, rerequest_after_s, projects)
     by_key: dict[str, list] = {}
     for item in items:
         if item.key in order and order[item.key] not in covered:
@@ -281,7 +284,9 @@ def _planned(
     item_ids: list[int],
     jobs: Mapping[str, str] | None,
     stage_keys: Mapping[str, dg.AssetKey] | None,
-    ahead: bool,
+    projects: Sequence[int] | None = None,
+    *,
+    ahead: bool = False,
 ) -> PlannedRun:
     tags = {
         RANGE_START: keys[0],
@@ -293,6 +298,8 @@ def _planned(
     }
     if item_ids:
         tags[BATCH_TAG] = f"{min(item_ids)}-{max(item_ids)}"
+    if projects is not None:
+        tags[PROJECTS_TAG] = ",".join(map(str, projects))
     if ahead:
         # Behind every run that is ready to work, in the queue: it would only wait.
         tags.update({AHEAD_TAG: "true", PRIORITY_TAG: "-1"})

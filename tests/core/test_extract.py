@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from dataminer_dagster.core.extract import (
+    DEFAULT_MAX_FRAME_PIXELS,
+    DEFAULT_MAX_FRAMES,
     ExtractionOptions,
     ExtractionResult,
     extract_frames,
@@ -135,6 +137,25 @@ def test_max_frames_caps_the_frames_kept(videos, tmp_path, options, expected):
     result = extract(videos["mp4"], tmp_path / "out", max_frames=3, **options)
 
     assert indexes(result) == expected
+
+
+def test_frames_and_frame_size_are_capped_by_default():
+    options = ExtractionOptions(strategy="time", every_seconds=1)
+    assert options.max_frames == DEFAULT_MAX_FRAMES == 10_000
+    assert options.max_frame_pixels == DEFAULT_MAX_FRAME_PIXELS == 7680 * 4320
+
+
+@pytest.mark.parametrize("kind", ["mp4", "webm"])
+def test_frames_larger_than_the_pixel_cap_are_refused_before_decoding(videos, tmp_path, kind):
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(VideoDecodeError, match=r"320x240 .*over the limit of 76,799 pixels"):
+        extract(videos[kind], out, strategy="interval", every_frames=1, max_frame_pixels=76_799)
+    assert not list(out.iterdir())
+    result = extract(
+        videos[kind], out, strategy="interval", every_frames=50, max_frame_pixels=76_800
+    )
+    assert indexes(result) == [0, 50, 100]
 
 
 def test_max_frames_does_not_cap_the_frames_scanned(videos, tmp_path):

@@ -39,7 +39,11 @@ def _advisory_locks(url: str) -> list[tuple]:
     try:
         with engine.connect() as c:
             return c.execute(
-                sa.text("SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory'")
+                sa.text(  # of this database: tests beside this one use the same server
+                    """SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory'
+                          AND database = (SELECT oid FROM pg_database
+                                           WHERE datname = current_database())"""
+                )
             ).all()
     finally:
         engine.dispose()

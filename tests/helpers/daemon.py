@@ -31,7 +31,9 @@ BIN = Path(sys.executable).parent
 # Short enough that a killed run is noticed within seconds; the grace leaves a run worker time to
 # start on a loaded 2-core machine.
 FAST_RECOVERY = {
-    "leases": {"heartbeat_s": 0.5, "stale_after_s": 4},
+    # Stale after 10 s: short for the crash tests, long enough that a heartbeat thread starved
+    # on a loaded 2-core machine does not look like a dead run.
+    "leases": {"heartbeat_s": 0.5, "stale_after_s": 10},
     "runs": {"start_grace_s": 45, "queued_timeout_s": 600},
     "sensors": {"reaper_interval_s": 1},
 }

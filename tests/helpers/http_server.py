@@ -8,10 +8,11 @@ Serves the files of one directory on 127.0.0.1 with an ephemeral port, answers R
         server.fail_then_serve("/busy.mp4", status=429, times=2, headers={"Retry-After": "7"})
         server.delay("/slow.mp4", seconds=2.0)
         server.cut_off("/cut.mp4", after_bytes=1000)
+        server.stream("/endless.mp4", total_bytes=40 * 2**20)
         url = server.url("/clip.mp4")
 
-Every request is recorded in `server.requests` (method, path, headers, status) so that a test can
-assert how many times a client asked for what. As a pytest fixture:
+Every request is recorded in `server.requests` (method, path, headers, status; for a streamed
+path also the body bytes sent) so that a test can assert how many times a client asked for what. As a pytest fixture:
 
     http_server = http_server_fixture()            # in a test module or conftest.py
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import mimetypes
 import re
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -43,6 +45,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     status: int = 0
+    bytes_sent: int = 0  # streamed routes: body bytes written (read by the client or not)
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Route:
     fail_after: int = 0  # serve the file this many times before the failures start
     cut_after_bytes: int | None = None  # announce the full length, send only this many bytes
     delay_s: float = 0.0  # sleep before sending the response headers
+    stream_bytes: int | None = None  # send this many filler bytes, chunked, without a length
     hits: int = 0
 
 
@@ -105,6 +109,11 @@ class LocalHTTPServer:
     def cut_off(self, path: str, *, after_bytes: int) -> None:
         """Announce the file's full length but close the connection after `after_bytes`."""
         self.routes[path] = Route(cut_after_bytes=after_bytes)
+
+    def stream(self, path: str, *, total_bytes: int, content_type: str = "video/mp4") -> None:
+        """Answer `path` with `total_bytes` of filler in chunked transfer encoding, without a
+        Content-Length, as a live or generated response does (no file needed)."""
+        self.routes[path] = Route(stream_bytes=total_bytes, content_type=content_type)
 
     def delay(self, path: str, *, seconds: float) -> None:
         """Serve the file at `path` only after `seconds` (to trigger client timeouts)."""
@@ -209,6 +218,9 @@ class _Handler(BaseHTTPRequestHandler):
         if fail:
             self._send_status(record, route, send_body=send_body)
             return
+        if route is not None and route.stream_bytes is not None:
+            self._send_stream(record, route, send_body=send_body)
+            return
         file = self._resolve(path)
         if file is None:
             record.status = HTTPStatus.NOT_FOUND
@@ -229,6 +241,28 @@ class _Handler(BaseHTTPRequestHandler):
         record.status = route.status
         body = route.body or f"{route.status} {HTTPStatus(route.status).phrase}".encode()
         self._send_simple(route.status, body, route.headers, send_body=send_body)
+
+    def _send_stream(self, record: RecordedRequest, route: Route, *, send_body: bool) -> None:
+        record.status = HTTPStatus.OK
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", route.content_type or "application/octet-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        if not send_body:
+            return
+        self.close_connection = True
+        # A small send buffer, so that what was sent is close to what the client read.
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+        chunk = bytes(64 * 1024)
+        try:
+            while record.bytes_sent < route.stream_bytes:
+                size = min(len(chunk), route.stream_bytes - record.bytes_sent)
+                self.wfile.write(b"%x\r\n%s\r\n" % (size, chunk[:size]))
+                record.bytes_sent += size
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
 
     def _send_simple(self, status: int, body: bytes, headers: dict[str, str], *, send_body: bool):
         self.send_response(status)

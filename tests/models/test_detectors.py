@@ -247,3 +247,37 @@ def test_a_yolo_world_checkpoint_with_saved_classes_loads_as_yolo(tmp_path):
     results = detector.detect([np.zeros((120, 160, 3), np.uint8)])
     assert detector.labels == ["dog"]
     assert_well_formed(results, [np.zeros((120, 160, 3), np.uint8)], ["dog"], 0.0)
+
+
+class _RunsACommand:
+    """What a hostile checkpoint can carry: unpickling it calls os.system."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (self.command,)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unless_trusted(
+    tiny_models, tmp_path, monkeypatch
+):
+    import torch
+
+    marker = tmp_path / "ran"
+    checkpoint = torch.load(tiny_models["yolo"], weights_only=False)
+    checkpoint["docs"] = _RunsACommand(f"touch {marker}")
+    hostile = tmp_path / "hostile.pt"
+    torch.save(checkpoint, hostile)
+
+    with pytest.raises(ModelUnavailableError, match="ULTRALYTICS_SAFE_LOAD=0"):
+        load_detector("yolo", str(hostile), confidence=0.3)
+    assert not marker.exists()
+    detector = load_detector("yolo", str(tiny_models["yolo"]), confidence=0.3)
+    assert detector.labels == coco_class_names()  # a plain checkpoint loads as before
+
+    monkeypatch.setenv("ULTRALYTICS_SAFE_LOAD", "0")  # the user trusts this file
+    load_detector("yolo", str(hostile), confidence=0.3)
+    assert marker.exists()

@@ -1,0 +1,153 @@
+"""The parts of the package and the arrows between them (docs/architecture.md, "The parts"), and
+the real Definitions: they load and validate as `dagster dev` loads them."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dataminer_dagster"
+HEAVY = ("torch", "transformers", "ultralytics", "faiss")
+STAGE_SIDE = ("assets", "cli", "driver", "definitions", "demo")
+
+# part -> imports it must not make (prefixes of module names); `if TYPE_CHECKING:` blocks are
+# for type checkers only and do not count.
+FORBIDDEN = {
+    "core": ("dagster", "sqlalchemy", "dataminer_dagster."),  # but dataminer_dagster.core
+    "models": (
+        "dagster",
+        "sqlalchemy",
+        *(f"dataminer_dagster.{p}" for p in ("db", "resources", "sensors", *STAGE_SIDE)),
+    ),
+    "db": (
+        "dagster",
+        *(f"dataminer_dagster.{p}" for p in ("models", "resources", "sensors", *STAGE_SIDE)),
+    ),
+    "sensors": (*HEAVY, *(f"dataminer_dagster.{p}" for p in ("models", *STAGE_SIDE))),
+    "resources": (*HEAVY, *(f"dataminer_dagster.{p}" for p in ("models", "sensors", *STAGE_SIDE))),
+}
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every module a file imports, at any depth, outside `if TYPE_CHECKING:` blocks."""
+    tree = ast.parse(path.read_text())
+    found: list[tuple[int, str]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _breaks(part: str, module: str) -> bool:
+    if part == "core" and module.startswith("dataminer_dagster.core"):
+        return False
+    return any(
+        module == f
+        or module.startswith(f.rstrip(".") + ".")
+        or (f.endswith(".") and module.startswith(f))
+        for f in FORBIDDEN[part]
+    )
+
+
+@pytest.mark.parametrize("part", sorted(FORBIDDEN))
+def test_each_part_imports_only_what_its_arrows_allow(part):
+    files = sorted((PACKAGE / part).rglob("*.py"))
+    assert files, part
+    wrong = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+        for path in files
+        for line, module in _imports(path)
+        if _breaks(part, module)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_rule_catches_an_import_it_forbids(tmp_path):
+    """The check itself can fail: a forbidden import inside a function is found."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f():\n    import dagster\n    from dataminer_dagster.db import leases\n")
+    found = [module for _, module in _imports(sample)]
+    assert found == ["dagster", "dataminer_dagster.db"]
+    assert _breaks("core", "dataminer_dagster.db") and _breaks("core", "dagster")
+    assert not _breaks("core", "dataminer_dagster.core.files")
+    assert _breaks("sensors", "dataminer_dagster.assets.stage")
+
+
+def _fresh_python(script: str, env: dict[str, str] | None = None) -> str:
+    import os
+
+    completed = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed.stdout.strip().splitlines()[-1]
+
+
+def test_the_sensors_load_without_any_stage_module_or_model_library():
+    loaded = _fresh_python(
+        """
+        import sys
+        import dataminer_dagster.sensors.pipeline_sensors
+        print(" ".join(sorted(m for m in sys.modules
+                              if m.startswith("dataminer_dagster.assets")
+                              or m.split(".")[0] in ("torch", "transformers", "ultralytics"))) or "none")
+        """
+    )
+    assert loaded == "none"
+
+
+@pytest.mark.parametrize("executor", ["in_process", "multiprocess", "celery"])
+def test_the_real_definitions_load_and_validate(dataminer_env, executor):
+    summary = _fresh_python(
+        """
+        import dagster as dg
+        from dataminer_dagster.definitions import LANES, defs
+
+        dg.Definitions.validate_loadable(defs)
+        repository = defs.get_repository_def()
+        jobs = sorted(j.name for j in repository.get_all_jobs() if not j.name.startswith("__"))
+        assert jobs == sorted(f"{lane.name}_job" for lane in LANES), jobs
+        for job in jobs:
+            defs.resolve_job_def(job)
+        sensors = sorted(s.name for s in repository.sensor_defs)
+        assets = sorted(k.to_user_string() for k in repository.asset_graph.get_all_asset_keys())
+        print(f"{type(defs.executor).__name__}|{','.join(sensors)}|{','.join(assets)}")
+        """,
+        env={"DATAMINER_EXECUTOR": executor},
+    )
+    _, sensors, assets = summary.split("|")
+    assert sensors == "lease_reaper,release_cancelled_runs,release_failed_runs,work"
+    assert assets == ",".join(
+        sorted(
+            [
+                "dataset",
+                "deduped_set",
+                "detections",
+                "downloads",
+                "filtered_frames",
+                "frames",
+                "frames_backup",
+                "video_catalog",
+            ]
+        )
+    )

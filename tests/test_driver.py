@@ -1,0 +1,70 @@
+"""`dataminer run X` works on X alone, and stops when its deadline passes, even inside a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from dataminer_dagster.config import parse_project_config
+from dataminer_dagster.core.synthetic import SyntheticVideoSpec
+from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.paths import DataPaths
+from tests.helpers.http_server import LocalHTTPServer
+from tests.helpers.pipeline import (
+    drive_quietly,
+    pipeline_definitions,
+    resources,
+    work_items,
+    write_videos,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def _config(name: str, urls: list[str], model: Path, out: Path):
+    return parse_project_config(
+        {
+            "name": name,
+            "output_dir": str(out / name),
+            "inputs": {"urls": urls},
+            "extract": {"strategy": "time", "every_seconds": 0.5},
+            "filter": {"model": str(model), "device": "cpu", "positive_prompts": ["a shape"]},
+        }
+    )
+
+
+def test_run_drives_only_its_project_and_stops_at_its_deadline(
+    tmp_path, database_url, engine, tiny_siglip
+):
+    www = tmp_path / "www"
+    clip = SyntheticVideoSpec(width=96, height=64, fps=10, seconds=1.0)
+    write_videos(www, {f"{name}.mp4": clip for name in ("mine", "slow0", "slow1", "slow2")})
+    data_dir = tmp_path / "data"
+    store = LeaseStore(engine)
+    catalog = Catalog(engine, store, DataPaths(data_dir))
+    defs = pipeline_definitions(resources(database_url, data_dir))
+    with LocalHTTPServer(www) as server, dg.instance_for_test() as instance:
+        slow = [f"/slow{i}.mp4" for i in range(3)]
+        for path in slow:
+            server.delay(path, seconds=3)
+        catalog.register_project(
+            _config("other", [server.url(p) for p in slow], tiny_siglip, tmp_path)
+        )
+        catalog.register_project(_config("mine", [server.url("/mine.mp4")], tiny_siglip, tmp_path))
+
+        result = drive_quietly(["mine"], instance=instance, defs=defs, store=store, timeout_s=120)
+        assert result.stages == {"mine": "complete"}
+        assert not any(server.hits(p) for p in slow), "another project's videos were fetched"
+        assert catalog.project("other").stage == "active"
+        assert work_items(engine, "catalog")["other"].status == "pending"
+
+        # Three downloads of 3 s each in one run: the deadline passes during one of them, and
+        # the run starts no other.
+        with pytest.raises(TimeoutError, match="not finished after 5 s"):
+            drive_quietly(["other"], instance=instance, defs=defs, store=store, timeout_s=5)
+        downloads = {k: r.status for k, r in work_items(engine, "download").items()}
+        slow_statuses = sorted(s for k, s in downloads.items() if k.startswith("slow"))
+        assert len(slow_statuses) == 3 and slow_statuses.count("pending") >= 1, slow_statuses
