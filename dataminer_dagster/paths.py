@@ -55,8 +55,12 @@ class ProjectPaths:
 
     root: Path  # the project's output_dir
 
+    @property
+    def filter_dir(self) -> Path:
+        return self.root / "filter"
+
     def filter_table(self, video_id: str) -> Path:
-        return self.root / "filter" / f"{video_id}.parquet"
+        return self.filter_dir / f"{video_id}.parquet"
 
     @property
     def dedup_table(self) -> Path:
@@ -89,7 +93,7 @@ class ProjectPaths:
     def own_entries(self) -> list[Path]:
         """Everything a project writes in its output directory, the marker last."""
         return [
-            self.filter_table("x").parent,
+            self.filter_dir,
             self.dedup_table.parent,
             self.detections_dir,
             self.dataset_dir,

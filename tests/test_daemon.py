@@ -151,19 +151,25 @@ def test_two_projects_complete_under_the_daemon_with_gpu_steps_one_at_a_time(
     assert "Sensor tick caught an error" not in log, log[-4000:]
 
 
+def running_filter_item(deployment):
+    """The row of a filter item of project alpha once one is being processed."""
+    found = {}
+
+    def filtering() -> bool:
+        found["row"] = deployment.running_item("filter")
+        return found["row"] is not None
+
+    deployment.wait_until(filtering, COMPLETE_WITHIN_S, "a filter item being processed", "alpha")
+    return found["row"]
+
+
 def test_a_run_worker_killed_mid_stage_is_failed_and_its_work_done_again(
     deployment, media, reference
 ):
     deployment.start_daemon()
     deployment.add_project(media.project("alpha", 6))
-    victim = {}
-
-    def filtering() -> bool:
-        victim["row"] = deployment.running_item("filter")
-        return victim["row"] is not None
-
-    deployment.wait_until(filtering, COMPLETE_WITHIN_S, "a filter item being processed", "alpha")
-    run_id, pid = victim["row"].lease_owner, victim["row"].pid
+    row = running_filter_item(deployment)
+    run_id, pid = row.lease_owner, row.pid
     os.kill(pid, signal.SIGKILL)
 
     deployment.wait_for_stage("alpha", "complete", COMPLETE_WITHIN_S)
@@ -181,24 +187,18 @@ def test_the_daemon_killed_with_its_runs_then_restarted_finishes_the_project(
 ):
     deployment.start_daemon()
     deployment.add_project(media.project("alpha", 6))
-    victim = {}
-
-    def filtering() -> bool:
-        victim["row"] = deployment.running_item("filter")
-        return victim["row"] is not None
-
-    deployment.wait_until(filtering, COMPLETE_WITHIN_S, "a filter item being processed", "alpha")
+    row = running_filter_item(deployment)
     deployment.kill_daemon_group()
     deadline = time.monotonic() + 10
-    while running(victim["row"].pid) and time.monotonic() < deadline:
+    while running(row.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not running(victim["row"].pid), "the run worker died with the daemon's group"
+    assert not running(row.pid), "the run worker died with the daemon's group"
 
     deployment.start_daemon()
     deployment.wait_for_stage("alpha", "complete", COMPLETE_WITHIN_S)
     pd.testing.assert_frame_equal(deployment.dataset("alpha"), reference["alpha"])
     instance = dagster_instance(deployment)
-    zombie = victim["row"].lease_owner
+    zombie = row.lease_owner
     assert instance.get_run_by_id(zombie).status == dg.DagsterRunStatus.FAILURE, (
         "not left STARTED for ever"
     )
