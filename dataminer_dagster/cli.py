@@ -158,7 +158,11 @@ def project_list() -> None:
 @click.option("--project", "project_name", required=True, help="Name of an existing project.")
 def add_video(url: str, project_name: str) -> None:
     """Add one video URL to an existing project."""
-    from dataminer_dagster.core.video_ids import is_youtube_url, video_id_for_url, youtube_watch_url
+    from dataminer_dagster.acquisition.video_ids import (
+        is_youtube_url,
+        video_id_for_url,
+        youtube_watch_url,
+    )
     from dataminer_dagster.db.catalog import Candidate
 
     _, _, catalog = _context()
@@ -184,14 +188,14 @@ def add_video(url: str, project_name: str) -> None:
 @click.option("--dry-run", is_flag=True, help="Only print what would be added.")
 def populate(config: str, dry_run: bool) -> None:
     """Find the videos of a project's inputs (searches, URLs, files) and add them."""
+    from dataminer_dagster.acquisition.inputs import collect_candidates
     from dataminer_dagster.core.redact import redact
     from dataminer_dagster.db.schema import DONE
-    from dataminer_dagster.resources.video_sources import YtDlpSources
-    from dataminer_dagster.sources import collect_candidates
+    from dataminer_dagster.resources.download_client import YtDlpClient
     from dataminer_dagster.stages import CATALOG
 
     cfg = _load_config(config)
-    found = collect_candidates(cfg.inputs, YtDlpSources().search)
+    found = collect_candidates(cfg.inputs, YtDlpClient().search)
     for problem in found.problems:
         click.echo(f"warning: {problem}", err=True)
     if dry_run:

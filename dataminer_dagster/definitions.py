@@ -20,7 +20,7 @@ import dagster as dg
 
 from dataminer_dagster.assets import LANE_ASSETS, STAGES
 from dataminer_dagster.resources.database import DatabaseResource
-from dataminer_dagster.resources.video_sources import YtDlpSources
+from dataminer_dagster.resources.download_client import YtDlpClient
 from dataminer_dagster.sensors.pipeline_sensors import build_sensors, lane_jobs
 from dataminer_dagster.settings import ENV_EXECUTOR, EXECUTORS, load_settings
 from dataminer_dagster.stages import configured_lanes
@@ -54,6 +54,6 @@ defs = dg.Definitions(
     assets=list(LANE_ASSETS.values()),
     jobs=list(LANE_JOBS.values()),
     sensors=build_sensors(STAGES, LANE_JOBS, LANES, SETTINGS),
-    resources={"db": DatabaseResource(), "video_sources": YtDlpSources()},
+    resources={"db": DatabaseResource(), "download_client": YtDlpClient()},
     executor=_executor(),
 )

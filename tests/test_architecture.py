@@ -28,6 +28,10 @@ FORBIDDEN = {
         "dagster",
         *(f"dataminer_dagster.{p}" for p in ("models", "resources", "sensors", *STAGE_SIDE)),
     ),
+    "acquisition": (
+        "dagster",
+        *(f"dataminer_dagster.{p}" for p in ("models", "resources", "sensors", *STAGE_SIDE)),
+    ),
     "sensors": (*HEAVY, *(f"dataminer_dagster.{p}" for p in ("models", *STAGE_SIDE))),
     "resources": (*HEAVY, *(f"dataminer_dagster.{p}" for p in ("models", "sensors", *STAGE_SIDE))),
 }

@@ -25,7 +25,7 @@ SCRIPT = textwrap.dedent(
     from dataminer_dagster.db.engine import get_engine
     from dataminer_dagster.db.leases import LeaseStore
     from dataminer_dagster.assets import LANE_ASSETS, STAGES
-    from dataminer_dagster.resources.video_sources import YtDlpSources
+    from dataminer_dagster.resources.download_client import YtDlpClient
     from dataminer_dagster.paths import DataPaths
     from dataminer_dagster.resources.database import DatabaseResource
     from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_discovery
@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent(
     config = parse_project_config({"name": "p", "inputs": {"files": [str(video)]},
                                    "filter": {"positive_prompts": ["x"]}})
     catalog.register_project(config)
-    resources = {"db": DatabaseResource(database_url=url, data_dir=str(tmp / "data")), "video_sources": YtDlpSources()}
+    resources = {"db": DatabaseResource(database_url=url, data_dir=str(tmp / "data")), "download_client": YtDlpClient()}
     with dg.instance_for_test() as instance:
         for stage in ("catalog", "download", "frames"):
             found = plan_discovery(engine, DiscoveryCursor())

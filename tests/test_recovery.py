@@ -27,10 +27,10 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 
+from dataminer_dagster.acquisition.video_ids import video_id_for_file
 from dataminer_dagster.assets import STAGES
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
-from dataminer_dagster.core.video_ids import video_id_for_file
 from dataminer_dagster.db import migrate
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
@@ -42,7 +42,7 @@ from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_discovery
 from dataminer_dagster.settings import load_settings
 from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES, LANES
 from tests.helpers.pipeline import (
-    CannedSearchSources,
+    CannedSearchClient,
     materialize_partitions,
     one_stage_lanes,
     pipeline_definitions,
@@ -130,7 +130,7 @@ class Pipeline:
             heartbeat_seconds=HEARTBEAT_S,
             hooks=dump_hooks(hooks),
         )
-        return {"db": db, "video_sources": CannedSearchSources()}
+        return {"db": db, "download_client": CannedSearchClient()}
 
     def items(self, stage: str) -> dict[str, sa.Row]:
         return work_items(self.engine, stage)

@@ -11,12 +11,12 @@ import dagster as dg
 import pytest
 from click.testing import CliRunner
 
+from dataminer_dagster.acquisition.video_ids import video_id_for_url
 from dataminer_dagster.assets.catalog import video_catalog
 from dataminer_dagster.assets.downloads import downloads
 from dataminer_dagster.cli import main
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.redact import redact, redact_url
-from dataminer_dagster.core.video_ids import video_id_for_url
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.partitions import projects_partitions, videos_partitions

@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from dataminer_dagster.core.video_ids import (
+from dataminer_dagster.acquisition.video_ids import (
     is_youtube_url,
     video_id_for_file,
     video_id_for_url,

@@ -6,16 +6,16 @@ video the project links again is re-queued when it had failed or when its files 
 
 from __future__ import annotations
 
+from dataminer_dagster.acquisition.inputs import collect_candidates
 from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
 from dataminer_dagster.partitions import projects_partitions
-from dataminer_dagster.sources import collect_candidates
 from dataminer_dagster.stages import CATALOG
 
 
 @stage_asset(
     stage=CATALOG,
     partitions_def=projects_partitions,
-    required_resource_keys=["video_sources"],
+    required_resource_keys=["download_client"],
     kinds={"youtube"},
 )
 def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
@@ -24,7 +24,7 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
     project = catalog.project(item.key)
     if project is None:
         raise ValueError(f"project {item.key!r} is not registered (dataminer project add CONFIG)")
-    found = collect_candidates(project.config.inputs, ctx.resources.video_sources.search)
+    found = collect_candidates(project.config.inputs, ctx.resources.download_client.search)
     for problem in found.problems:  # the first few: a file of bad lines must not flood the log
         ctx.log.warning(f"{project.name}: {problem}")
     if found.problems_not_kept:

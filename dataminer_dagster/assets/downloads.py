@@ -11,6 +11,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from dataminer_dagster.acquisition.ytdlp import (
+    DownloadBlocked,
+    DownloadOptions,
+    PermanentDownloadError,
+    check_download_rules,
+)
 from dataminer_dagster.assets.catalog import video_catalog
 from dataminer_dagster.assets.stage import (
     Blocked,
@@ -26,12 +32,6 @@ from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.catalog import ProjectRow
-from dataminer_dagster.downloading import (
-    DownloadBlocked,
-    DownloadOptions,
-    PermanentDownloadError,
-    check_download_rules,
-)
 from dataminer_dagster.partitions import videos_partitions
 from dataminer_dagster.stages import DOWNLOAD
 
@@ -40,7 +40,7 @@ from dataminer_dagster.stages import DOWNLOAD
     stage=DOWNLOAD,
     partitions_def=videos_partitions,
     deps=[video_catalog],
-    required_resource_keys=["video_sources"],
+    required_resource_keys=["download_client"],
     kinds={"video"},
 )
 def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
@@ -72,7 +72,7 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
             )
 
     try:
-        downloaded = ctx.resources.video_sources.download(
+        downloaded = ctx.resources.download_client.download(
             video.url, item.video_id, ctx.db.paths.videos_dir, options, progress
         )
     except DownloadBlocked as exc:

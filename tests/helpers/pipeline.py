@@ -10,18 +10,18 @@ from pathlib import Path
 import dagster as dg
 import sqlalchemy as sa
 
+from dataminer_dagster.acquisition.ytdlp import SearchHit
 from dataminer_dagster.assets.stage import StageAsset
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.downloading import SearchHit
 from dataminer_dagster.driver import DriveResult, drive
 from dataminer_dagster.resources.database import DatabaseResource
-from dataminer_dagster.resources.video_sources import YtDlpSources
+from dataminer_dagster.resources.download_client import YtDlpClient
 from dataminer_dagster.stages import LANE_OF_STAGE, LANES, Lane
 from dataminer_dagster.tags import RANGE_END, RANGE_START, REQUESTED_BY_TAG
 
 
-class CannedSearchSources(YtDlpSources):
+class CannedSearchClient(YtDlpClient):
     """Real yt-dlp downloads; search results from a table, since YouTube cannot be reached."""
 
     results: dict[str, list[str]] = {}
@@ -40,7 +40,7 @@ def resources(database_url: str, data_dir: Path, **extra) -> dict:
         "db": DatabaseResource(
             database_url=database_url, data_dir=str(data_dir), heartbeat_seconds=1.0
         ),
-        "video_sources": CannedSearchSources(),
+        "download_client": CannedSearchClient(),
         **extra,
     }
 

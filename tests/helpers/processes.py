@@ -230,7 +230,7 @@ def finish(process: subprocess.Popen, spec: StageRun, timeout_s: float = 180) ->
 
 def run_stage_job(spec: StageRun) -> None:
     from dataminer_dagster.assets import LANE_ASSETS, STAGES
-    from tests.helpers.pipeline import CannedSearchSources
+    from tests.helpers.pipeline import CannedSearchClient
 
     asset = STAGES[spec.stage]
     job = dg.define_asset_job(f"{spec.stage}_only", selection=[asset.key])
@@ -245,7 +245,7 @@ def run_stage_job(spec: StageRun) -> None:
                 heartbeat_seconds=spec.heartbeat_s,
                 hooks=spec.hooks,
             ),
-            "video_sources": CannedSearchSources(),
+            "download_client": CannedSearchClient(),
         },
     )
     with dg.instance_for_test(temp_dir=spec.instance_dir) as instance:

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import yaml
 
-from dataminer_dagster.config import InputsConfig
-from dataminer_dagster.core.redact import redact
-from dataminer_dagster.core.video_ids import (
+from dataminer_dagster.acquisition.video_ids import (
     is_youtube_url,
     video_id_for_file,
     video_id_for_url,
     youtube_watch_url,
 )
+from dataminer_dagster.config import InputsConfig
+from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Candidate
 
 VIDEO_SUFFIXES = {".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".mpg", ".mpeg", ".ts"}

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dataminer_dagster.acquisition.video_ids import YOUTUBE_ID, youtube_watch_url
 from dataminer_dagster.core.files import require_free_space
 from dataminer_dagster.core.media import VideoDecodeError, VideoProbe, probe_video
 from dataminer_dagster.core.redact import redact, redact_url
-from dataminer_dagster.core.video_ids import YOUTUBE_ID, youtube_watch_url
 
 logger = logging.getLogger(__name__)
 _ytdlp_logger = logging.getLogger(f"{__name__}.yt_dlp")

@@ -1,7 +1,8 @@
-"""Where videos come from: searching and downloading, behind a small interface.
+"""The download client: searching for videos and downloading one, behind a small interface.
 
-`YtDlpSources` is the real thing (yt-dlp's Python API). Tests replace search results, which need
-YouTube, with canned ones and keep the real downloads against a local HTTP server.
+`YtDlpClient` is the real thing (yt-dlp's Python API, `acquisition.ytdlp`). Tests replace search
+results, which need YouTube, with canned ones and keep the real downloads against a local HTTP
+server.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from dataminer_dagster.downloading import (
+from dataminer_dagster.acquisition.ytdlp import (
     DownloadedVideo,
     DownloadOptions,
     DownloadProgress,
@@ -19,7 +20,7 @@ from dataminer_dagster.downloading import (
 )
 
 
-class VideoSources(dg.ConfigurableResource):
+class DownloadClient(dg.ConfigurableResource):
     """Interface: search for videos and download one."""
 
     def search(self, query: str, max_results: int) -> list[SearchHit]:
@@ -36,15 +37,15 @@ class VideoSources(dg.ConfigurableResource):
         raise NotImplementedError
 
 
-class YtDlpSources(VideoSources):
+class YtDlpClient(DownloadClient):
     """YouTube search and downloads of any URL yt-dlp supports."""
 
     def search(self, query: str, max_results: int) -> list[SearchHit]:
-        from dataminer_dagster.downloading import search_videos
+        from dataminer_dagster.acquisition.ytdlp import search_videos
 
         return search_videos(query, max_results)
 
     def download(self, url, video_id, dest_dir, options, progress=None) -> DownloadedVideo:
-        from dataminer_dagster.downloading import download_video
+        from dataminer_dagster.acquisition.ytdlp import download_video
 
         return download_video(url, video_id, dest_dir, options, progress=progress)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from dataminer_dagster.acquisition.inputs import PROBLEMS_KEPT, collect_candidates
+from dataminer_dagster.acquisition.ytdlp import SearchHit
 from dataminer_dagster.config import InputsConfig, SearchConfig
-from dataminer_dagster.downloading import SearchHit
-from dataminer_dagster.sources import PROBLEMS_KEPT, collect_candidates
 
 
 def _search(results: dict[str, list[str]]):

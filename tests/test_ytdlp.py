@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dataminer_dagster.core.files import InsufficientDiskSpace
-from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
-from dataminer_dagster.downloading import (
+from dataminer_dagster.acquisition.ytdlp import (
     DownloadBlocked,
     DownloadOptions,
     DownloadProgress,
@@ -35,6 +33,8 @@ from dataminer_dagster.downloading import (
     search_videos,
     ytdlp_params,
 )
+from dataminer_dagster.core.files import InsufficientDiskSpace
+from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from tests.helpers.http_server import LocalHTTPServer, http_server_fixture
 
 SPEC = SyntheticVideoSpec(width=320, height=240, fps=10.0, seconds=1.0)
@@ -87,7 +87,7 @@ def test_download_puts_one_probed_file_in_place(http_server, clips, tmp_path, ex
 def test_ytdlp_output_goes_to_logging_not_the_terminal(http_server, clips, tmp_path, capfd, caplog):
     url = serve_copy(http_server, clips["mp4"], "quiet.mp4")
     capfd.readouterr()
-    with caplog.at_level(logging.DEBUG, logger="dataminer_dagster.downloading"):
+    with caplog.at_level(logging.DEBUG, logger="dataminer_dagster.acquisition.ytdlp"):
         download_video(url, "vid", tmp_path, DownloadOptions())
     assert capfd.readouterr() == ("", "")
     ytdlp_lines = [r.message for r in caplog.records if r.name.endswith(".yt_dlp")]
