@@ -25,7 +25,7 @@ def _timed(function):
 
 def build_noop_stages():
     from dataminer_dagster.assets.stage import ItemResult, stage_asset
-    from dataminer_dagster.partitions import (
+    from dataminer_dagster.assets.partitions import (
         project_videos_partitions,
         projects_partitions,
         videos_partitions,

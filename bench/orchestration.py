@@ -111,7 +111,7 @@ def run_in_process(videos: int, root: Path) -> dict:
     import dagster as dg
     from noop_pipeline import build_definitions
 
-    from dataminer_dagster.driver import drive
+    from dataminer_dagster.hosting.driver import drive
 
     name, store = setup_project(videos, root)
     stages, defs = build_definitions(with_sensors=False)

@@ -24,9 +24,9 @@ from dataminer_dagster.resources.download_client import YtDlpClient
 from dataminer_dagster.sensors.pipeline_sensors import build_sensors, lane_jobs
 from dataminer_dagster.settings import ENV_EXECUTOR, EXECUTORS, load_settings
 from dataminer_dagster.stages import configured_lanes
-from dataminer_dagster.tags import DEVICE_TAG
+from dataminer_dagster.tags import DEVICE_TAG, GPU_OP_TAGS
 
-GPU_LIMIT = [{"key": DEVICE_TAG, "value": "gpu", "limit": 1}]
+GPU_LIMIT = [{"key": DEVICE_TAG, "value": GPU_OP_TAGS[DEVICE_TAG], "limit": 1}]
 
 
 def _executor() -> dg.ExecutorDefinition:

@@ -5,6 +5,9 @@ STAGE_TAG = "dataminer/stage"  # the work-item stage an asset processes
 DEVICE_TAG = "dataminer/device"  # "gpu" on the model stages
 CELERY_QUEUE_TAG = "dagster-celery/queue"  # the dagster-celery queue a step goes to
 GPU_OP_TAGS = {DEVICE_TAG: "gpu", CELERY_QUEUE_TAG: "gpu"}  # the op tags of the model stages
+GPU_POOL = (
+    "gpu"  # the Dagster pool (concurrency key) the model stages take a slot of (dagster.yaml)
+)
 
 # Run tags of the runs the sensors request.
 LANE_TAG = "dataminer/lane"  # the lane (job) of the run

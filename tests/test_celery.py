@@ -86,7 +86,7 @@ def test_pipeline_gpu_assets_route_to_the_queue_the_services_start_workers_for()
     from dagster_celery.tags import DAGSTER_CELERY_QUEUE_TAG
 
     from dataminer_dagster.assets import LANE_ASSETS
-    from dataminer_dagster.services import GPU_QUEUE
+    from dataminer_dagster.hosting.services import GPU_QUEUE
 
     assert QUEUE_TAG == DAGSTER_CELERY_QUEUE_TAG
     queues = {

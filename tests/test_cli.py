@@ -14,7 +14,7 @@ import sqlalchemy as sa
 import yaml
 from click.testing import CliRunner
 
-from dataminer_dagster import cli
+from dataminer_dagster.cli import dev as cli_dev
 from dataminer_dagster.cli import main
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.db.catalog import Candidate, Catalog
@@ -682,7 +682,7 @@ def test_dev_dry_run_uses_the_checkout(dataminer_env, monkeypatch):
 
 def test_dev_without_a_checkout_copies_dagster_yaml(dataminer_env, monkeypatch, tmp_path):
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    monkeypatch.setattr(cli, "_editable_checkout", lambda: None)  # as if installed from a wheel
+    monkeypatch.setattr(cli_dev, "_editable_checkout", lambda: None)  # as if installed from a wheel
     monkeypatch.chdir(tmp_path)
     assert "no workspace.yaml" in invoke("dev", code=1).output
 

@@ -1,5 +1,5 @@
 """Two projects sharing videos, with different prompts and detectors, each to its own dataset,
-driven exactly as the sensors decide (dataminer_dagster.driver), with tiny real-architecture models."""
+driven exactly as the sensors decide (dataminer_dagster.hosting.driver), with tiny real-architecture models."""
 
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import CLAIMABLE, DEAD, DONE, FAILED, PENDING
-from dataminer_dagster.driver import DriveResult, drive
+from dataminer_dagster.hosting.driver import DriveResult, drive
 from dataminer_dagster.paths import FRAMES_MANIFEST, DataPaths, ProjectPaths
 from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_discovery
 from dataminer_dagster.settings import load_settings

@@ -46,9 +46,9 @@ from dataminer_dagster.stages import (
     DOWNLOAD,
     FILTER,
     FRAMES,
-    LANE_OF_STAGE,
     LANES,
     LANES_BY_NAME,
+    lane_of,
 )
 from dataminer_dagster.tags import (
     AHEAD_TAG,
@@ -160,7 +160,7 @@ def add_run(
 ) -> DagsterRun:
     """A run of a stage's lane job in the instance, as if the daemon had launched (or queued)
     it for that stage."""
-    return _add_run(instance, LANE_OF_STAGE[stage].name, status, {STAGES_TAG: stage, **tags})
+    return _add_run(instance, lane_of(stage).name, status, {STAGES_TAG: stage, **tags})
 
 
 def launch(instance: dg.DagsterInstance, result) -> list[DagsterRun]:

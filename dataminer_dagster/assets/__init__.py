@@ -1,45 +1,30 @@
 """The pipeline's stages, one module each, and the Dagster assets of their lanes.
 
-`STAGES` maps work-item stages to their declared assets; `LANE_ASSETS` maps each lane (stages.py)
-to the multi-asset that runs its stages in one step.
+`stage_assets()` imports each registered stage's asset (stages.py: `StageSpec.asset`);
+`lane_assets` makes the multi-asset that runs a lane's stages in one step.
 """
 
+from __future__ import annotations
+
+import importlib
 from collections.abc import Mapping, Sequence
 
 import dagster as dg
 
-from dataminer_dagster.assets.backup import frames_backup
-from dataminer_dagster.assets.catalog import video_catalog
-from dataminer_dagster.assets.dataset import dataset
-from dataminer_dagster.assets.dedup import deduped_set
-from dataminer_dagster.assets.detect import detections
-from dataminer_dagster.assets.downloads import downloads
-from dataminer_dagster.assets.filter import filtered_frames
-from dataminer_dagster.assets.frames import frames
 from dataminer_dagster.assets.stage import StageAsset, lane_asset
-from dataminer_dagster.stages import (
-    BACKUP,
-    CATALOG,
-    DATASET,
-    DEDUP,
-    DETECT,
-    DOWNLOAD,
-    FILTER,
-    FRAMES,
-    LANES,
-    Lane,
-)
+from dataminer_dagster.stages import LANES, REGISTRY, Lane
 
-STAGES: dict[str, StageAsset] = {
-    CATALOG: video_catalog,
-    DOWNLOAD: downloads,
-    FRAMES: frames,
-    FILTER: filtered_frames,
-    DEDUP: deduped_set,
-    DETECT: detections,
-    DATASET: dataset,
-    BACKUP: frames_backup,
-}
+
+def stage_assets() -> dict[str, StageAsset]:
+    """Every registered stage's asset, by stage name, in flow order."""
+    found = {}
+    for spec in REGISTRY.specs:
+        module, _, name = spec.asset.partition(":")
+        asset = getattr(importlib.import_module(module), name)
+        if not isinstance(asset, StageAsset) or asset.stage != spec.name:
+            raise TypeError(f"{spec.asset} is not the @stage_asset of stage {spec.name!r}")
+        found[spec.name] = asset
+    return found
 
 
 def lane_assets(
@@ -53,4 +38,5 @@ def lane_assets(
     }
 
 
+STAGES = stage_assets()
 LANE_ASSETS = lane_assets(STAGES)

@@ -1,7 +1,7 @@
 """frames_backup: raw frames copied to each destination that a project using the video names
 (`backup.dest`: a local directory or user@host:/path), with rsync, verified by checksum and file
 count. A verified backup may let the frames go (`backup.delete_after_backup`) once no project needs
-them any more; see retention.py.
+them any more; see db/retention.py.
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ from pathlib import Path
 from dataminer_dagster.assets.frames import frames
 from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
 from dataminer_dagster.core.rsync import copy_tree, is_remote, verify_tree
-from dataminer_dagster.partitions import videos_partitions
+from dataminer_dagster.db.retention import release_finished_frames
 from dataminer_dagster.paths import check_backup_dest
-from dataminer_dagster.retention import release_finished_frames
 from dataminer_dagster.stages import BACKUP
 
 
-@stage_asset(stage=BACKUP, partitions_def=videos_partitions, deps=[frames], kinds={"rsync"})
+@stage_asset(stage=BACKUP, deps=[frames], kinds={"rsync"})
 def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
     """The video's raw frames, copied to every backup destination of its projects and verified."""
     catalog = ctx.catalog

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from dataminer_dagster.acquisition.inputs import collect_candidates
 from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
-from dataminer_dagster.partitions import projects_partitions
 from dataminer_dagster.stages import CATALOG
 
 
 @stage_asset(
     stage=CATALOG,
-    partitions_def=projects_partitions,
     required_resource_keys=["download_client"],
     kinds={"youtube"},
 )
@@ -35,15 +33,6 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
     if not found.candidates and found.problems:
         raise RuntimeError(f"no video found for project {project.name}: {found.summary()}")
 
-    summary: dict = {}
-
-    def commit(conn) -> None:
-        linked = catalog.link_videos(conn, project, found.candidates)
-        queued = catalog.advance_videos(
-            conn, [c.video_id for c in found.candidates], reset_failed=True
-        )
-        summary.update(new_videos=linked.new_videos, new_links=linked.new_links, queued=queued)
-
     return ItemResult(
         metadata={
             "videos": len(found.candidates),
@@ -51,5 +40,5 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
             "problems": found.summary() or "none",
         },
         outcome={"videos": len(found.candidates), "problems": found.problem_count},
-        commit=commit,
+        commit=lambda conn: catalog.link_and_queue(conn, project, found.candidates),
     )

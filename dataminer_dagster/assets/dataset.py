@@ -22,12 +22,12 @@ from dataminer_dagster.assets.stage import (
     StageItem,
     stage_asset,
 )
-from dataminer_dagster.core.files import link_or_copy, publish, staging_path
+from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE, place_images
+from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.redact import redact_url
 from dataminer_dagster.db.project_flow import project_members
-from dataminer_dagster.partitions import projects_partitions
+from dataminer_dagster.db.retention import release_finished_frames
 from dataminer_dagster.paths import ProjectPaths
-from dataminer_dagster.retention import release_finished_frames
 from dataminer_dagster.stages import DATASET
 
 
@@ -55,9 +55,7 @@ MANIFEST_COLUMNS = [
 ]
 
 
-@stage_asset(
-    stage=DATASET, partitions_def=projects_partitions, deps=[detections], kinds={"parquet"}
-)
+@stage_asset(stage=DATASET, deps=[detections], kinds={"parquet"})
 def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's dataset: kept images, COCO annotations and a Parquet manifest."""
     catalog = ctx.catalog
@@ -85,14 +83,15 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     manifest = kept[MANIFEST_COLUMNS + prompt_columns]
 
     staging = staging_path(paths.dataset_dir)
-    (staging / "images").mkdir(parents=True)
-    linked = sum(
-        link_or_copy(Path(f), staging / "images" / name)
-        for f, name in zip(kept["file"], kept["file_name"], strict=True)
+    (staging / IMAGES_DIR).mkdir(parents=True)
+    linked = place_images(
+        zip(map(Path, kept["file"]), kept["file_name"], strict=True),
+        staging / IMAGES_DIR,
+        copy=False,
     )
-    manifest.to_parquet(staging / "manifest.parquet", index=False)
+    manifest.to_parquet(staging / MANIFEST_FILE, index=False)
     if has_detections:
-        shutil.copy2(paths.coco_file, staging / "annotations.coco.json")
+        shutil.copy2(paths.coco_file, staging / COCO_FILE)
     ctx.log.info(
         f"dataset {project.name}: {len(manifest)} images ({linked} hard links) in {paths.dataset_dir}"
     )
@@ -101,9 +100,7 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
             "images": len(manifest),
             "hard_links": linked,
             "copies": len(manifest) - linked,
-            "annotations": "annotations.coco.json"
-            if has_detections
-            else "none (no detect section)",
+            "annotations": COCO_FILE if has_detections else "none (no detect section)",
             "path": str(paths.dataset_dir),
         },
         outcome={"images": len(manifest)},

@@ -28,10 +28,8 @@ from dataminer_dagster.core.embedding_cache import EmbeddingCache
 from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.visualize import contact_sheet, histogram
-from dataminer_dagster.partitions import projects_partitions
 from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.stages import DEDUP
-from dataminer_dagster.tags import GPU_OP_TAGS
 
 
 def _no_duplicates_kept(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]:
@@ -71,10 +69,7 @@ DEDUP_CHECKS = [
 @stage_asset(
     checks=DEDUP_CHECKS,
     stage=DEDUP,
-    partitions_def=projects_partitions,
     deps=[filtered_frames],
-    op_tags=GPU_OP_TAGS,
-    pool="gpu",
     kinds={"faiss"},
 )
 def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:

@@ -32,10 +32,8 @@ from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.images import read_image, write_image
 from dataminer_dagster.core.progress import Progress
 from dataminer_dagster.core.visualize import contact_sheet, draw_detections
-from dataminer_dagster.partitions import projects_partitions
 from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.stages import DETECT
-from dataminer_dagster.tags import GPU_OP_TAGS
 
 READ_CHUNK = 64  # frames read from disk at a time
 
@@ -88,10 +86,7 @@ def _coco_valid(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]:
 @stage_asset(
     checks=[StageCheck("coco_valid", "The COCO file is valid detection JSON.", _coco_valid)],
     stage=DETECT,
-    partitions_def=projects_partitions,
     deps=[deduped_set],
-    op_tags=GPU_OP_TAGS,
-    pool="gpu",
     kinds={"pytorch"},
 )
 def detections(item: StageItem, ctx: StageContext) -> ItemResult:

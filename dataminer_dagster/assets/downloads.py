@@ -32,13 +32,11 @@ from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.catalog import ProjectRow
-from dataminer_dagster.partitions import videos_partitions
 from dataminer_dagster.stages import DOWNLOAD
 
 
 @stage_asset(
     stage=DOWNLOAD,
-    partitions_def=videos_partitions,
     deps=[video_catalog],
     required_resource_keys=["download_client"],
     kinds={"video"},

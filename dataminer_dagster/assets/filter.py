@@ -26,10 +26,8 @@ from dataminer_dagster.core.embedding_cache import EmbeddingCache, quantize
 from dataminer_dagster.core.extract import read_manifest
 from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.filter_rule import FilterThresholds, apply_filter_rule
-from dataminer_dagster.partitions import project_videos_partitions
 from dataminer_dagster.paths import FRAMES_MANIFEST, ProjectPaths
 from dataminer_dagster.stages import FILTER
-from dataminer_dagster.tags import GPU_OP_TAGS
 
 
 def load_scorer(config: FilterConfig):
@@ -49,10 +47,7 @@ def prompt_columns(config: FilterConfig) -> list[str]:
 
 @stage_asset(
     stage=FILTER,
-    partitions_def=project_videos_partitions,
     deps=[frames],
-    op_tags=GPU_OP_TAGS,
-    pool="gpu",
     kinds={"pytorch"},
 )
 def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:

@@ -37,9 +37,8 @@ from dataminer_dagster.core.files import (
 from dataminer_dagster.core.media import VideoDecodeError
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.catalog import ProjectRow
-from dataminer_dagster.partitions import videos_partitions
+from dataminer_dagster.db.retention import delete_video_file, may_delete_video_file
 from dataminer_dagster.paths import FRAMES_MANIFEST
-from dataminer_dagster.retention import delete_video_file, may_delete_video_file
 from dataminer_dagster.stages import FRAMES
 
 
@@ -74,7 +73,6 @@ FRAMES_CHECKS = [
 
 @stage_asset(
     stage=FRAMES,
-    partitions_def=videos_partitions,
     deps=[downloads],
     kinds={"image"},
     checks=FRAMES_CHECKS,

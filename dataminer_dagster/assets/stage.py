@@ -26,12 +26,14 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
 
+from dataminer_dagster.assets.partitions import PARTITIONS
 from dataminer_dagster.core.files import remove
 from dataminer_dagster.core.progress import Progress
 from dataminer_dagster.core.redact import redact
@@ -39,8 +41,15 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
 from dataminer_dagster.db.project_flow import advance_projects
 from dataminer_dagster.resources.database import DatabaseResource
-from dataminer_dagster.stages import split_project_video_key
-from dataminer_dagster.tags import DEADLINE_TAG, LANE_TAG, PROJECTS_TAG, REQUESTED_BY_TAG
+from dataminer_dagster.stages import REGISTRY, split_project_video_key
+from dataminer_dagster.tags import (
+    DEADLINE_TAG,
+    GPU_OP_TAGS,
+    GPU_POOL,
+    LANE_TAG,
+    PROJECTS_TAG,
+    REQUESTED_BY_TAG,
+)
 
 
 class Blocked(Exception):
@@ -61,8 +70,13 @@ class RequeueFirst(Exception):
 
 
 class Postponed(Exception):
-    """Not the item's fault (too little free disk space): it is tried again after a back-off, and
-    the attempt does not count, so a full disk never turns good items dead."""
+    """Not the item's fault (too little free disk space, a paused host): it is tried again after a
+    back-off, or at `not_before` when given, and the attempt does not count, so a full disk or a
+    throttling host never turns good items dead."""
+
+    def __init__(self, message: str, not_before: datetime | None = None):
+        super().__init__(message)
+        self.not_before = not_before
 
 
 @dataclass
@@ -194,30 +208,29 @@ class StageAsset:
 def stage_asset(
     *,
     stage: str,
-    partitions_def: dg.PartitionsDefinition,
     description: str | None = None,
     deps: Sequence[StageAsset | str] = (),
     required_resource_keys: Sequence[str] = (),
-    op_tags: dict[str, Any] | None = None,
-    pool: str | None = None,
     kinds: set[str] | None = None,
     group_name: str = "pipeline",
     checks: Sequence[StageCheck] = (),
 ) -> Callable[[StageFunction], StageAsset]:
     """Declare a per-item stage function as a partitioned asset that processes batches of items
-    (`lane_asset` makes the Dagster asset)."""
+    (`lane_asset` makes the Dagster asset). Its registry entry (stages.py) gives its partition set
+    and, for a model stage, the GPU op tags and the `gpu` pool."""
+    spec = REGISTRY[stage]
 
     def decorator(process: StageFunction) -> StageAsset:
         return StageAsset(
             name=process.__name__,
             stage=stage,
             process=process,
-            partitions_def=partitions_def,
+            partitions_def=PARTITIONS[spec.keys],
             description=description or (process.__doc__ or "").strip() or None,
             deps=tuple(d.key if isinstance(d, StageAsset) else dg.AssetKey(d) for d in deps),
             required_resource_keys=frozenset({"db", *required_resource_keys}),
-            op_tags=dict(op_tags or {}),
-            pool=pool,
+            op_tags=dict(GPU_OP_TAGS) if spec.gpu else {},
+            pool=GPU_POOL if spec.gpu else None,
             kinds=frozenset(kinds or ()),
             group_name=group_name,
             checks=tuple(checks),
@@ -352,7 +365,7 @@ def _process_item(
         yield _observation(asset_key, lease, "blocked", reason)
     except Postponed as postponed:
         reason = redact(str(postponed))
-        outcome = leases.postpone(lease, reason)
+        outcome = leases.postpone(lease, reason, not_before=postponed.not_before)
         if outcome.applied:
             text = (
                 f"{lease.stage} {lease.key} postponed (not counted as an attempt): {reason}; "

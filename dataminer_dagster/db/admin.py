@@ -41,19 +41,17 @@ from dataminer_dagster.db.schema import (
 )
 from dataminer_dagster.paths import DataPaths, ProjectPaths, overlaps
 from dataminer_dagster.stages import (
-    BACKUP,
     CATALOG,
     DOWNLOAD,
     FILTER,
     FRAMES,
-    PROJECT_CHAIN,
+    REGISTRY,
+    VIDEO_STAGES,
     project_video_key,
 )
 
 S = SCHEMA
 W = f"{S}.work_items"
-VIDEO_ITEM_STAGES = (DOWNLOAD, FRAMES, BACKUP)  # the work items that belong to a video alone
-FORCEABLE_STAGES = (PROJECT_CHAIN[0], PROJECT_CHAIN[1])  # dedup, detect
 
 
 class AdminError(Exception):
@@ -228,7 +226,7 @@ def _lock_video_items(conn: sa.Connection, video_ids: Sequence[str]) -> list[sa.
     return _lock_items(
         conn,
         "video_id = ANY(CAST(:ids AS text[])) AND stage = ANY(CAST(:stages AS text[]))",
-        {"ids": list(video_ids), "stages": list(VIDEO_ITEM_STAGES)},
+        {"ids": list(video_ids), "stages": list(VIDEO_STAGES)},
     )
 
 
@@ -485,10 +483,11 @@ def force_stage(catalog: Catalog, name: str, stage: str) -> ForcedStage:
     Videos whose frames were released (backup, cleanup) get their extraction queued again and
     their filter item dropped, as for a later project: the project goes back to active until
     they are filtered again, then runs from dedup."""
-    if stage not in FORCEABLE_STAGES:
-        raise ValueError(f"only {', '.join(FORCEABLE_STAGES)} can be forced, not {stage!r}")
+    if stage not in REGISTRY.forceable:
+        raise ValueError(f"only {', '.join(REGISTRY.forceable)} can be forced, not {stage!r}")
     store = catalog.store
-    following = list(PROJECT_CHAIN[PROJECT_CHAIN.index(stage) :])
+    chain = REGISTRY.project_chain
+    following = list(chain[chain.index(stage) :])
     with store.engine.begin() as conn:
         project = _lock_project(conn, name)
         released = catalog.filtered_without_frames(conn, catalog.project(name))
@@ -524,7 +523,7 @@ def force_stage(catalog: Catalog, name: str, stage: str) -> ForcedStage:
             conn=conn,
         )
         unfinished = _unfinished_members(conn, project.id)
-        earlier = PROJECT_CHAIN[: PROJECT_CHAIN.index(stage)]
+        earlier = chain[: chain.index(stage)]
         done = set(
             conn.execute(
                 sa.text(f"""SELECT stage FROM {W} WHERE project_id = :p AND status = '{DONE}'
@@ -582,7 +581,7 @@ def reopen_failed_projects(
 ) -> list[tuple[str, str]]:
     """Failed projects with a pending project-level item go back to the stage of the earliest one
     (compare-and-set on `failed`); returns (project, new stage)."""
-    order = [CATALOG, *PROJECT_CHAIN]
+    order = [CATALOG, *REGISTRY.project_chain]
     statement = sa.text(f"""
         UPDATE {S}.projects p
            SET stage = CASE WHEN w.stage = '{CATALOG}' THEN '{ACTIVE}' ELSE w.stage END,

@@ -7,6 +7,7 @@ called after any change: new links, a finished download or extraction, files tha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -67,6 +68,7 @@ class LinkResult:
     new_videos: int
     new_links: int
     already_linked: int
+    queued: int = 0  # work items queued by `link_and_queue`
 
 
 @dataclass(frozen=True)
@@ -375,6 +377,16 @@ class Catalog:
             )
 
     # --- the per-video chain ----------------------------------------------------------------
+
+    def link_and_queue(
+        self, conn: sa.Connection, project: ProjectRow, candidates: Sequence[Candidate]
+    ) -> LinkResult:
+        """Link the candidates to the project and queue what each video needs next, failed and
+        dead items included (a project that links a video again wants it): what the catalog
+        stage, `populate` and `add-video` do."""
+        linked = self.link_videos(conn, project, candidates)
+        queued = self.advance_videos(conn, [c.video_id for c in candidates], reset_failed=True)
+        return dataclasses.replace(linked, queued=queued)
 
     def advance_videos(
         self, conn: sa.Connection, video_ids: Sequence[str], *, reset_failed: bool = False

@@ -35,6 +35,7 @@ from dataminer_dagster.db.schema import (
     SCHEMA,
 )
 from dataminer_dagster.settings import LongRunningPolicy, RetryPolicy
+from dataminer_dagster.stages import VIDEO_STAGES
 
 _log = logging.getLogger(__name__)
 
@@ -184,7 +185,7 @@ _UNCOUNTED_STATUS = f"CASE WHEN attempts > 1 THEN '{FAILED}' ELSE '{PENDING}' EN
 # downloads, extractions and backups.
 CONCERNS_PROJECTS = f"""(CAST(:projects AS int[]) IS NULL
     OR project_id = ANY(CAST(:projects AS int[]))
-    OR (stage IN ('download', 'frames', 'backup')
+    OR (stage IN ({", ".join(f"'{stage}'" for stage in VIDEO_STAGES)})
         AND video_id IN (SELECT video_id FROM {SCHEMA}.project_videos
                           WHERE project_id = ANY(CAST(:projects AS int[])))))"""
 
@@ -524,18 +525,21 @@ class LeaseStore:
                 then(conn)
         return result
 
-    def postpone(self, lease: Lease, reason: str) -> FailResult:
-        """The item could not be worked on for a reason that is not its own (the disk is full):
-        it is `failed` with `reason` and waits a failure's back-off, but the attempt is not
-        counted, so such a reason never makes it dead. Changes nothing when the lease was lost."""
+    def postpone(self, lease: Lease, reason: str, not_before: datetime | None = None) -> FailResult:
+        """The item could not be worked on for a reason that is not its own (the disk is full, its
+        host is paused): it is `failed` with `reason` and waits a failure's back-off, or until
+        `not_before` when given, but the attempt is not counted, so such a reason never makes it
+        dead. Changes nothing when the lease was lost."""
         statement = sa.text(f"""
             UPDATE {W} SET status = '{FAILED}', attempts = greatest(attempts - 1, 0),
-                   next_attempt_at = {_BACKOFF_AT}, finished_at = NULL, last_error = :error,
-                   {_CLEAR_LEASE}
+                   next_attempt_at = coalesce(CAST(:not_before AS timestamptz), {_BACKOFF_AT}),
+                   finished_at = NULL, last_error = :error, {_CLEAR_LEASE}
              WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
             RETURNING status, next_attempt_at
         """)
-        return self._record_failure(statement, lease, reason, retryable=True)
+        return self._record_failure(
+            statement, lease, reason, retryable=True, extra={"not_before": not_before}
+        )
 
     def _record_failure(
         self,
@@ -544,8 +548,14 @@ class LeaseStore:
         error: str,
         retryable: bool,
         conn: sa.Connection | None = None,
+        extra: dict | None = None,
     ) -> FailResult:
-        params = {"id": lease.item_id, "token": lease.token, **self._fail_params(error, retryable)}
+        params = {
+            "id": lease.item_id,
+            "token": lease.token,
+            **self._fail_params(error, retryable),
+            **(extra or {}),
+        }
         rows = self._run(statement, params, conn)
         if not rows:
             return FailResult(False, None, None)

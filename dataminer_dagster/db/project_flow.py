@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, RUNNING, SCHEMA
-from dataminer_dagster.stages import CATALOG, DOWNLOAD, FILTER, FRAMES, PROJECT_CHAIN
+from dataminer_dagster.stages import CATALOG, DOWNLOAD, FILTER, FRAMES, REGISTRY
 
 S = SCHEMA
 ACTIVE, COMPLETE, PROJECT_FAILED = "active", "complete", "failed"
@@ -79,7 +79,7 @@ def advance_projects(store: LeaseStore) -> list[Transition]:
                 conn.execute(
                     sa.text(f"""DELETE FROM {S}.work_items WHERE project_id = :id
                                    AND stage = ANY(CAST(:stages AS text[])) AND status <> '{RUNNING}'"""),
-                    {"id": state.id, "stages": list(PROJECT_CHAIN)},
+                    {"id": state.id, "stages": list(REGISTRY.project_chain)},
                 )
             if enqueue:
                 store.enqueue(
@@ -95,6 +95,7 @@ def advance_projects(store: LeaseStore) -> list[Transition]:
 
 def _next(state: _ProjectState) -> tuple[str, str, str | None] | None:
     """(new stage, reason, project stage to queue) or None."""
+    chain = REGISTRY.project_chain
     running = any(status == RUNNING for status, _ in state.items.values())
     if state.stage != ACTIVE and state.unfinished and not running:
         return ACTIVE, f"{state.unfinished} member videos are not finished", None
@@ -114,16 +115,16 @@ def _next(state: _ProjectState) -> tuple[str, str, str | None] | None:
                 "lists why)",
                 None,
             )
-        return PROJECT_CHAIN[0], f"all {state.members} member videos finished", PROJECT_CHAIN[0]
-    if state.stage in PROJECT_CHAIN:
+        return chain[0], f"all {state.members} member videos finished", chain[0]
+    if state.stage in chain:
         status, error = state.items.get(state.stage, (None, None))
         if status is None:  # lost its item (e.g. deleted by hand): queue it again
             return None if running else (state.stage, "re-queued", state.stage)
         if status == DONE:
-            position = PROJECT_CHAIN.index(state.stage)
-            if position + 1 == len(PROJECT_CHAIN):
+            position = chain.index(state.stage)
+            if position + 1 == len(chain):
                 return COMPLETE, "every stage is done", None
-            following = PROJECT_CHAIN[position + 1]
+            following = chain[position + 1]
             return following, f"{state.stage} done", following
         if status == DEAD:
             return PROJECT_FAILED, f"{state.stage} failed: {error}", None
@@ -146,7 +147,7 @@ def _states(engine: sa.Engine) -> list[_ProjectState]:
         for r in c.execute(
             sa.text(f"""SELECT project_id, stage, status, last_error FROM {S}.work_items
                          WHERE stage = ANY(CAST(:stages AS text[]))"""),
-            {"stages": [CATALOG, *PROJECT_CHAIN]},
+            {"stages": [CATALOG, *REGISTRY.project_chain]},
         ):
             items.setdefault(r.project_id, {})[r.stage] = (r.status, r.last_error)
     return [

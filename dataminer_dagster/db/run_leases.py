@@ -15,6 +15,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 
 import sqlalchemy as sa
 
@@ -143,9 +144,9 @@ class RunLeases:
         finally:
             self._forget(lease)
 
-    def postpone(self, lease: Lease, reason: str) -> FailResult:
+    def postpone(self, lease: Lease, reason: str, not_before: datetime | None = None) -> FailResult:
         try:
-            return self.store.postpone(lease, reason)
+            return self.store.postpone(lease, reason, not_before)
         finally:
             self._forget(lease)
 

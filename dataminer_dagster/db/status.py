@@ -1,15 +1,39 @@
-"""Counts for progress bars and `dataminer status`: work items per stage and status, per project."""
+"""What progress bars and `dataminer status` show: work items per stage and status, per project;
+frames kept at each stage; throughput and ETA; the data of the status tables.
+
+Throughput is the number of a project's items that finished (done, dead or blocked) per minute
+over the last `window_minutes`, from `work_items.finished_at`; the ETA divides the items still to
+do (pending, running, failed and waiting for a retry) by it. Only queued items count: a video's
+extraction is queued once its download is done, so early on the ETA of later stages is low.
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from dataminer_dagster.db.schema import SCHEMA, STATUSES
-from dataminer_dagster.stages import DOWNLOAD, FRAMES
+from dataminer_dagster.db.catalog import Catalog, ProjectRow
+from dataminer_dagster.db.schema import (
+    BLOCKED,
+    DEAD,
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    SCHEMA,
+    STATUSES,
+)
+from dataminer_dagster.settings import LongRunningPolicy
+from dataminer_dagster.stages import REGISTRY
 
 S = SCHEMA
+
+
+def _board_video_stages() -> list[str]:
+    """The per-video stages of the board: a project's videos' items that its status counts."""
+    return [stage for stage in REGISTRY.member_board if REGISTRY[stage].per_video]
 
 
 def stage_counts(engine: sa.Engine, project_id: int) -> dict[str, dict[str, int]]:
@@ -18,13 +42,13 @@ def stage_counts(engine: sa.Engine, project_id: int) -> dict[str, dict[str, int]
     statement = sa.text(f"""
         SELECT w.stage, w.status, count(*) AS n FROM {S}.work_items w
          WHERE w.project_id = :p
-            OR (w.stage IN ('{DOWNLOAD}', '{FRAMES}')
+            OR (w.stage = ANY(CAST(:video_stages AS text[]))
                 AND w.video_id IN (SELECT video_id FROM {S}.project_videos WHERE project_id = :p))
          GROUP BY 1, 2
     """)
     counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(STATUSES, 0))
     with engine.connect() as c:
-        for row in c.execute(statement, {"p": project_id}):
+        for row in c.execute(statement, {"p": project_id, "video_stages": _board_video_stages()}):
             counts[row.stage][row.status] = row.n
     return dict(counts)
 
@@ -61,3 +85,153 @@ def recent_failures(engine: sa.Engine, project_id: int, limit: int = 10) -> list
     """)
     with engine.connect() as c:
         return c.execute(statement, {"p": project_id, "n": limit}).all()
+
+
+DEFAULT_WINDOW_MINUTES = 15.0
+REMAINING = (PENDING, RUNNING, FAILED)
+
+
+@dataclass(frozen=True)
+class StageProgress:
+    stage: str
+    counts: dict[str, int]  # status -> items
+    finished_in_window: int
+    per_minute: float
+    eta_s: float | None  # 0 when nothing is left; None when work is left but nothing finished
+
+    @property
+    def remaining(self) -> int:
+        return sum(self.counts.get(s, 0) for s in REMAINING)
+
+
+def finished_in_window(engine: sa.Engine, project_id: int, window_minutes: float) -> dict[str, int]:
+    """{stage: items finished in the last `window_minutes`}, for the work that concerns one
+    project (the same items as stage_counts)."""
+    statement = sa.text(f"""
+        SELECT w.stage, count(*) AS n FROM {S}.work_items w
+         WHERE w.status IN ('{DONE}', '{DEAD}', '{BLOCKED}')
+           AND w.finished_at > now() - make_interval(secs => :window_s)
+           AND (w.project_id = :p
+                OR (w.stage = ANY(CAST(:video_stages AS text[]))
+                    AND w.video_id IN (SELECT video_id FROM {S}.project_videos
+                                        WHERE project_id = :p)))
+         GROUP BY 1
+    """)
+    with engine.connect() as c:
+        rows = c.execute(
+            statement,
+            {
+                "p": project_id,
+                "window_s": window_minutes * 60.0,
+                "video_stages": _board_video_stages(),
+            },
+        ).all()
+    return {r.stage: r.n for r in rows}
+
+
+def stage_progress(
+    engine: sa.Engine,
+    project_id: int,
+    stages: tuple[str, ...],
+    window_minutes: float = DEFAULT_WINDOW_MINUTES,
+) -> list[StageProgress]:
+    """Counts, throughput and ETA of each of `stages` (in that order) for one project."""
+    if window_minutes <= 0:
+        raise ValueError(f"the throughput window must be positive, got {window_minutes}")
+    counts = stage_counts(engine, project_id)
+    finished = finished_in_window(engine, project_id, window_minutes)
+    result = []
+    for stage in stages:
+        statuses = counts.get(stage) or dict.fromkeys(STATUSES, 0)
+        recent = finished.get(stage, 0)
+        result.append(
+            StageProgress(
+                stage=stage,
+                counts=dict(statuses),
+                finished_in_window=recent,
+                per_minute=recent / window_minutes,
+                eta_s=eta_seconds(
+                    sum(statuses.get(s, 0) for s in REMAINING), recent / window_minutes
+                ),
+            )
+        )
+    return result
+
+
+def eta_seconds(remaining: int, per_minute: float) -> float | None:
+    if remaining == 0:
+        return 0.0
+    if per_minute <= 0:
+        return None
+    return 60.0 * remaining / per_minute
+
+
+def project_status(
+    catalog: Catalog, project: ProjectRow, window: float, long_running: LongRunningPolicy
+) -> dict:
+    """What `dataminer status PROJECT` shows (and prints as JSON): work items, throughput and ETA
+    per stage of the board, frames kept at each stage, latest failures, long-running items."""
+    engine = catalog.engine
+    stages = [
+        {
+            "stage": p.stage,
+            **p.counts,
+            "finished_in_window": p.finished_in_window,
+            "per_minute": round(p.per_minute, 3),
+            "eta_s": None if p.eta_s is None else round(p.eta_s, 1),
+        }
+        for p in stage_progress(engine, project.id, REGISTRY.board, window)
+    ]
+    failures = [
+        {
+            "stage": f.stage,
+            "item": f.item_key,
+            "status": f.status,
+            "attempts": f.attempts,
+            "error": f.last_error,
+            "at": f.updated_at.isoformat(timespec="seconds"),
+        }
+        for f in recent_failures(engine, project.id)
+    ]
+    long_running = [
+        {
+            "stage": held.stage,
+            "item": held.key,
+            "run": held.owner,
+            "running_s": round(held.held_s, 1),
+            "usual_s": None if held.usual_s is None else round(held.usual_s, 1),
+            "message": held.describe(),
+        }
+        for held in catalog.store.long_running(long_running, project.id)
+    ]
+    return {
+        "project": project.name,
+        "stage": project.stage,
+        "error": project.error,
+        "output_dir": str(project.output_dir),
+        "videos": catalog.member_counts().get(project.id, 0),
+        "window_minutes": window,
+        "stages": stages,
+        "frames": frame_counts(engine, project.id),
+        "failures": failures,
+        "long_running": long_running,
+    }
+
+
+def overview(catalog: Catalog) -> list[dict]:
+    """What `dataminer status` shows: per project its state, videos and work items per stage."""
+    counts = catalog.member_counts()
+    result = []
+    for p in catalog.projects():
+        stages = stage_counts(catalog.engine, p.id)
+        result.append(
+            {
+                "project": p.name,
+                "stage": p.stage,
+                "error": p.error,
+                "videos": counts.get(p.id, 0),
+                "output_dir": str(p.output_dir),
+                "stages": stages,
+            }
+        )
+    return result

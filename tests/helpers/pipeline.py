@@ -14,10 +14,10 @@ from dataminer_dagster.acquisition.ytdlp import SearchHit
 from dataminer_dagster.assets.stage import StageAsset
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.driver import DriveResult, drive
+from dataminer_dagster.hosting.driver import DriveResult, drive
 from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.resources.download_client import YtDlpClient
-from dataminer_dagster.stages import LANE_OF_STAGE, LANES, Lane
+from dataminer_dagster.stages import LANES, Lane, lane_of
 from dataminer_dagster.tags import RANGE_END, RANGE_START, REQUESTED_BY_TAG
 
 
@@ -62,7 +62,7 @@ def pipeline_definitions(resources: dict, lanes: Sequence[Lane] = LANES) -> dg.D
 def one_stage_lanes() -> tuple[Lane, ...]:
     """Every stage in a lane of its own: runs stop between stages (to crash a stage on its own)."""
     return tuple(
-        dataclasses.replace(lane, name=stage, stages=(stage,), ahead=False)
+        dataclasses.replace(lane, name=stage, only=(stage,), ahead=False)
         for lane in LANES
         for stage in lane.stages
     )
@@ -103,7 +103,7 @@ def materialize_partitions(
     sensors do: their lanes' assets, with only these stages selected."""
     from dataminer_dagster.assets import LANE_ASSETS
 
-    lanes = sorted({LANE_OF_STAGE[s.stage].name for s in stages})
+    lanes = sorted({lane_of(s.stage).name for s in stages})
     existing = set(instance.get_dynamic_partitions(partitions.name))
     instance.add_dynamic_partitions(partitions.name, [k for k in keys if k not in existing])
     order = instance.get_dynamic_partitions(partitions.name)

@@ -34,7 +34,7 @@ from pydantic import PrivateAttr
 from dataminer_dagster.db.leases import Lease
 from dataminer_dagster.db.run_leases import RunLeases
 from dataminer_dagster.resources.database import DatabaseResource
-from dataminer_dagster.stages import LANE_OF_STAGE
+from dataminer_dagster.stages import lane_of
 from dataminer_dagster.tags import LANE_TAG, RANGE_END, RANGE_START, REQUESTED_BY_TAG, STAGES_TAG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -251,7 +251,7 @@ def run_stage_job(spec: StageRun) -> None:
     with dg.instance_for_test(temp_dir=spec.instance_dir) as instance:
         tags = {
             **range_tags(instance, asset.partitions_def.name, spec.keys),
-            LANE_TAG: LANE_OF_STAGE[spec.stage].name,
+            LANE_TAG: lane_of(spec.stage).name,
             STAGES_TAG: spec.stage,
         }
         if spec.by_sensor:

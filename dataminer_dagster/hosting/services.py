@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dataminer_dagster.core.runtime_dir import private_runtime_dir
-from dataminer_dagster.settings import ENV_EXECUTOR, EXECUTORS, load_settings
+from dataminer_dagster.settings import ENV_EXECUTOR, EXECUTORS, Settings, load_settings
 
 DEFAULT_QUEUE = "dagster"
 GPU_QUEUE = "gpu"
@@ -119,6 +119,21 @@ class ServicesOptions:
         return self.executor == "celery"
 
 
+def resolve_dagster_home(
+    settings: Settings, repository: Path | None, *, checkout: Path | None = None
+) -> tuple[Path, Path | None]:
+    """The DAGSTER_HOME for the programs this package starts, and the dagster.yaml to copy into
+    it (None: leave it alone). $DAGSTER_HOME when set (the user's instance); a source `checkout`
+    that has its own dagster.yaml (`dataminer dev` from an editable install); otherwise
+    $DATAMINER_HOME/dagster, with a copy of the repository's dagster.yaml."""
+    if os.environ.get("DAGSTER_HOME"):
+        return Path(os.environ["DAGSTER_HOME"]).expanduser().resolve(), None
+    if checkout is not None and (checkout / "dagster.yaml").is_file():
+        return checkout, None
+    source = repository / "dagster.yaml" if repository is not None else None
+    return settings.home / "dagster", source if source is not None and source.is_file() else None
+
+
 def options_from_environment(
     *,
     project_dir: Path,
@@ -137,13 +152,7 @@ def options_from_environment(
         raise ServicesError(
             f"no workspace.yaml in {project_dir}: run from the project root or pass --project-dir"
         )
-    if os.environ.get("DAGSTER_HOME"):
-        dagster_home = Path(os.environ["DAGSTER_HOME"]).expanduser().resolve()
-        dagster_yaml = None  # the user's instance: leave its dagster.yaml alone
-    else:
-        dagster_home = settings.home / "dagster"
-        dagster_yaml = project_dir / "dagster.yaml"
-        dagster_yaml = dagster_yaml if dagster_yaml.is_file() else None
+    dagster_home, dagster_yaml = resolve_dagster_home(settings, project_dir)
     env = {k: v for k, v in os.environ.items() if k.startswith(PASSTHROUGH_PREFIXES) and v != ""}
     env["DATAMINER_DATA_DIR"] = str(settings.data_dir)  # the same files for every program
     env["PATH"] = os.pathsep.join([str(_bin_dir()), os.environ.get("PATH", os.defpath)])

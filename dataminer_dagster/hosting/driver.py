@@ -51,8 +51,10 @@ def drive(
     work waits for its own command or the sensors). `defs` holds the lane jobs of `stages`
     (default: the pipeline's) and `lanes`. Past `timeout_s` the runs start no new item and
     TimeoutError is raised."""
-    if stages is None:
-        from dataminer_dagster.assets import STAGES as stages
+    if stages is None:  # the registry's stages as they are now
+        from dataminer_dagster.assets import stage_assets
+
+        stages = stage_assets()
     from dataminer_dagster.sensors.pipeline_sensors import lane_jobs, lanes_of
 
     lanes = lanes_of(stages, lanes)

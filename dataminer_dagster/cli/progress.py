@@ -1,4 +1,4 @@
-"""What the CLI shows: progress bars while a project runs, and the status tables."""
+"""The progress bars of `dataminer run` and `dataminer demo`: one per stage of the board."""
 
 from __future__ import annotations
 
@@ -6,11 +6,9 @@ import time
 
 import sqlalchemy as sa
 
+from dataminer_dagster.db.schema import FINISHED
 from dataminer_dagster.db.status import stage_counts
-from dataminer_dagster.stages import CATALOG, DATASET, DEDUP, DETECT, DOWNLOAD, FILTER, FRAMES
-
-BOARD_STAGES = (CATALOG, DOWNLOAD, FRAMES, FILTER, DEDUP, DETECT, DATASET)
-FINISHED = ("done", "dead", "blocked")
+from dataminer_dagster.stages import REGISTRY
 
 
 class ProgressBoard:
@@ -35,7 +33,7 @@ class ProgressBoard:
                 disable=not enabled,
                 dynamic_ncols=True,
             )
-            for i, stage in enumerate(BOARD_STAGES)
+            for i, stage in enumerate(REGISTRY.board)
         }
         self._last = 0.0
 
@@ -47,7 +45,7 @@ class ProgressBoard:
         if self.lines:
             self.write(
                 "progress: "
-                + ", ".join(_summary(stage, counts.get(stage, {})) for stage in BOARD_STAGES)
+                + ", ".join(_summary(stage, counts.get(stage, {})) for stage in self.bars)
             )
             return
         for stage, bar in self.bars.items():

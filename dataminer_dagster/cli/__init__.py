@@ -1,0 +1,18 @@
+"""The `dataminer` command: one module per group of commands. They parse arguments and print;
+what they show or do lives in the package's other parts (db/, hosting/, core/).
+
+    app.py        the group, errors a user can fix, the process's database context
+    database.py   dataminer db ...
+    projects.py   dataminer project add|list, add-video, populate
+    running.py    dataminer run, dataminer demo
+    status.py     dataminer status, dataminer project status
+    admin.py      project delete, delete-videos, cleanup-orphans, retry, force-<stage>
+    dev.py        dataminer dev, dataminer export
+    services.py   dataminer services ...
+    progress.py   the progress bars of `run` and `demo`
+"""
+
+from dataminer_dagster.cli import admin, database, dev, projects, running, services, status
+from dataminer_dagster.cli.app import main
+
+__all__ = ["main", "admin", "database", "dev", "projects", "running", "services", "status"]

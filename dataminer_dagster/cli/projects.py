@@ -1,0 +1,104 @@
+"""`dataminer project add|list`, `add-video` and `populate`: registering projects and their videos."""
+
+from __future__ import annotations
+
+import click
+
+from dataminer_dagster.cli.app import UserError, context, load_config, main
+
+
+@main.group()
+def project() -> None:
+    """Register and inspect projects."""
+
+
+@project.command("add")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+def project_add(config: str) -> None:
+    """Register a project from its YAML CONFIG, or update it; its video catalog is (re)queued
+    when the config is new or changed. With `dagster dev` running, the sensors take it from there."""
+    cfg = load_config(config)
+    settings, _, catalog = context()
+    result = catalog.register_project(cfg, protected=settings.protected_dirs)
+    verb = "registered" if result.created else ("updated" if result.changed else "unchanged")
+    click.echo(f"project {cfg.name} {verb}; output in {result.project.output_dir}")
+    if result.changed:
+        click.echo(
+            "its video catalog is queued (the discovery sensor, `dataminer run` or `dataminer populate` runs it)"
+        )
+
+
+@project.command("list")
+def project_list() -> None:
+    """One line per project: stage, videos, output directory."""
+    _, _, catalog = context()
+    projects = catalog.projects()
+    if not projects:
+        click.echo("no projects yet: dataminer project add CONFIG")
+        return
+    counts = catalog.member_counts()
+    click.echo(f"{'project':<24} {'stage':<10} {'videos':>7}  output")
+    for p in projects:
+        click.echo(f"{p.name:<24} {p.stage:<10} {counts.get(p.id, 0):>7}  {p.output_dir}")
+
+
+@main.command("add-video")
+@click.argument("url")
+@click.option("--project", "project_name", required=True, help="Name of an existing project.")
+def add_video(url: str, project_name: str) -> None:
+    """Add one video URL to an existing project."""
+    from dataminer_dagster.acquisition.video_ids import (
+        is_youtube_url,
+        video_id_for_url,
+        youtube_watch_url,
+    )
+    from dataminer_dagster.db.catalog import Candidate
+
+    _, _, catalog = context()
+    proj = catalog.project(project_name)
+    if proj is None:
+        raise UserError(f"no project named {project_name!r} (dataminer project list)")
+    try:
+        video_id = video_id_for_url(url)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    canonical = youtube_watch_url(video_id) if is_youtube_url(url) else url
+    with catalog.engine.begin() as conn:
+        linked = catalog.link_and_queue(
+            conn, proj, [Candidate(video_id, "manual", "add-video", url=canonical)]
+        )
+    state = "added" if linked.new_links else "already in the project (re-queued if it had failed)"
+    click.echo(f"video {video_id} {state}: {project_name}")
+
+
+@main.command()
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Only print what would be added.")
+def populate(config: str, dry_run: bool) -> None:
+    """Find the videos of a project's inputs (searches, URLs, files) and add them."""
+    from dataminer_dagster.acquisition.inputs import collect_candidates
+    from dataminer_dagster.core.redact import redact
+    from dataminer_dagster.db.schema import DONE
+    from dataminer_dagster.resources.download_client import YtDlpClient
+    from dataminer_dagster.stages import CATALOG
+
+    cfg = load_config(config)
+    found = collect_candidates(cfg.inputs, YtDlpClient().search)
+    for problem in found.problems:
+        click.echo(f"warning: {problem}", err=True)
+    if dry_run:
+        click.echo(f"{len(found.candidates)} videos would be added to {cfg.name}:")
+        for c in found.candidates:
+            click.echo(f"  {c.video_id:<24} {c.source:<9} {redact(c.url or c.source_path)}")
+        return
+    settings, _, catalog = context()
+    result = catalog.register_project(cfg, protected=settings.protected_dirs)
+    with catalog.engine.begin() as conn:
+        linked = catalog.link_and_queue(conn, result.project, found.candidates)
+        catalog.store.mark(
+            CATALOG, cfg.name, DONE, "populated by the CLI", project_id=result.project.id, conn=conn
+        )
+    click.echo(
+        f"{cfg.name}: {len(found.candidates)} videos ({linked.new_videos} new to the catalog, "
+        f"{linked.new_links} newly linked, {linked.already_linked} already linked); {linked.queued} queued"
+    )

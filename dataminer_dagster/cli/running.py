@@ -1,0 +1,141 @@
+"""`dataminer run` and `dataminer demo`: driving projects to complete in this process."""
+
+from __future__ import annotations
+
+import click
+
+from dataminer_dagster.cli.app import context, load_config, main
+
+
+def _instance():
+    """The Dagster instance of $DAGSTER_HOME, or a temporary one (runs are then not kept)."""
+    import os
+
+    import dagster as dg
+
+    if os.environ.get("DAGSTER_HOME"):
+        return dg.DagsterInstance.get(), None
+    click.echo(
+        "note: DAGSTER_HOME is not set, so the Dagster run history of this command is not kept",
+        err=True,
+    )
+    import tempfile
+
+    directory = tempfile.TemporaryDirectory(prefix="dataminer-dagster-")
+    return dg.DagsterInstance.local_temp(directory.name), directory
+
+
+def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> int:
+    from dataminer_dagster.cli.progress import ProgressBoard
+    from dataminer_dagster.definitions import LANES, defs
+    from dataminer_dagster.hosting.driver import drive
+
+    settings, store, catalog = context()
+    projects = [
+        catalog.register_project(cfg, protected=settings.protected_dirs).project for cfg in configs
+    ]
+    instance, keep_alive = _instance()
+    board = (
+        ProgressBoard(store.engine, projects[0].id, enabled=progress)
+        if len(projects) == 1
+        else None
+    )
+    say = board.write if board else click.echo
+    try:
+        result = drive(
+            [p.name for p in projects],
+            instance=instance,
+            defs=defs,
+            store=store,
+            stale_after_s=settings.lease.stale_after_s,
+            on_tick=board.update if board else (lambda: None),
+            log=say,
+            timeout_s=timeout,
+            lanes=LANES,
+        )
+    finally:
+        if board:
+            board.close()
+        if keep_alive is not None:
+            instance.dispose()
+            keep_alive.cleanup()
+    for project in projects:
+        _print_outcome(catalog.project(project.name))
+    click.echo(
+        f"{result.runs} runs ({result.failed_runs} with failed items) in {result.seconds:.0f} s"
+    )
+    from dataminer_dagster.db.project_flow import COMPLETE
+
+    return 0 if all(stage == COMPLETE for stage in result.stages.values()) else 1
+
+
+def _print_outcome(project) -> None:
+    from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE
+    from dataminer_dagster.db.project_flow import COMPLETE
+    from dataminer_dagster.paths import ProjectPaths
+
+    dataset = ProjectPaths(project.output_dir).dataset_dir
+    if project.stage != COMPLETE:
+        click.echo(
+            f"project {project.name}: {project.stage}"
+            + (f" ({project.error})" if project.error else "")
+        )
+        return
+    images_dir = dataset / IMAGES_DIR
+    images = len(list(images_dir.iterdir())) if images_dir.is_dir() else 0
+    click.echo(f"project {project.name}: complete; dataset of {images} images in {dataset}")
+    for name in (MANIFEST_FILE, COCO_FILE):
+        if (dataset / name).is_file():
+            click.echo(f"  {dataset / name}")
+
+
+@main.command("run")
+@click.argument("config", type=click.Path(exists=True, dir_okay=False))
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
+@click.option("--no-progress", is_flag=True, help="No progress bars (for logs).")
+def run_command(config: str, timeout: float | None, no_progress: bool) -> None:
+    """Drive a project to complete in this process: the sensors' decisions, the same runs,
+    with progress bars. For machines without the Dagster UI."""
+    raise SystemExit(
+        _run_projects([load_config(config)], timeout=timeout, progress=not no_progress)
+    )
+
+
+@main.command()
+@click.option("--videos", type=int, default=6, show_default=True, help="Sample videos to make.")
+@click.option(
+    "--port", type=int, default=47291, show_default=True, help="Local port that serves them."
+)
+@click.option("--no-progress", is_flag=True, help="No progress bars (for logs).")
+def demo(videos: int, port: int, no_progress: bool) -> None:
+    """A real pipeline run with no network: sample videos served on 127.0.0.1, downloaded with
+    yt-dlp, filtered, deduplicated, detected and exported. Uses real model weights when they are
+    on this machine, tiny random-weight models otherwise (and says so)."""
+    from dataminer_dagster.config import parse_project_config
+    from dataminer_dagster.hosting.demo import (
+        choose_models,
+        demo_config,
+        serve_directory,
+        write_demo_config,
+        write_sample_videos,
+    )
+    from dataminer_dagster.settings import load_settings
+
+    settings = load_settings()
+    root = settings.home / "demo"
+    click.echo(f"demo: writing {videos} sample videos to {root / 'www'}")
+    clips = write_sample_videos(root / "www", videos)
+    models = choose_models(root / "models", click.echo)
+    with serve_directory(root / "www", port=port) as base:
+        raw = demo_config(
+            "demo",
+            [f"{base}/{clip.name}" for clip in clips],
+            models,
+            settings.data_dir / "projects" / "demo",
+        )
+        path = write_demo_config(root / "demo.yaml", raw)
+        click.echo(f"demo: project config in {path}; serving the videos at {base}")
+        code = _run_projects(
+            [parse_project_config(raw, source=str(path))], timeout=None, progress=not no_progress
+        )
+    raise SystemExit(code)

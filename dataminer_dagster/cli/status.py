@@ -1,0 +1,140 @@
+"""`dataminer status` and `dataminer project status`: printing where the projects are (the data comes from db/status.py)."""
+
+from __future__ import annotations
+
+import click
+
+from dataminer_dagster.cli.app import context, main, project_or_fail
+from dataminer_dagster.cli.projects import project
+from dataminer_dagster.db.schema import BLOCKED, DEAD, FAILED, FINISHED
+from dataminer_dagster.stages import REGISTRY
+
+
+def _print_project_status(data: dict) -> None:
+    from dataminer_dagster.core.progress import format_seconds
+    from dataminer_dagster.db.schema import STATUSES
+
+    error = f" ({data['error']})" if data["error"] else ""
+    click.echo(f"project {data['project']}: {data['stage']}{error}; {data['videos']} videos")
+    click.echo(f"output: {data['output_dir']}")
+    click.echo("")
+    click.echo(
+        f"{'stage':<9}"
+        + "".join(f"{s:>9}" for s in STATUSES)
+        + f"{'per min':>9}  ETA (throughput over the last {data['window_minutes']:g} min)"
+    )
+    for row in data["stages"]:
+        eta = row["eta_s"]
+        eta_text = "-" if eta == 0 else "?" if eta is None else format_seconds(eta)
+        click.echo(
+            f"{row['stage']:<9}"
+            + "".join(f"{row[s]:>9}" for s in STATUSES)
+            + f"{row['per_minute']:>9.1f}  {eta_text}"
+        )
+    click.echo("(ETA -: nothing queued; ?: nothing finished in the window)")
+    frames = data["frames"]
+    click.echo("")
+    click.echo(
+        f"frames: {frames['extracted']} extracted, {frames['passed_filter']} passed the filter, "
+        f"{frames['kept_after_dedup']} kept after dedup, {frames['in_dataset']} in the dataset"
+    )
+    if data["long_running"]:
+        click.echo("")
+        click.echo("long-running (held far longer than their stage usually takes):")
+        for held in data["long_running"]:
+            click.echo(f"  {held['message']}")
+    if data["failures"]:
+        click.echo("")
+        click.echo("latest failures:")
+        for f in data["failures"]:
+            click.echo(
+                f"  {f['at']}  {f['stage']} {f['item']}: {f['status']} "
+                f"({f['attempts']} attempts): {f['error']}"
+            )
+
+
+def _print_overview(projects: list[dict]) -> None:
+
+    if not projects:
+        click.echo("no projects yet: dataminer project add CONFIG")
+        return
+    click.echo(
+        f"{'project':<24} {'stage':<9} {'videos':>6}"
+        + "".join(f" {s:>10}" for s in REGISTRY.member_board)
+        + f" {'failed':>7} {'dead':>6} {'blocked':>7}"
+    )
+    for p in projects:
+        stages = p["stages"]
+        progress = ""
+        for stage in REGISTRY.member_board:
+            statuses = stages.get(stage, {})
+            finished = sum(statuses.get(s, 0) for s in FINISHED)
+            progress += f" {f'{finished}/{sum(statuses.values())}':>10}"
+        problems = {
+            s: sum(statuses.get(s, 0) for statuses in stages.values())
+            for s in (FAILED, DEAD, BLOCKED)
+        }
+        error = f"  ({p['error']})" if p["error"] else ""
+        click.echo(
+            f"{p['project']:<24} {p['stage']:<9} {p['videos']:>6}{progress}"
+            f" {problems[FAILED]:>7} {problems[DEAD]:>6} {problems[BLOCKED]:>7}{error}"
+        )
+
+
+def _show_status(project_name: str | None, as_json: bool, window: float) -> None:
+    import json
+
+    from dataminer_dagster.db.status import overview, project_status
+    from dataminer_dagster.settings import load_settings
+
+    _, _, catalog = context()
+    if project_name is None:
+        projects = overview(catalog)
+        if as_json:
+            click.echo(json.dumps({"projects": projects}, indent=2))
+        else:
+            _print_overview(projects)
+        return
+    data = project_status(
+        catalog, project_or_fail(catalog, project_name), window, load_settings().long_running
+    )
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        _print_project_status(data)
+
+
+def _status_options(command):
+    command = click.option(
+        "--window",
+        type=click.FloatRange(min=0, min_open=True),
+        default=15.0,
+        show_default=True,
+        help="Minutes over which throughput (items finished per minute) is measured.",
+    )(command)
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print the same data as JSON, for scripts."
+    )(command)
+
+
+@main.command("status")
+@click.argument("project_name", metavar="[PROJECT]", required=False)
+@_status_options
+def status(project_name: str | None, as_json: bool, window: float) -> None:
+    """Where the projects are.
+
+    Without PROJECT: one line per project (stage, videos, finished/queued items of the
+    per-video stages, problems). With PROJECT: its work items per stage and status, throughput
+    (items finished per minute over the last --window minutes) and ETA per stage (queued items
+    only), frames kept at each stage, and the latest failures with their reasons.
+    """
+    _show_status(project_name, as_json, window)
+
+
+@project.command("status")
+@click.argument("name")
+@_status_options
+def project_status(name: str, as_json: bool, window: float) -> None:
+    """The same as `dataminer status NAME`: work items, throughput and ETA per stage, frames,
+    latest failures."""
+    _show_status(name, as_json, window)

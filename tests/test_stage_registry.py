@@ -1,0 +1,151 @@
+"""A new stage is one module and one registry entry: this file adds a project stage of its own
+(`summary`, after the dataset) and drives a project through it with the sensors' decisions. Nothing
+in the package names it; the project chain, the lanes, the status board, `force` and the lease
+statements pick it up from the registry."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pandas as pd
+import pytest
+
+from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
+from dataminer_dagster.config import parse_project_config
+from dataminer_dagster.core.dataset_files import MANIFEST_FILE
+from dataminer_dagster.core.synthetic import SyntheticVideoSpec
+from dataminer_dagster.db.admin import force_stage
+from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.status import stage_counts
+from dataminer_dagster.paths import DataPaths, ProjectPaths
+from dataminer_dagster.stages import DATASET, LANES, PROJECTS, REGISTRY, StageSpec
+from tests.helpers.pipeline import drive_quietly, resources, work_items, write_videos
+
+pytestmark = pytest.mark.slow
+
+SUMMARY = "summary"
+
+
+def dataset_summary(item: StageItem, ctx: StageContext) -> ItemResult:
+    """A JSON summary beside the project's dataset: images per video."""
+    project = ctx.catalog.project(item.key)
+    dataset = ProjectPaths(project.output_dir).dataset_dir
+    manifest = pd.read_parquet(dataset / MANIFEST_FILE)
+    per_video = {str(k): int(v) for k, v in manifest.groupby("video_id").size().items()}
+    target = dataset.parent / "summary.json"
+    return ItemResult(
+        metadata={"videos": len(per_video)},
+        outcome={"images": len(manifest)},
+        commit=lambda conn: target.write_text(json.dumps(per_video)),
+    )
+
+
+SUMMARY_ASSET = None  # set by the fixture, once the stage is registered
+
+
+@pytest.fixture
+def summary_stage():
+    """The registry with `summary` after `dataset`, for this test only."""
+    global SUMMARY_ASSET
+    REGISTRY.add(
+        StageSpec(
+            SUMMARY,
+            PROJECTS,
+            "project",
+            f"{__name__}:SUMMARY_ASSET",
+            "summarise the dataset",
+            after_members=True,
+            forceable=True,
+        ),
+        after=DATASET,
+    )
+    try:
+        SUMMARY_ASSET = stage_asset(stage=SUMMARY, deps=["dataset"])(dataset_summary)
+        yield
+    finally:
+        REGISTRY.remove(SUMMARY)
+        SUMMARY_ASSET = None
+
+
+def _definitions(resources: dict) -> dg.Definitions:
+    """Definitions built the way definitions.py builds them, from the registry as it is now."""
+    from dataminer_dagster.assets import lane_assets, stage_assets
+    from dataminer_dagster.sensors.pipeline_sensors import lane_jobs
+
+    stages = stage_assets()
+    return dg.Definitions(
+        assets=list(lane_assets(stages).values()),
+        jobs=list(lane_jobs(stages, LANES).values()),
+        resources=resources,
+        executor=dg.in_process_executor,
+    )
+
+
+def test_a_stage_added_in_one_entry_runs_in_the_project_chain(
+    summary_stage, tmp_path, database_url, engine, tiny_siglip
+):
+    assert REGISTRY.project_chain == ("dedup", "detect", "dataset", SUMMARY)
+    assert [lane.stages for lane in LANES if lane.name == "project"] == [
+        ("dedup", "detect", "dataset", SUMMARY)
+    ]
+    clips = write_videos(
+        tmp_path / "videos",
+        {
+            f"clip{i}.mp4": SyntheticVideoSpec(width=96, height=64, fps=10, seconds=1.0, seed=i)
+            for i in range(2)
+        },
+    )
+    data_dir = tmp_path / "data"
+    store = LeaseStore(engine)
+    catalog = Catalog(engine, store, DataPaths(data_dir))
+    config = parse_project_config(
+        {
+            "name": "p",
+            "output_dir": str(tmp_path / "out" / "p"),
+            "inputs": {"files": [str(p) for p in clips.values()]},
+            "extract": {"strategy": "time", "every_seconds": 0.5},
+            "filter": {
+                "model": str(tiny_siglip),
+                "device": "cpu",
+                "positive_prompts": ["a"],
+                "positive_threshold": 0.0,
+                "negative_threshold": 1.0,
+                "junk_threshold": 1.0,
+            },
+        }
+    )
+    catalog.register_project(config)
+    defs = _definitions(resources(database_url, data_dir))
+    with dg.instance_for_test() as instance:
+        result = drive_quietly(["p"], instance=instance, defs=defs, store=store)
+        assert result.stages == {"p": "complete"}
+        summary = work_items(engine, SUMMARY)["p"]
+        assert summary.status == "done"
+        written = json.loads((tmp_path / "out" / "p" / "summary.json").read_text())
+        manifest = pd.read_parquet(ProjectPaths(tmp_path / "out" / "p").dataset_dir / MANIFEST_FILE)
+        assert sum(written.values()) == len(manifest) == summary.outcome["images"] > 0
+        # The status board counts it like any other project stage.
+        assert stage_counts(engine, catalog.project("p").id)[SUMMARY]["done"] == 1
+
+        # Forcing it (what `dataminer force-summary` does) runs it again, and only it.
+        forced = force_stage(catalog, "p", SUMMARY)
+        assert forced.previous_stage == "complete" and not forced.earlier_not_done
+        assert catalog.project("p").stage == SUMMARY
+        dataset_done = work_items(engine, DATASET)["p"].finished_at
+        again = drive_quietly(["p"], instance=instance, defs=defs, store=store)
+        assert again.stages == {"p": "complete"}
+        assert work_items(engine, SUMMARY)["p"].attempts == 1  # fresh item, one attempt
+        assert work_items(engine, DATASET)["p"].finished_at == dataset_done
+
+
+def test_the_registry_refuses_what_would_break_the_flow():
+    spec = StageSpec("x", PROJECTS, "no-such-lane", "m:a", "x")
+    with pytest.raises(ValueError, match="no lane 'no-such-lane'"):
+        REGISTRY.add(spec, after=DATASET)
+    with pytest.raises(ValueError, match="registered already"):
+        REGISTRY.add(REGISTRY[DATASET], after=DATASET)
+    with pytest.raises(KeyError, match="no stage 'nope'"):
+        REGISTRY["nope"]
+    assert "x" not in REGISTRY.names
