@@ -148,8 +148,8 @@ def test_nothing_in_flight_means_a_short_wait_for_a_request(instance, store, cat
     said: list[str] = []
     run = ahead_run("filter", "alpha.v0", "alpha.v0")
     waited = wait_for_input(store, instance, run, max_wait_s=60, log=said.append, settle_s=1.0)
-    assert 1.0 <= waited < 3
-    assert said == ["nothing is coming any more after 1 s; going ahead"]
+    assert waited >= 1.0
+    assert said == ["nothing has been coming for 1 s; going ahead"]
 
 
 def test_a_run_gives_up_waiting_after_its_limit(instance, store, catalog):
@@ -158,5 +158,5 @@ def test_a_run_gives_up_waiting_after_its_limit(instance, store, catalog):
     said: list[str] = []
     run = ahead_run("filter", "alpha.v0", "alpha.v0")
     waited = wait_for_input(store, instance, run, max_wait_s=1.0, log=said.append)
-    assert 1.0 <= waited < 3
-    assert said[-1] == "gave up waiting after 1 s; 1 partitions are still coming"
+    assert waited >= 1.0
+    assert said[-1] == "gave up waiting at the limit of 1 s; 1 partitions are still coming"

@@ -80,11 +80,12 @@ def wait_for_input(
             # Released work waits for its next request (a sensor tick) or a retry: not at once.
             quiet_since = now if quiet_since is None else quiet_since
             if now - quiet_since >= settle_s:
-                log(f"nothing is coming any more after {now - started:.0f} s; going ahead")
+                log(f"nothing has been coming for {settle_s:g} s; going ahead")
                 break
         if now - started >= max_wait_s:
             log(
-                f"gave up waiting after {now - started:.0f} s; {len(waiting)} partitions are still coming"
+                f"gave up waiting at the limit of {max_wait_s:g} s; "
+                f"{len(waiting)} partitions are still coming"
             )
             break
         time.sleep(POLL_S)
