@@ -28,6 +28,10 @@ DETECT = "detect"
 DATASET = "dataset"
 BACKUP = "backup"
 
+# The asset groups of the UI, in flow order: getting the frames, then making the dataset.
+INGEST = "ingest"  # catalog, downloads, frames, backup
+CURATION = "curation"  # filter, dedup, detect, dataset
+
 # The partition sets (Dagster dynamic partitions) a stage's items are keyed in.
 PROJECTS = "projects"  # key: the project name
 VIDEOS = "videos"  # key: the video id
@@ -41,13 +45,14 @@ class StageSpec:
     it. `after_members`: a project stage that runs once every member video is finished, in
     registry order (the project chain). `on_board`: a row of the status tables and progress
     bars. `forceable`: `dataminer force-<stage>` runs it again with what follows it. `gpu`: it
-    runs a model (GPU op tags, the `gpu` pool)."""
+    runs a model (GPU op tags, the `gpu` pool). `group`: its asset group in the UI."""
 
     name: str
     keys: str
     lane: str
     asset: str  # "<module>:<StageAsset>", imported only by assets/__init__.py
     description: str
+    group: str = "curation"
     after_members: bool = False
     on_board: bool = True
     forceable: bool = False
@@ -126,9 +131,24 @@ REGISTRY = StageRegistry(
             "catalog",
             _ASSETS + "catalog:video_catalog",
             "find a project's videos, link them",
+            group=INGEST,
         ),
-        StageSpec(DOWNLOAD, VIDEOS, "video", _ASSETS + "downloads:downloads", "download a video"),
-        StageSpec(FRAMES, VIDEOS, "video", _ASSETS + "frames:frames", "extract a video's frames"),
+        StageSpec(
+            DOWNLOAD,
+            VIDEOS,
+            "video",
+            _ASSETS + "downloads:downloads",
+            "download a video",
+            group=INGEST,
+        ),
+        StageSpec(
+            FRAMES,
+            VIDEOS,
+            "video",
+            _ASSETS + "frames:frames",
+            "extract a video's frames",
+            group=INGEST,
+        ),
         StageSpec(
             FILTER,
             PROJECT_VIDEOS,
@@ -172,6 +192,7 @@ REGISTRY = StageRegistry(
             _ASSETS + "backup:frames_backup",
             "copy a video's frames away",
             on_board=False,
+            group=INGEST,
         ),
     )
 )

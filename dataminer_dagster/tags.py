@@ -13,7 +13,8 @@ GPU_POOL = (
 LANE_TAG = "dataminer/lane"  # the lane (job) of the run
 STAGES_TAG = "dataminer/stages"  # the stages of the lane this run executes, comma-separated
 ITEMS_TAG = "dataminer/items"  # how many work items the run was requested for
-BATCH_TAG = "dataminer/batch"  # "<first work item id>-<last work item id>" of the request
+BATCH_TAG = "dataminer/item_id_range"  # "<first>-<last>" work item id of the request
+PROJECT_NAMES_TAG = "dataminer/project"  # the projects the run works for, by name, for people
 REQUESTED_BY_TAG = "dataminer/requested_by"  # "sensor": the run respects retry back-off
 AHEAD_TAG = "dataminer/ahead"  # "true": requested before its input was ready; it waits for it
 # Runs of `dataminer run`:

@@ -155,3 +155,38 @@ def test_the_real_definitions_load_and_validate(dataminer_env, executor):
             ]
         )
     )
+
+
+def test_the_ui_shows_descriptions_and_the_flow_in_groups(dataminer_env):
+    """Every sensor and job says what it does; assets are grouped as the flow goes."""
+    import json
+
+    shown = json.loads(
+        _fresh_python(
+            """
+            import json
+            from dataminer_dagster.definitions import defs
+
+            repository = defs.get_repository_def()
+            graph = repository.asset_graph
+            print(json.dumps({
+                "sensors": {s.name: s.description for s in repository.sensor_defs},
+                "jobs": {j.name: j.description for j in repository.get_all_jobs()
+                         if not j.name.startswith("__")},
+                "groups": {k.to_user_string(): graph.get(k).group_name
+                           for k in graph.get_all_asset_keys()},
+            }))
+            """
+        )
+    )
+    assert all(shown["sensors"].values()) and all(shown["jobs"].values()), shown
+    assert shown["groups"] == {
+        "video_catalog": "ingest",
+        "downloads": "ingest",
+        "frames": "ingest",
+        "frames_backup": "ingest",
+        "filtered_frames": "curation",
+        "deduped_set": "curation",
+        "detections": "curation",
+        "dataset": "curation",
+    }

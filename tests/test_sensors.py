@@ -58,6 +58,7 @@ from dataminer_dagster.tags import (
     PRIORITY_TAG,
     RANGE_END,
     RANGE_START,
+    PROJECT_NAMES_TAG,
     REQUESTED_BY_TAG,
     STAGES_TAG,
 )
@@ -423,6 +424,9 @@ def test_work_batches_each_lane_by_its_policy(lane, instance, db, catalog, store
         assert batch_ids(run) == (ids[chunk[0]], ids[chunk[-1]])
         assert run.tags[STAGES_TAG] == ",".join(lane.stages)
         assert run.tags[REQUESTED_BY_TAG] == "sensor" and AHEAD_TAG not in run.tags
+        # The project a person sees on the run: the videos' project, or the project itself.
+        names = ", ".join(sorted({k if lane.partitions == "projects" else "p" for k in chunk}))
+        assert run.tags[PROJECT_NAMES_TAG] == names
 
     # Requested items are not asked for again; the three left over are, on the following ticks.
     later: list[str] = []

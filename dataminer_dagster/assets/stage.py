@@ -212,12 +212,11 @@ def stage_asset(
     deps: Sequence[StageAsset | str] = (),
     required_resource_keys: Sequence[str] = (),
     kinds: set[str] | None = None,
-    group_name: str = "pipeline",
     checks: Sequence[StageCheck] = (),
 ) -> Callable[[StageFunction], StageAsset]:
     """Declare a per-item stage function as a partitioned asset that processes batches of items
-    (`lane_asset` makes the Dagster asset). Its registry entry (stages.py) gives its partition set
-    and, for a model stage, the GPU op tags and the `gpu` pool."""
+    (`lane_asset` makes the Dagster asset). Its registry entry (stages.py) gives its partition set,
+    its group in the UI and, for a model stage, the GPU op tags and the `gpu` pool."""
     spec = REGISTRY[stage]
 
     def decorator(process: StageFunction) -> StageAsset:
@@ -232,7 +231,7 @@ def stage_asset(
             op_tags=dict(GPU_OP_TAGS) if spec.gpu else {},
             pool=GPU_POOL if spec.gpu else None,
             kinds=frozenset(kinds or ()),
-            group_name=group_name,
+            group_name=spec.group,
             checks=tuple(checks),
         )
 

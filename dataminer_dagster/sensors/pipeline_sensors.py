@@ -40,6 +40,27 @@ if TYPE_CHECKING:  # the sensors must not import the stage modules (and their li
 
 RUNNING = dg.DefaultSensorStatus.RUNNING
 
+# What the UI shows for each sensor.
+_WORK_DESCRIPTION = (
+    "The monitor's cycle: adds a dynamic partition for every new project, video and project "
+    "video (and removes those of deleted rows), moves projects to dedup, detect, dataset "
+    "and complete, and requests batched runs for ready work, lane by lane, plus runs that "
+    "start ahead of work still in flight."
+)
+_LEASE_REAPER_DESCRIPTION = (
+    "Fails in Dagster the runs that died (no heartbeat; started or queued far too long), "
+    "takes back the leases of runs that stopped heartbeating or finished, and warns once "
+    "about each lease held far longer than its stage usually takes."
+)
+_RELEASE_FAILED_RUNS_DESCRIPTION = (
+    "A failed run's leases are released at once (the attempt counts), and the items it was "
+    "requested for can be requested again."
+)
+_RELEASE_CANCELLED_RUNS_DESCRIPTION = (
+    "A cancelled run's leases are released at once (the attempt does not count), and the "
+    "items it was requested for can be requested again."
+)
+
 
 def lanes_of(stages: Mapping[str, StageAsset], lanes: Sequence[Lane]) -> list[Lane]:
     """The lanes whose every stage is declared here."""
@@ -79,12 +100,9 @@ def build_sensors(
         minimum_interval_seconds=settings.sensors.work_interval_s,
         default_status=RUNNING,
         jobs=list(jobs.values()),
+        description=_WORK_DESCRIPTION,
     )
     def work(context: dg.SensorEvaluationContext, db: DatabaseResource):
-        """The monitor's cycle: adds a dynamic partition for every new project, video and project
-        video (and removes those of deleted rows), moves projects to dedup, detect, dataset and
-        complete, and requests batched runs for ready work, lane by lane, plus runs that start
-        ahead of work still in flight."""
         cycle = plan_cycle(
             context.instance,
             db.store,
@@ -110,11 +128,9 @@ def build_sensors(
         name="lease_reaper",
         minimum_interval_seconds=settings.sensors.reaper_interval_s,
         default_status=RUNNING,
+        description=_LEASE_REAPER_DESCRIPTION,
     )
     def lease_reaper(context: dg.SensorEvaluationContext, db: DatabaseResource):
-        """Fails in Dagster the runs that died (no heartbeat; started or queued far too long), takes
-        back the leases of runs that stopped heartbeating or finished, and warns once about each
-        lease held far longer than its stage usually takes."""
         store, limits = db.store, db.settings
         dead = dead_runs(context.instance, store, lease=limits.lease, runs=limits.runs)
         end_dead_runs(context.instance, dead)
@@ -156,11 +172,12 @@ def build_sensors(
         return dg.SkipReason("; ".join(done) or "every lease belongs to a live run")
 
     @dg.run_failure_sensor(
-        name="release_failed_runs", default_status=RUNNING, monitor_all_code_locations=True
+        name="release_failed_runs",
+        default_status=RUNNING,
+        monitor_all_code_locations=True,
+        description=_RELEASE_FAILED_RUNS_DESCRIPTION,
     )
     def release_failed_runs(context: dg.RunFailureSensorContext, db: DatabaseResource):
-        """A failed run's leases are released at once (the attempt counts), and the items it was
-        requested for can be requested again."""
         _release(context, db, "failed", count_attempt=True)
 
     @dg.run_status_sensor(
@@ -168,10 +185,9 @@ def build_sensors(
         run_status=dg.DagsterRunStatus.CANCELED,
         default_status=RUNNING,
         monitor_all_code_locations=True,
+        description=_RELEASE_CANCELLED_RUNS_DESCRIPTION,
     )
     def release_cancelled_runs(context: dg.RunStatusSensorContext, db: DatabaseResource):
-        """A cancelled run's leases are released at once (the attempt does not count), and the
-        items it was requested for can be requested again."""
         _release(context, db, "was cancelled", count_attempt=False)
 
     return [work, lease_reaper, release_failed_runs, release_cancelled_runs]

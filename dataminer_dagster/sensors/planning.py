@@ -28,13 +28,14 @@ from dataminer_dagster.db.scheduling import (
 from dataminer_dagster.db.schema import SCHEMA
 from dataminer_dagster.sensors.run_health import judge, unfinished_runs
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
-from dataminer_dagster.stages import Lane
+from dataminer_dagster.stages import PROJECT_VIDEOS, PROJECTS, Lane, split_project_video_key
 from dataminer_dagster.tags import (
     AHEAD_TAG,
     BATCH_TAG,
     ITEMS_TAG,
     LANE_TAG,
     PRIORITY_TAG,
+    PROJECT_NAMES_TAG,
     PROJECTS_TAG,
     RANGE_END,
     RANGE_START,
@@ -234,7 +235,16 @@ def plan_runs(
             first = min(lane.stages.index(i.stage) for i in items)
             item_ids = [i.id for i in items]
             planned.append(
-                _planned(lane, lane.stages[first:], keys, item_ids, jobs, stage_keys, projects)
+                _planned(
+                    lane,
+                    lane.stages[first:],
+                    keys,
+                    item_ids,
+                    jobs,
+                    stage_keys,
+                    projects,
+                    project_names=_project_names(engine, lane, keys),
+                )
             )
         slots -= len(ready)
         if not (ahead and lane.ahead and slots > 0):
@@ -250,7 +260,18 @@ def plan_runs(
         known = sorted((k for k in keys if k in order and order[k] not in taken), key=order.get)
         for start in range(0, len(known), lane.policy.batch):
             chunk = known[start : start + lane.policy.batch]
-            planned.append(_planned(lane, lane.stages, chunk, [], jobs, stage_keys, ahead=True))
+            planned.append(
+                _planned(
+                    lane,
+                    lane.stages,
+                    chunk,
+                    [],
+                    jobs,
+                    stage_keys,
+                    ahead=True,
+                    project_names=_project_names(engine, lane, chunk),
+                )
+            )
     return planned
 
 
@@ -277,6 +298,27 @@ def _ready_batches(
     ][:slots]
 
 
+def _project_names(engine: sa.Engine, lane: Lane, keys: Sequence[str], shown: int = 3) -> str:
+    """The projects a run over `keys` works for, as a person reads them: "a, b, c (+4 more)"."""
+    if lane.partitions == PROJECTS:
+        names = set(keys)
+    elif lane.partitions == PROJECT_VIDEOS:
+        names = {split_project_video_key(key)[0] for key in keys}
+    else:
+        with engine.connect() as c:
+            names = set(
+                c.execute(
+                    sa.text(f"""SELECT DISTINCT p.name FROM {SCHEMA}.project_videos pv
+                                 JOIN {SCHEMA}.projects p ON p.id = pv.project_id
+                                WHERE pv.video_id = ANY(CAST(:keys AS text[]))"""),
+                    {"keys": list(keys)},
+                ).scalars()
+            )
+    ordered = sorted(names)
+    more = f" (+{len(ordered) - shown} more)" if len(ordered) > shown else ""
+    return ", ".join(ordered[:shown]) + more
+
+
 def _planned(
     lane: Lane,
     stages: tuple[str, ...],
@@ -287,6 +329,7 @@ def _planned(
     projects: Sequence[int] | None = None,
     *,
     ahead: bool = False,
+    project_names: str = "",
 ) -> PlannedRun:
     tags = {
         RANGE_START: keys[0],
@@ -298,6 +341,8 @@ def _planned(
     }
     if item_ids:
         tags[BATCH_TAG] = f"{min(item_ids)}-{max(item_ids)}"
+    if project_names:
+        tags[PROJECT_NAMES_TAG] = project_names
     if projects is not None:
         tags[PROJECTS_TAG] = ",".join(map(str, projects))
     if ahead:
