@@ -11,9 +11,9 @@ import pytest
 
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
-from dataminer_dagster.db.admin import force_stage
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.project_lifecycle import force_stage
 from dataminer_dagster.paths import DataPaths
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (

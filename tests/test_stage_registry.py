@@ -15,9 +15,9 @@ from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, 
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.dataset_files import MANIFEST_FILE
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
-from dataminer_dagster.db.admin import force_stage
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.project_lifecycle import force_stage
 from dataminer_dagster.db.status import stage_counts
 from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.stages import DATASET, LANES, PROJECTS, REGISTRY, StageSpec

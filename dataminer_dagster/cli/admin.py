@@ -222,11 +222,11 @@ def retry(project_name: str | None, stages: tuple[str, ...], statuses: tuple[str
     """Queue failed and dead work items again with fresh attempts (blocked ones with --status
     blocked). Running and done items are not touched. A failed project whose project-level item
     is queued again goes back to that stage."""
-    from dataminer_dagster.db import admin
+    from dataminer_dagster.db import project_lifecycle
 
     _, store, _ = context()
     result = _admin_call(
-        admin.retry,
+        project_lifecycle.retry,
         store,
         project=project_name,
         stages=[s.lower() for s in stages] or None,
@@ -239,10 +239,10 @@ def retry(project_name: str | None, stages: tuple[str, ...], statuses: tuple[str
 
 
 def _force(name: str, stage: str) -> None:
-    from dataminer_dagster.db import admin
+    from dataminer_dagster.db import project_lifecycle
 
     _, _, catalog = context()
-    forced = _admin_call(admin.force_stage, catalog, name, stage)
+    forced = _admin_call(project_lifecycle.force_stage, catalog, name, stage)
     click.echo(f"project {name}: {forced.previous_stage} -> {stage}; {stage} is queued")
     if forced.frames_released:
         click.echo(

@@ -1,7 +1,8 @@
 """Administrative operations on the claim tables, behind `dataminer db reset`, `project delete`,
-`delete-videos`, `cleanup-orphans`, `retry` and `force-dedup` / `force-detect`.
+`delete-videos` and `cleanup-orphans` (forcing a stage and retrying, which move a project through
+its lifecycle, are in project_lifecycle.py and use the same locks).
 
-Each deletion, and forcing a stage, is one transaction that first locks the work items it is
+Each deletion is one transaction that first locks the work items it is
 about to delete or change, then checks that none of them is running: a claim skips locked rows,
 so no run can take an item between the check and the change, and running work is never deleted
 or reset behind its run's back. With `dry_run` the transaction is rolled back: the result says
@@ -21,31 +22,17 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from dataminer_dagster.db.catalog import Catalog
-from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.project_flow import (
-    ACTIVE,
-    MEMBER_FINISHED_SQL,
-    MEMBERS_JOIN,
-    PROJECT_FAILED,
-)
 from dataminer_dagster.db.schema import (
-    BLOCKED,
-    DEAD,
     DONE,
-    FAILED,
-    PENDING,
     RUNNING,
     SCHEMA,
     STATUSES,
 )
 from dataminer_dagster.paths import DataPaths, ProjectPaths, overlaps
 from dataminer_dagster.stages import (
-    CATALOG,
     DOWNLOAD,
     FILTER,
     FRAMES,
-    REGISTRY,
     VIDEO_STAGES,
     project_video_key,
 )
@@ -173,7 +160,7 @@ def _transaction(engine: sa.Engine, dry_run: bool) -> Iterator[sa.Connection]:
             transaction.rollback()
 
 
-def _lock_project(conn: sa.Connection, name: str) -> sa.Row:
+def lock_project(conn: sa.Connection, name: str) -> sa.Row:
     row = conn.execute(
         sa.text(f"SELECT id, name, stage, output_dir FROM {S}.projects WHERE name = :n FOR UPDATE"),
         {"n": name},
@@ -183,7 +170,7 @@ def _lock_project(conn: sa.Connection, name: str) -> sa.Row:
     return row
 
 
-def _lock_items(conn: sa.Connection, where: str, params: dict) -> list[sa.Row]:
+def lock_items(conn: sa.Connection, where: str, params: dict) -> list[sa.Row]:
     """Lock the work items matching `where` (so that no run can claim them in this transaction)
     and return them."""
     return conn.execute(
@@ -195,7 +182,7 @@ def _lock_items(conn: sa.Connection, where: str, params: dict) -> list[sa.Row]:
     ).all()
 
 
-def _running(items: Sequence[sa.Row]) -> list[RunningItem]:
+def running_items(items: Sequence[sa.Row]) -> list[RunningItem]:
     return [RunningItem(i.stage, i.item_key, i.lease_owner) for i in items if i.status == RUNNING]
 
 
@@ -223,7 +210,7 @@ def _lock_unused_videos(conn: sa.Connection, video_ids: Sequence[str]) -> list[s
 
 def _lock_video_items(conn: sa.Connection, video_ids: Sequence[str]) -> list[sa.Row]:
     """Lock the items that belong to these videos alone (download, frames, backup)."""
-    return _lock_items(
+    return lock_items(
         conn,
         "video_id = ANY(CAST(:ids AS text[])) AND stage = ANY(CAST(:stages AS text[]))",
         {"ids": list(video_ids), "stages": list(VIDEO_STAGES)},
@@ -247,7 +234,7 @@ def _delete_unused(
     conn: sa.Connection, paths: DataPaths, video_ids: Sequence[str], what: str
 ) -> list[Path]:
     """Delete videos that nothing uses any more; refuses when one of their items is running."""
-    if running := _running(_lock_video_items(conn, video_ids)):
+    if running := running_items(_lock_video_items(conn, video_ids)):
         raise WorkRunning(what, running)
     return _delete_videos(conn, paths, video_ids)
 
@@ -278,9 +265,9 @@ def delete_project(
     stages). Videos that no other project uses become orphans and stay, with their files, unless
     `delete_unused_videos`. Refuses while one of the items concerned is running."""
     with _transaction(engine, dry_run) as conn:
-        project = _lock_project(conn, name)
-        items = _lock_items(conn, "project_id = :p", {"p": project.id})
-        if running := _running(items):
+        project = lock_project(conn, name)
+        items = lock_items(conn, "project_id = :p", {"p": project.id})
+        if running := running_items(items):
             raise WorkRunning(f"project {name} has running work", running)
         members = list(
             conn.execute(
@@ -361,7 +348,7 @@ def _members_with_status(
         ).scalars()
     )
     filter_keys = {project_video_key(project.name, v): v for v in members}
-    items = _lock_items(
+    items = lock_items(
         conn,
         f"""(stage IN ('{DOWNLOAD}', '{FRAMES}') AND item_key = ANY(CAST(:videos AS text[])))
             OR (stage = '{FILTER}' AND item_key = ANY(CAST(:keys AS text[])))""",
@@ -395,7 +382,7 @@ def delete_project_videos(
     if status not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
     with _transaction(engine, dry_run) as conn:
-        project = _lock_project(conn, name)
+        project = lock_project(conn, name)
         wanted, busy, filtered = _members_with_status(conn, project, status)
         matched = [v for v in wanted if v not in busy]
         conn.execute(
@@ -460,139 +447,3 @@ def delete_orphan_videos(
         free = [v for v in orphans if v not in busy]
         files = _delete_videos(conn, paths, free)
     return OrphanDeletion(free, [v for v in orphans if v in busy], files)
-
-
-# --- forcing a project stage ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ForcedStage:
-    project: str
-    stage: str
-    previous_stage: str
-    unfinished_members: int  # while > 0 the project transitions send it back to active
-    earlier_not_done: list[str]  # earlier project stages whose result this stage reads
-    frames_released: list[str]  # videos whose frames are extracted (and filtered) again first
-
-
-def force_stage(catalog: Catalog, name: str, stage: str) -> ForcedStage:
-    """Put a project on `stage` (dedup or detect) and queue that stage's item again, whatever
-    the project's stage was. Items of later stages are dropped (they are queued again when their
-    turn comes). Refused while this stage's or a later stage's item is running.
-
-    Videos whose frames were released (backup, cleanup) get their extraction queued again and
-    their filter item dropped, as for a later project: the project goes back to active until
-    they are filtered again, then runs from dedup."""
-    if stage not in REGISTRY.forceable:
-        raise ValueError(f"only {', '.join(REGISTRY.forceable)} can be forced, not {stage!r}")
-    store = catalog.store
-    chain = REGISTRY.project_chain
-    following = list(chain[chain.index(stage) :])
-    with store.engine.begin() as conn:
-        project = _lock_project(conn, name)
-        released = catalog.filtered_without_frames(conn, catalog.project(name))
-        conn.execute(
-            sa.text(f"""DELETE FROM {W} WHERE project_id = :p AND stage = '{FILTER}'
-                           AND video_id = ANY(CAST(:ids AS text[]))"""),
-            {"p": project.id, "ids": released},
-        )
-        catalog.advance_videos(conn, released)
-        items = _lock_items(
-            conn,
-            "project_id = :p AND stage = ANY(CAST(:stages AS text[]))",
-            {"p": project.id, "stages": following},
-        )
-        if running := _running(items):
-            raise WorkRunning(f"cannot force {stage} of project {name}", running)
-        conn.execute(
-            sa.text(f"""UPDATE {S}.projects SET stage = :stage, error = NULL,
-                               stage_changed_at = now(), updated_at = now() WHERE id = :p"""),
-            {"stage": stage, "p": project.id},
-        )
-        conn.execute(
-            sa.text(
-                f"DELETE FROM {W} WHERE project_id = :p AND stage = ANY(CAST(:later AS text[]))"
-            ),
-            {"p": project.id, "later": following[1:]},
-        )
-        store.enqueue(
-            stage,
-            [name],
-            project_ids=[project.id],
-            reset=(DONE, FAILED, DEAD, BLOCKED),
-            conn=conn,
-        )
-        unfinished = _unfinished_members(conn, project.id)
-        earlier = chain[: chain.index(stage)]
-        done = set(
-            conn.execute(
-                sa.text(f"""SELECT stage FROM {W} WHERE project_id = :p AND status = '{DONE}'
-                               AND stage = ANY(CAST(:earlier AS text[]))"""),
-                {"p": project.id, "earlier": list(earlier)},
-            ).scalars()
-        )
-    return ForcedStage(
-        name, stage, project.stage, unfinished, [s for s in earlier if s not in done], released
-    )
-
-
-def _unfinished_members(conn: sa.Connection, project_id: int) -> int:
-    # coalesce: a member without a filter item yet makes the finished test NULL, not false.
-    return conn.execute(
-        sa.text(f"""SELECT count(*) FROM {MEMBERS_JOIN}
-                     WHERE pv.project_id = :p AND NOT coalesce({MEMBER_FINISHED_SQL}, false)"""),
-        {"p": project_id},
-    ).scalar_one()
-
-
-# --- retrying -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RetryResult:
-    items: int  # work items made pending again
-    reopened: list[tuple[str, str]]  # (project, stage) of failed projects brought back
-
-
-def retry(
-    store: LeaseStore,
-    *,
-    project: str | None = None,
-    stages: Sequence[str] | None = None,
-    statuses: Sequence[str] = (FAILED, DEAD),
-) -> RetryResult:
-    """Queue failed/dead (or blocked) items again with fresh attempts (LeaseStore.retry), then
-    bring back failed projects whose failing project-level item is now pending: to `active` for
-    the catalog, to that stage for dedup, detect and dataset."""
-    project_id = None
-    if project is not None:
-        with store.engine.connect() as c:
-            project_id = c.execute(
-                sa.text(f"SELECT id FROM {S}.projects WHERE name = :n"), {"n": project}
-            ).scalar()
-        if project_id is None:
-            raise UnknownProject(project)
-    count = store.retry(stages=stages, project_id=project_id, statuses=statuses)
-    return RetryResult(count, reopen_failed_projects(store.engine, project_id))
-
-
-def reopen_failed_projects(
-    engine: sa.Engine, project_id: int | None = None
-) -> list[tuple[str, str]]:
-    """Failed projects with a pending project-level item go back to the stage of the earliest one
-    (compare-and-set on `failed`); returns (project, new stage)."""
-    order = [CATALOG, *REGISTRY.project_chain]
-    statement = sa.text(f"""
-        UPDATE {S}.projects p
-           SET stage = CASE WHEN w.stage = '{CATALOG}' THEN '{ACTIVE}' ELSE w.stage END,
-               error = NULL, stage_changed_at = now(), updated_at = now()
-          FROM (SELECT DISTINCT ON (project_id) project_id, stage FROM {W}
-                 WHERE stage = ANY(CAST(:order AS text[])) AND status = '{PENDING}'
-                 ORDER BY project_id, array_position(CAST(:order AS text[]), stage)) w
-         WHERE p.id = w.project_id AND p.stage = '{PROJECT_FAILED}'
-           AND (CAST(:project AS int) IS NULL OR p.id = :project)
-        RETURNING p.name, p.stage
-    """)
-    with engine.begin() as c:
-        rows = c.execute(statement, {"order": order, "project": project_id}).all()
-    return sorted((r.name, r.stage) for r in rows)
