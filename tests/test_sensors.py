@@ -56,9 +56,9 @@ from dataminer_dagster.tags import (
     ITEMS_TAG,
     LANE_TAG,
     PRIORITY_TAG,
+    PROJECT_NAMES_TAG,
     RANGE_END,
     RANGE_START,
-    PROJECT_NAMES_TAG,
     REQUESTED_BY_TAG,
     STAGES_TAG,
 )
