@@ -13,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dataminer_dagster"
 HEAVY = ("torch", "transformers", "ultralytics", "faiss")
-STAGE_SIDE = ("assets", "cli", "hosting", "definitions")
+STAGE_SIDE = ("assets", "cli", "hosting", "definitions", "demo")
 
 # part -> imports it must not make (prefixes of module names); `if TYPE_CHECKING:` blocks are
 # for type checkers only and do not count.

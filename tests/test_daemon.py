@@ -23,7 +23,7 @@ import pytest
 import yaml
 from dagster._core.events import DagsterEventType
 
-from dataminer_dagster.hosting.demo import serve_directory, write_sample_videos
+from dataminer_dagster.demo import serve_directory, write_sample_videos
 from tests.helpers.daemon import REPO_ROOT, DaemonHome, demo_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("daemon"), pytest.mark.timeout(600)]

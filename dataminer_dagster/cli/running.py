@@ -112,7 +112,7 @@ def demo(videos: int, port: int, no_progress: bool) -> None:
     yt-dlp, filtered, deduplicated, detected and exported. Uses real model weights when they are
     on this machine, tiny random-weight models otherwise (and says so)."""
     from dataminer_dagster.config import parse_project_config
-    from dataminer_dagster.hosting.demo import (
+    from dataminer_dagster.demo import (
         choose_models,
         demo_config,
         serve_directory,
