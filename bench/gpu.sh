@@ -4,28 +4,44 @@
 #
 #   bash bench/gpu.sh             # full sizes, on a CUDA machine (about 3-5 minutes on an H200)
 #   bash bench/gpu.sh --smoke     # tiny sizes on whatever device there is (CPU: under 2 minutes)
+#   bash bench/gpu.sh --dry-run   # on the CPU, under a minute: checks that the script is complete
+#                                 # (sections, full-size architectures, report, wheels); exit 1 if not
 #
-# Wheels for what the machine lacks (ultralytics) travel in .whl/ at the repository root and are
-# installed into /tmp/site without any index. Results go to $OUT/gpu.md and $OUT/gpu.json when
-# $OUT is set.
+# Wheels for what the machine lacks (ultralytics) travel in .whl/ at the repository root (or the
+# folder $WHEELS names) and are installed into /tmp/site without any index; a dry run installs
+# them into a temporary folder and checks that they import from there. Results go to $OUT/gpu.md
+# and $OUT/gpu.json when $OUT is set.
 set -u
 cd "$(dirname "$0")/.."
 if [ -z "${PYTHON:-}" ]; then
     PYTHON=python3
     [ -x .venv/bin/python ] && PYTHON=.venv/bin/python # a development checkout; not on the GPU machine
 fi
-if [ -d .whl ]; then
+WHEELS=${WHEELS:-.whl}
+SITE=/tmp/site
+case " $* " in *" --dry-run "*) SITE=$(mktemp -d /tmp/gpu-bench-site.XXXXXX) ;; esac
+install_wheels() {
     if "$PYTHON" -m pip --version >/dev/null 2>&1; then
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+            --target "$SITE" "$WHEELS"/*.whl
     else # no pip: a pure-python wheel unpacked is an installed package
-        for wheel in .whl/*.whl; do "$PYTHON" -m zipfile -e "$wheel" /tmp/site; done
-        export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+        for wheel in "$WHEELS"/*.whl; do "$PYTHON" -m zipfile -e "$wheel" "$SITE" || return 1; done
     fi
+}
+if [ -d "$WHEELS" ]; then
+    if install_wheels; then
+        echo "wheels: $(ls "$WHEELS"/*.whl | wc -l) from $WHEELS installed into $SITE"
+    else
+        echo "wheels: $WHEELS/*.whl could not be installed into $SITE" # the dry run fails on it
+    fi
+    export PYTHONPATH=$SITE:${PYTHONPATH:-} GPU_BENCH_SITE=$SITE
 fi
 export PYTHONPATH=.:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1
 # Nothing may reach for the network: ultralytics checks DNS at import, transformers the hub.
 export YOLO_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export YOLO_CONFIG_DIR=${YOLO_CONFIG_DIR:-/tmp/yolo-config}
-exec "$PYTHON" bench/gpu.py "$@"
+"$PYTHON" bench/gpu.py "$@"
+status=$?
+case " $* " in *" --dry-run "*) rm -rf "$SITE" ;; esac
+exit $status

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from dataminer_dagster.models.device import compute_dtype, cuda_capability, pick_device
+
 if TYPE_CHECKING:
     import torch
 
@@ -32,7 +34,6 @@ _SAMPLES_PER_FILE = 16
 _SAMPLE_BYTES = 64 * 1024
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
-_DTYPES = ("float32", "float16", "bfloat16")
 
 
 class ModelLoadError(RuntimeError):
@@ -83,8 +84,16 @@ def resolve_model(reference: str | os.PathLike[str], *, revision: str | None = N
     return ModelSource(text, path, path.name, _slug(text.replace("/", "--"), path))
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """`auto` is the first CUDA GPU when there is one, else the CPU; also cpu, cuda, cuda:N, mps."""
+def resolve_device(
+    device: str | torch.device = "auto",
+    *,
+    cuda_devices: int | None = None,
+    mps: bool | None = None,
+) -> torch.device:
+    """`auto` is the first CUDA GPU when there is one, else the CPU; also cpu, cuda, cuda:N, mps.
+
+    `cuda_devices` and `mps` say what this machine has; None reads it from torch.
+    """
     import torch
 
     if isinstance(device, torch.device):
@@ -92,32 +101,25 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     name = str(device).strip().lower()
     if not _DEVICE.fullmatch(name):
         raise ValueError(f"device {device!r} is not one of auto, cpu, cuda, cuda:<index>, mps")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda"):
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        index = int(name.partition(":")[2] or 0)
-        if index >= count:
-            raise ValueError(
-                f"device {name!r} was requested but this machine has {count} usable CUDA "
-                "device(s); use device 'auto' or 'cpu'"
-            )
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device 'mps' was requested but Metal (MPS) is not available here")
-    return torch.device(name)
+    if cuda_devices is None:
+        cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if mps is None:
+        mps = name == "mps" and torch.backends.mps.is_available()
+    return pick_device(name, cuda_devices=cuda_devices, mps=mps)
 
 
-def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """None means half precision on CUDA and float32 elsewhere."""
-    import torch
-
-    if dtype is None:
-        return torch.float16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
-    return getattr(torch, dtype)
+def resolve_dtype(
+    dtype: str | torch.dtype | None,
+    device: torch.device,
+    *,
+    capability: tuple[int, int] | None = None,
+) -> torch.dtype:
+    """The model's precision on `device` (see `device.compute_dtype`): None chooses float16 on a
+    GPU with tensor cores, float32 elsewhere. `capability` is the GPU's compute capability; None
+    reads it from torch."""
+    if capability is None:
+        capability = cuda_capability(device)
+    return compute_dtype(dtype, device, capability)
 
 
 _loaded: dict[tuple, Any] = {}

@@ -15,7 +15,8 @@ On CUDA, with a fixed-size SigLIP processor, the threads only read the files: JP
 in batches by nvjpeg (`torchvision.io.decode_jpeg`) and resized and normalised on the GPU by
 `DevicePreprocessing`, which equals the PIL processor up to its rounding. Other formats, JPEGs
 with EXIF data and JPEGs nvjpeg rejects take the CPU path one by one, which reports unreadable
-files as before. Elsewhere (the CPU, naflex and DINO processors) preprocessing stays on the CPU.
+files as before. Elsewhere (the CPU, naflex and DINO processors, a torchvision without nvjpeg)
+preprocessing stays on the CPU (`device_input_path` decides).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import numpy as np
 
 from dataminer_dagster.core.filter_rule import sigmoid_scores
 from dataminer_dagster.core.images import ImageReadError, read_image
+from dataminer_dagster.models.device import decodes_jpeg, finish_stream, side_stream
 from dataminer_dagster.models.loading import LoadedModel, load_pretrained
 
 # SigLIP2 was trained on prompts padded to 64 tokens; the text tower has 64 positions.
@@ -200,6 +202,40 @@ def _same_size_runs(images: Sequence[Any]) -> Iterator[Any]:
             start = end
 
 
+def device_input_path(
+    processor: Any,
+    decode_on_device: bool | None,
+    *,
+    device: Any,
+    jpeg_on_device: bool,
+    model: str,
+) -> DevicePreprocessing | None:
+    """Where a batch is decoded and preprocessed: on `device` (the returned preprocessing) or on
+    the CPU (None).
+
+    None for `decode_on_device` means on the device when it is a GPU, torchvision decodes JPEGs
+    there (`jpeg_on_device`: nvjpeg) and the processor is a fixed-size SigLIP one; otherwise the CPU
+    path, which always works. True insists and says why it cannot be done; False never.
+    """
+    if decode_on_device is False or (decode_on_device is None and device.type != "cuda"):
+        return None
+    preprocessing = DevicePreprocessing.of(processor)
+    if decode_on_device:
+        if preprocessing is None:
+            raise ValueError(
+                f"decode_on_device=True needs a fixed-size SigLIP image processor; model "
+                f"{model} has {type(processor).__name__}. Leave decode_on_device unset to "
+                "preprocess its images on the CPU."
+            )
+        if not jpeg_on_device:
+            raise ValueError(
+                f"decode_on_device=True but torchvision cannot decode JPEGs on {device} (no "
+                "nvjpeg in this torchvision build). Leave decode_on_device unset to decode on "
+                "the CPU."
+            )
+    return preprocessing if jpeg_on_device else None
+
+
 class ImageEmbedder:
     """L2-normalised image embeddings from a transformers vision model, batched and prefetched.
 
@@ -251,16 +287,14 @@ class ImageEmbedder:
         self.prefetch_workers = prefetch_workers
 
     def _device_preprocessing(self, decode_on_device: bool | None) -> DevicePreprocessing | None:
-        if decode_on_device is False or (decode_on_device is None and self.device.type != "cuda"):
-            return None
-        preprocessing = DevicePreprocessing.of(self.image_processor)
-        if preprocessing is None and decode_on_device:
-            raise ValueError(
-                f"decode_on_device=True needs a fixed-size SigLIP image processor; model "
-                f"{self.loaded.source.reference} has {type(self.image_processor).__name__}. "
-                "Leave decode_on_device unset to preprocess its images on the CPU."
-            )
-        return preprocessing
+        wanted = decode_on_device or (decode_on_device is None and self.device.type == "cuda")
+        return device_input_path(
+            self.image_processor,
+            decode_on_device,
+            device=self.device,
+            jpeg_on_device=wanted and decodes_jpeg(self.device),
+            model=self.loaded.source.reference,
+        )
 
     @property
     def model(self) -> Any:
@@ -335,11 +369,9 @@ class ImageEmbedder:
         On CUDA the work runs on a stream of this thread, finished before the batch is handed
         over, so the model's stream never waits on it.
         """
-        import torch
-
         encoded = {index: _jpeg_bytes(paths[index]) for index in chunk}
         encoded = {index: data for index, data in encoded.items() if data is not None}
-        with _side_stream(self.device):
+        with side_stream(self.device):
             decoded = self._decode_jpegs(encoded)
             rest = self._prepare_on_host(paths, [i for i in chunk if i not in decoded])
             pixels = None
@@ -351,10 +383,9 @@ class ImageEmbedder:
                 pixels, indices = _merge_rows(list(decoded), pixels, rest.indices, host)
             else:
                 indices = list(decoded)
-            if self.device.type == "cuda":
-                # Done before the model sees it; the model's own .cpu() copy then finishes its
-                # use of these tensors before they are freed.
-                torch.cuda.current_stream(self.device).synchronize()
+            # Done before the model sees it; the model's own .cpu() copy then finishes its use
+            # of these tensors before they are freed.
+            finish_stream(self.device)
         inputs = None if pixels is None else {"pixel_values": pixels}
         return _PreparedBatch(indices, inputs, rest.errors)
 
@@ -555,15 +586,6 @@ def _jpeg_bytes(path: Path) -> Any:
     if not data.startswith(b"\xff\xd8\xff") or _EXIF_MARKER in data[:_EXIF_SEARCH_BYTES]:
         return None
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-def _side_stream(device: Any) -> contextlib.AbstractContextManager[Any]:
-    """A CUDA stream of its own for the calling thread's work on `device`; nothing elsewhere."""
-    import torch
-
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    return torch.cuda.stream(torch.cuda.Stream(device))
 
 
 def _pooled(output: Any) -> Any:

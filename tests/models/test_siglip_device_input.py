@@ -23,6 +23,7 @@ from dataminer_dagster.models.siglip import (
     SiglipScorer,
     _jpeg_bytes,
     default_prefetch_workers,
+    device_input_path,
 )
 from dataminer_dagster.models.tiny import build_tiny_dinov2, build_tiny_siglip
 
@@ -165,9 +166,9 @@ def test_path_workers_and_dtype_for_a_device(siglip_dir, tmp_path):
     assert (
         SiglipScorer(siglip_dir, device="cpu", decode_on_device=False).device_preprocessing is None
     )
-    # the model's dtype: half precision on CUDA unless asked otherwise
-    assert resolve_dtype(None, torch.device("cuda")) == torch.float16
-    assert resolve_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16
+    # the model's dtype: half precision on a GPU with tensor cores unless asked otherwise
+    assert resolve_dtype(None, torch.device("cuda"), capability=(9, 0)) == torch.float16
+    assert resolve_dtype("bfloat16", torch.device("cuda"), capability=(8, 0)) == torch.bfloat16
     assert resolve_dtype(None, torch.device("cpu")) == torch.float32
     naflex_dir = build_tiny_siglip(tmp_path / "naflex", naflex=True)
     with pytest.raises(ValueError, match="decode_on_device=True needs a fixed-size SigLIP"):
@@ -219,3 +220,38 @@ def test_only_plain_jpegs_are_decoded_on_the_device(frames):
     assert _jpeg_bytes(frames[4]) is None  # PNG
     assert _jpeg_bytes(frames[6]) is None  # missing
     assert _jpeg_bytes(frames[7]) is None  # EXIF orientation: OpenCV applies it, nvjpeg not
+
+
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.parametrize(
+    ("decode_on_device", "device", "jpeg_on_device", "on_device"),
+    [
+        (None, CUDA, True, True),  # a GPU with nvjpeg: decode there
+        (None, CUDA, False, False),  # torchvision without nvjpeg: the CPU path
+        (None, torch.device("cpu"), True, False),  # the CPU: PIL processor, as the reference
+        (False, CUDA, True, False),
+        (True, torch.device("cpu"), True, True),  # torchvision's libjpeg, as these tests use
+    ],
+)
+def test_where_a_batch_is_decoded(decode_on_device, device, jpeg_on_device, on_device):
+    chosen = device_input_path(
+        pil_processor(2), decode_on_device, device=device, jpeg_on_device=jpeg_on_device, model="m"
+    )
+    assert (chosen is not None) == on_device
+    # a processor without a device equivalent (naflex, DINO) always stays on the CPU
+    naflex_like = pil_processor(0)
+    assert (
+        device_input_path(
+            naflex_like, None, device=device, jpeg_on_device=jpeg_on_device, model="m"
+        )
+        is None
+    )
+
+
+def test_decoding_on_the_device_when_it_cannot_be_done_says_why():
+    with pytest.raises(ValueError, match="cannot decode JPEGs on cuda .*no nvjpeg"):
+        device_input_path(pil_processor(2), True, device=CUDA, jpeg_on_device=False, model="m")
+    with pytest.raises(ValueError, match="needs a fixed-size SigLIP image processor; model m"):
+        device_input_path(pil_processor(0), True, device=CUDA, jpeg_on_device=True, model="m")
