@@ -39,7 +39,7 @@ class SearchConfig(_Section):
         description="File with more queries: a YAML list under `queries:`, or one query per line.",
     )
     max_results_per_query: int = Field(
-        20, ge=1, le=1000, description="Videos taken from each query."
+        50, ge=1, le=1000, description="Videos taken from each query (the original's default)."
     )
 
 
@@ -52,7 +52,7 @@ class InputsConfig(_Section):
     )
     url_file: Path | None = Field(
         None,
-        description="File with one URL per line; blank lines and lines starting with // are skipped.",
+        description="File with one URL per line; blank lines and lines starting with # or // are skipped.",
     )
     files: list[str] = Field(
         default_factory=list, description="Local video files or glob patterns."
@@ -89,10 +89,14 @@ class DownloadConfig(_Section):
         description="Explicit yt-dlp format; default: one video-only stream under max_height (no ffmpeg needed).",
     )
     timeout_s: float = Field(30.0, gt=0, description="Network timeout of one request.")
-    sleep_s: float = Field(0.0, ge=0, description="Pause between two downloads of one run.")
     blocked_hashtags: list[str] = Field(
         default_factory=list,
         description="Skip videos carrying one of these tags (whole-tag match, case-insensitive, leading # optional).",
+    )
+    blocked_hashtags_file: Path | None = Field(
+        None,
+        description="File with more blocked tags, one per line, read when the config is loaded (relative: to the config file); "
+        "blank lines and lines starting with '# ' (hash, space) or // are comments, '#tag' and 'tag' both block tag.",
     )
     max_duration_s: float = Field(7200, gt=0, description="Skip longer videos.")
     max_filesize_mb: float = Field(
@@ -105,7 +109,67 @@ class DownloadConfig(_Section):
         ge=0,
         description="Free space a download leaves on the data disk besides the video's expected size; else it waits.",
     )
-    cookies_file: Path | None = Field(None, description="Netscape cookies file handed to yt-dlp.")
+    cookies_file: Path | None = Field(
+        None, description="Netscape cookies file handed to yt-dlp, for searches and downloads."
+    )
+    sleep_interval_s: float | None = Field(
+        None,
+        ge=0,
+        description="Least random pause before each download of a run (yt-dlp's sleep_interval); "
+        "default: 10 for YouTube (yt-dlp's `-t sleep` preset), 0 for other hosts.",
+    )
+    max_sleep_interval_s: float | None = Field(
+        None,
+        ge=0,
+        description="Most random pause before each download (yt-dlp's max_sleep_interval); "
+        "default: 20 for YouTube, 0 for other hosts; never below sleep_interval_s.",
+    )
+    sleep_requests_s: float | None = Field(
+        None,
+        ge=0,
+        description="Pause between the requests of one search or extraction (yt-dlp's sleep_interval_requests); "
+        "default: 0.75 for YouTube, 0 for other hosts.",
+    )
+    rate_limit: str | None = Field(
+        None,
+        pattern=r"^\d+(\.\d+)?[KMG]?$",
+        description="Most bytes per second of one download, as yt-dlp writes it (500K, 4.2M); default unlimited.",
+    )
+    max_downloads_per_host: int = Field(
+        2,
+        ge=1,
+        description="Downloads from one host at once, across every run and project (the smallest value of a video's projects counts).",
+    )
+    proxies: list[str] = Field(
+        default_factory=list,
+        description="Proxies (http://, https://, socks5://) used in turn, one per download or search; "
+        "a proxy the host paused is skipped while another is free.",
+    )
+    pause_base_s: float = Field(
+        60.0,
+        gt=0,
+        description="How long a host that says stop (429, 503, a bot check) without a Retry-After is paused for every run; "
+        "doubles with each pause in a row, times a random 0.5-1 (a Retry-After is honoured as given).",
+    )
+    pause_max_s: float = Field(3600.0, gt=0, description="Longest pause of a host.")
+    max_pause_wait_s: float = Field(
+        120.0,
+        ge=0,
+        description="A run waits in place for a host's pause this short; for a longer one it gives its items back "
+        "(no attempt used) until the pause ends.",
+    )
+
+    @model_validator(mode="after")
+    def _pauses_in_order(self) -> DownloadConfig:
+        if self.pause_max_s < self.pause_base_s:
+            raise ValueError("download.pause_max_s must be at least download.pause_base_s")
+        return self
+
+    def rate_limit_bytes(self) -> int | None:
+        if self.rate_limit is None:
+            return None
+        factor = {"K": 2**10, "M": 2**20, "G": 2**30}.get(self.rate_limit[-1], 1)
+        return int(float(self.rate_limit.rstrip("KMG")) * factor)
 
 
 class ExtractConfig(_Section):
@@ -390,8 +454,13 @@ def _resolve_paths(config: ProjectConfig, base: Path) -> ProjectConfig:
     inputs = inputs.model_copy(
         update={"search": search, "url_file": absolute(inputs.url_file), "files": files}
     )
-    download = config.download.model_copy(
-        update={"cookies_file": absolute(config.download.cookies_file)}
+    download = _with_blocklist_file(
+        config.download.model_copy(
+            update={
+                "cookies_file": absolute(config.download.cookies_file),
+                "blocked_hashtags_file": absolute(config.download.blocked_hashtags_file),
+            }
+        )
     )
 
     def model_path(reference: str | None) -> str | None:
@@ -422,6 +491,34 @@ def _resolve_paths(config: ProjectConfig, base: Path) -> ProjectConfig:
             **sections,
         }
     )
+
+
+def _with_blocklist_file(download: DownloadConfig) -> DownloadConfig:
+    """The tags of `blocked_hashtags_file` added to `blocked_hashtags` (kept in the stored config,
+    so that workers need not read the file)."""
+    path = download.blocked_hashtags_file
+    if path is None:
+        return download
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"download.blocked_hashtags_file: {path}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
+    tags = list(dict.fromkeys([*download.blocked_hashtags, *parse_blocklist(text)]))
+    return download.model_copy(update={"blocked_hashtags": tags})
+
+
+def parse_blocklist(text: str) -> list[str]:
+    """Tags from a blocklist file: one per line; blank lines and lines starting with '# ' (a hash
+    and a space, or a lone '#') or '//' are comments; '#tag' is the tag `tag`."""
+    tags = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("//") or line == "#" or line.startswith(("# ", "#\t")):
+            continue
+        tags.append(line)
+    return tags
 
 
 def config_reference() -> str:

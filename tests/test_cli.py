@@ -258,6 +258,20 @@ def test_add_video_adds_then_says_it_is_there(world):
     assert world.status(DOWNLOAD, "dQw4w9WgXcQ") == PENDING
 
 
+def test_populate_respects_a_paused_host_and_says_until_when(world, tmp_path):
+    """A search host that every run has paused is not asked by the CLI either: one readable
+    line, no traceback, nothing registered."""
+    from dataminer_dagster.db.host_throttle import host_turn
+
+    with host_turn(world.engine, "youtube.com") as turn:
+        turn.pause(600, "rate limited", "HTTP 429 Too Many Requests", None)
+    raw = {**CONFIG, "inputs": {"search": {"queries": ["street view"]}}}
+    result = invoke("populate", str(_write_config(tmp_path / "p.yaml", raw)), code=1)
+    assert "Traceback" not in result.output
+    assert "youtube.com is paused until" in result.output and "HTTP 429" in result.output
+    assert world.catalog.project("street") is None
+
+
 def test_populate_dry_run_with_a_url_file_and_local_files_writes_nothing(world, tmp_path):
     (tmp_path / "urls.txt").write_text(
         "https://www.youtube.com/watch?v=dQw4w9WgXcQ\n\n// a comment\n"
@@ -285,7 +299,7 @@ def test_status_of_an_unknown_project(world):
     assert "no project named 'nope'" in invoke("status", "nope", code=1).output
     assert "no project named 'nope'" in invoke("project", "status", "nope", code=1).output
     assert "no projects yet" in invoke("status").output
-    assert json.loads(invoke("status", "--json").output) == {"projects": []}
+    assert json.loads(invoke("status", "--json").output) == {"projects": [], "host_pauses": []}
 
 
 def test_status_tables_throughput_eta_and_failures(world):

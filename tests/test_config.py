@@ -185,3 +185,49 @@ def test_safety_caps_have_defaults_that_a_config_can_raise_but_not_remove():
     for key in ("download__max_filesize_mb", "extract__max_frames", "inputs__max_file_matches"):
         with pytest.raises(ConfigError, match=key.replace("__", ".")):
             parse_project_config(_with(**{key: None}))
+
+
+def test_a_blocklist_file_adds_its_tags_and_its_comments_are_not_tags(tmp_path: Path):
+    (tmp_path / "lists").mkdir()
+    (tmp_path / "lists" / "blocked.txt").write_text(
+        "# games\ngameplay\n#Minecraft\n\n// old entries\n#\n  prank  \ncover\n"
+    )
+    (tmp_path / "p.yaml").write_text(
+        "name: p\n"
+        "inputs: {urls: ['https://youtu.be/dQw4w9WgXcQ']}\n"
+        "filter: {positive_prompts: [a door]}\n"
+        "download: {blocked_hashtags: [cover, unboxing], blocked_hashtags_file: lists/blocked.txt}\n"
+    )
+    download = load_project_config(tmp_path / "p.yaml").download
+    assert download.blocked_hashtags == ["cover", "unboxing", "gameplay", "#Minecraft", "prank"]
+    assert download.blocked_hashtags_file == tmp_path / "lists" / "blocked.txt"
+
+    (tmp_path / "lists" / "blocked.txt").unlink()
+    with pytest.raises(ConfigError, match=r"download.blocked_hashtags_file: .*blocked.txt"):
+        load_project_config(tmp_path / "p.yaml")
+
+
+def test_politeness_settings_have_safe_defaults_and_name_their_errors():
+    download = parse_project_config(MINIMAL).download
+    assert download.max_downloads_per_host == 2 and download.proxies == []
+    assert (download.pause_base_s, download.pause_max_s, download.max_pause_wait_s) == (
+        60,
+        3600,
+        120,
+    )
+    assert download.sleep_interval_s is None, "unset: the host's default (YouTube: 10-20 s)"
+    assert parse_project_config(MINIMAL).inputs.url_file is None
+    assert (
+        parse_project_config(
+            _with(inputs={"search": {"queries": ["doors"]}})
+        ).inputs.search.max_results_per_query
+        == 50
+    )
+    with pytest.raises(ConfigError, match="download.rate_limit: String should match"):
+        parse_project_config(_with(download={"rate_limit": "4 MB/s"}))
+    with pytest.raises(ConfigError, match="pause_max_s must be at least download.pause_base_s"):
+        parse_project_config(_with(download={"pause_base_s": 600, "pause_max_s": 60}))
+    with pytest.raises(
+        ConfigError, match=r"download.sleep_s: unknown key \(allowed here: .*sleep_interval_s"
+    ):
+        parse_project_config(_with(download={"sleep_s": 5}))

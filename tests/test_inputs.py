@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.inputs import PROBLEMS_KEPT, collect_candidates
+from dataminer_dagster.acquisition.politeness import Pause
 from dataminer_dagster.acquisition.ytdlp import SearchHit
 from dataminer_dagster.config import InputsConfig, SearchConfig
 
@@ -26,7 +29,8 @@ def _search(results: dict[str, list[str]]):
 def test_every_source_is_used_and_the_first_source_of_a_video_wins(tmp_path: Path):
     (tmp_path / "queries.yaml").write_text("queries:\n  - doors\n  - windows\n")
     (tmp_path / "urls.txt").write_text(
-        "// a comment\n\nhttps://youtu.be/AAAAAAAAAAA?t=3\nhttps://example.com/clips/a.mp4\nnot a url\n"
+        "// a comment\n# another comment\n  # an indented one\n\n"
+        "https://youtu.be/AAAAAAAAAAA?t=3\nhttps://example.com/clips/a.mp4\nnot a url\n"
     )
     (tmp_path / "clips").mkdir()
     (tmp_path / "clips" / "one.mp4").write_bytes(b"x")
@@ -60,6 +64,7 @@ def test_every_source_is_used_and_the_first_source_of_a_video_wins(tmp_path: Pat
         "a failing search is named, the rest goes on"
     )
     assert "'not a url'" in problems
+    assert "comment" not in problems, "comment lines are not bad URLs"
     assert "no video file matches" in problems and "none" in problems
     assert found.per_source["search: doors"] == 2
 
@@ -124,3 +129,19 @@ def test_a_glob_matching_more_files_than_the_cap_is_refused(tmp_path: Path):
     ]
     found = collect_candidates(InputsConfig(files=[pattern], max_file_matches=6), _search({}))
     assert len(found.candidates) == 6 and not found.problems
+
+
+def test_a_paused_youtube_stops_the_whole_search(tmp_path: Path):
+    """YouTube said stop: no later query is sent, and the caller postpones the catalog."""
+    asked = []
+
+    def paused(query: str, max_results: int):
+        asked.append(query)
+        raise HostPaused(
+            Pause("youtube.com", datetime.now(UTC), 60, "rate limited", "HTTP 429"), met=True
+        )
+
+    inputs = InputsConfig(search=SearchConfig(queries=["doors", "windows"]))
+    with pytest.raises(HostPaused):
+        collect_candidates(inputs, paused)
+    assert asked == ["doors"]

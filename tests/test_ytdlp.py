@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from dataminer_dagster.acquisition.errors import HostPaused
+from dataminer_dagster.acquisition.politeness import LocalThrottle, ThrottleSignal, throttle_key
 from dataminer_dagster.acquisition.ytdlp import (
     DownloadBlocked,
     DownloadOptions,
@@ -672,3 +674,117 @@ def test_search_results_keep_videos_in_order_without_duplicates():
 def test_search_rejects_bad_arguments_before_any_request(query, count):
     with pytest.raises(ValueError):
         search_videos(query, count)
+
+
+# -- politeness: pauses, bot checks, expired stream URLs, proxies ------------------------------
+
+
+def _statuses(server: LocalHTTPServer, path: str) -> list[int]:
+    return [int(r.status) for r in server.requests if r.path == path]
+
+
+def test_a_short_retry_after_is_waited_out_and_the_download_goes_on(http_server, clips, tmp_path):
+    url = serve_copy(http_server, clips["mp4"], "wait.mp4")
+    http_server.fail_then_serve("/wait.mp4", status=429, times=1, headers={"Retry-After": "1"})
+    lines: list[str] = []
+    throttle = LocalThrottle(max_wait_s=5, log=lines.append)
+
+    result = download_video(url, "vid", tmp_path, DownloadOptions(), throttle=throttle)
+
+    assert result.path.is_file()
+    assert _statuses(http_server, "/wait.mp4") == [429, 200, 200], "asked again once, after"
+    assert [p.reason for p in throttle.pauses_met] == ["rate limited (HTTP 429, Retry-After 1s)"]
+    assert lines[0].startswith(f"paused host 127.0.0.1:{http_server.port} until ")
+    assert lines[1].startswith("waiting ")
+
+
+@pytest.mark.parametrize("after", [0, 1], ids=["page", "media"])
+def test_a_bot_check_page_pauses_the_host_and_is_not_taken_for_an_expired_url(
+    http_server, clips, tmp_path, after
+):
+    url = serve_copy(http_server, clips["mp4"], f"bot{after}.mp4")
+    page = b"<html><body>Sign in to confirm you\xe2\x80\x99re not a bot</body></html>"
+    http_server.fail_then_serve(f"/bot{after}.mp4", status=403, times=5, after=after)
+    http_server.routes[f"/bot{after}.mp4"].body = page
+
+    with pytest.raises(HostPaused) as raised:
+        download_video(url, "vid", tmp_path, DownloadOptions())
+
+    assert raised.value.met and raised.value.pause.kind == "bot check"
+    assert "host 127.0.0.1" in str(raised.value) and "not a bot" in str(raised.value)
+    assert http_server.hits(f"/bot{after}.mp4") == after + 1, "no fresh metadata, no retry"
+    assert_nothing_left_but(tmp_path)
+
+
+def test_a_bot_check_in_an_extractor_message_pauses_the_host():
+    error = classify_ytdlp_error(
+        ytdlp_download_error("[youtube] abc: Sign in to confirm you\u2019re not a bot."),
+        subject="Video abc",
+    )
+    assert isinstance(error, RetryableDownloadError) and error.signal.kind == "bot check"
+    private = classify_ytdlp_error(
+        ytdlp_download_error("[youtube] abc: This video is private"), subject="Video abc"
+    )
+    assert isinstance(private, PermanentDownloadError) and "the video is private" in str(private)
+
+
+def test_an_expired_stream_url_is_extracted_again_at_once(http_server, clips, tmp_path):
+    url = serve_copy(http_server, clips["mp4"], "expiring.mp4")
+    http_server.fail_then_serve("/expiring.mp4", status=403, times=1, after=1)
+
+    result = download_video(url, "vid", tmp_path, DownloadOptions())
+
+    assert result.path.read_bytes() == clips["mp4"].read_bytes()
+    assert _statuses(http_server, "/expiring.mp4") == [200, 403, 200, 200]
+
+
+def test_a_stream_url_refused_for_good_is_an_ordinary_retryable_error(http_server, clips, tmp_path):
+    url = serve_copy(http_server, clips["mp4"], "refused.mp4")
+    http_server.fail_then_serve("/refused.mp4", status=403, times=99, after=1)
+    with pytest.raises(RetryableDownloadError, match="HTTP 403") as raised:
+        download_video(url, "vid", tmp_path, DownloadOptions())
+    assert not isinstance(raised.value, HostPaused), "a 403 without a bot page is not a stop"
+    assert _statuses(http_server, "/refused.mp4") == [200, 403, 403]
+    assert_nothing_left_but(tmp_path)
+
+
+def test_proxies_are_used_in_turn_and_one_the_host_paused_is_skipped(clips, tmp_path):
+    roots = [tmp_path / "proxy-a", tmp_path / "proxy-b"]
+    for root in roots:
+        root.mkdir()
+        shutil.copyfile(clips["mp4"], root / "p.mp4")
+    with LocalHTTPServer(roots[0]) as a, LocalHTTPServer(roots[1]) as b:
+        proxies = (f"http://127.0.0.1:{a.port}", f"http://127.0.0.1:{b.port}")
+        options = DownloadOptions(proxies=proxies)
+        throttle = LocalThrottle()
+        url = "http://videos.example/p.mp4"  # only the proxies are asked
+        for n in range(4):
+            download_video(url, f"v{n}", tmp_path / "out", options, throttle=throttle)
+        assert a.hits("/p.mp4") == b.hits("/p.mp4") == 4, "two downloads of two requests each"
+
+        signal = ThrottleSignal("rate limited", "HTTP 429", retry_after=600)
+        throttle.record_pause(throttle_key("videos.example", proxies[0]), signal)
+        for n in range(2):
+            download_video(url, f"w{n}", tmp_path / "out", options, throttle=throttle)
+        assert (a.hits("/p.mp4"), b.hits("/p.mp4")) == (4, 8)
+
+
+def test_searches_use_the_proxies(tmp_path):
+    with LocalHTTPServer(tmp_path) as proxy:
+        options = DownloadOptions(proxies=(f"http://127.0.0.1:{proxy.port}",), retries=0)
+        with pytest.raises(RetryableDownloadError):
+            search_videos("cats", 1, options=options)
+    assert any(r.method == "CONNECT" and r.path == "www.youtube.com:443" for r in proxy.requests), (
+        "the search asked YouTube through the proxy"
+    )
+
+
+def test_params_map_the_politeness_options():
+    options = DownloadOptions(sleep_requests_s=0.75, rate_limit_bytes=512_000)
+    params = ytdlp_params(options, proxy="socks5://10.0.0.7:1080")
+    assert params["sleep_interval_requests"] == 0.75
+    assert params["ratelimit"] == 512_000
+    assert params["proxy"] == "socks5://10.0.0.7:1080"
+    assert {"sleep_interval_requests", "ratelimit", "proxy"}.isdisjoint(
+        ytdlp_params(DownloadOptions())
+    )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.video_ids import (
     is_youtube_url,
     video_id_for_file,
@@ -68,6 +69,8 @@ def collect_candidates(inputs: InputsConfig, search: SearchFunction) -> Collecte
         for query in _queries(inputs, found):
             try:
                 hits = search(query, inputs.search.max_results_per_query)
+            except HostPaused:
+                raise  # YouTube said stop: not this query's fault, the whole search waits
             except Exception as exc:
                 found.problem(f"search {query!r} failed: {exc}")
                 continue
@@ -82,7 +85,7 @@ def collect_candidates(inputs: InputsConfig, search: SearchFunction) -> Collecte
         text = _read_list_file(Path(inputs.url_file), "url_file", inputs, found) or ""
         for line in text.splitlines():
             line = line.strip()
-            if line and not line.startswith("//"):
+            if line and not line.startswith(("#", "//")):  # comments
                 _add_url(found, line, "url_file", str(inputs.url_file))
     for pattern in inputs.files:
         matches = _video_files(pattern, inputs.max_file_matches)

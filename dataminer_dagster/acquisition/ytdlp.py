@@ -3,32 +3,54 @@
 One metadata extraction per video: the rules (blocked hashtags, duration, size) are checked on
 that metadata, and the download reuses it. Files are written into a private work directory inside
 `dest_dir` and moved into place (`<dest_dir>/<video_id>.<ext>`) only once they probe as a video,
-so a failure never leaves a partial file behind. yt-dlp errors are sorted into three kinds that
-the caller turns into claim-table states:
+so a failure never leaves a partial file behind. yt-dlp errors are sorted into the outcomes of
+`acquisition.errors`, which the caller turns into claim-table states.
 
-* `DownloadBlocked`: a rule says "do not download" (final, but not a failure);
-* `PermanentDownloadError`: retrying cannot help (404, private, removed, not a video);
-* `RetryableDownloadError`: try again later (429, 5xx, timeouts, bot checks, unknown errors).
+Every HTTP request yt-dlp makes (pages, APIs, media) goes through a `HostThrottle`
+(`acquisition.politeness`): it waits for its host's turn and for the end of a pause, and an answer
+that says "stop" (429, 503, a bot check, a Retry-After) pauses the host for every run. A call that
+meets a pause short enough to wait for (`HostThrottle.max_wait_s`) waits and tries again; else it
+raises HostPaused. A stream URL refused mid-download (expired) is fetched again at once with fresh
+metadata.
 
 yt-dlp is imported inside the functions, so importing this module is cheap.
 """
 
 from __future__ import annotations
 
-import email.utils
 import functools
+import io
+import itertools
 import logging
 import os
+import random
 import re
 import shutil
 import tempfile
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dataminer_dagster.acquisition.errors import (
+    DownloadBlocked,
+    HostPaused,
+    PermanentDownloadError,
+    RetryableDownloadError,
+    VideoDownloadError,
+)
+from dataminer_dagster.acquisition.politeness import (
+    HostThrottle,
+    LocalThrottle,
+    PausePolicy,
+    ThrottleSignal,
+    host_key,
+    is_bot_check,
+    parse_retry_after,
+    throttle_key,
+    throttle_signal,
+)
 from dataminer_dagster.acquisition.video_ids import YOUTUBE_ID, youtube_watch_url
 from dataminer_dagster.core.files import require_free_space
 from dataminer_dagster.core.media import VideoDecodeError, VideoProbe, probe_video
@@ -42,6 +64,12 @@ _DESCRIPTION_HASHTAG = re.compile(r"#(\w+)")
 _HTTP_STATUS_IN_TEXT = re.compile(r"HTTP Error (\d{3})")
 _MAX_FILESIZE_ABORT = "larger than max-filesize"
 _UNFINISHED_LIVE = frozenset({"is_live", "post_live"})  # yt-dlp's live_status values
+YOUTUBE = "youtube.com"  # the host key of searches
+# A call that meets a pause it may wait for tries again at most this often before giving up.
+_PAUSED_TRIES = 4
+# A stream URL refused mid-download (expired) is fetched again with fresh metadata this often.
+_FRESH_METADATA_TRIES = 2
+_ERROR_PAGE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -49,13 +77,21 @@ class DownloadOptions:
     max_height: int | None = None  # height cap for the default format
     format: str | None = None  # explicit yt-dlp format; default: see default_format()
     socket_timeout: float = 30
-    sleep_seconds: float = 0  # pause between downloads; the caller sleeps between items
     blocked_hashtags: tuple[str, ...] = ()  # whole tags, case-insensitive, '#' optional
     max_duration_s: float | None = None
     max_filesize_mb: float | None = None
     min_free_disk_mb: float | None = None  # kept free besides the video's expected size
-    cookies_file: Path | None = None
+    cookies_file: Path | None = None  # for searches and downloads
     retries: int = 3  # yt-dlp's own retries (HTTP download, fragments, extractor)
+    # politeness (config.DownloadConfig documents each)
+    sleep_interval_s: float = 0.0  # random pause before each download, between these two
+    max_sleep_interval_s: float = 0.0
+    sleep_requests_s: float = 0.0  # yt-dlp's pause between the requests of one extraction
+    rate_limit_bytes: int | None = None  # bytes per second of one download
+    max_downloads_per_host: int = 2  # across every run (the throttle's download slots)
+    proxies: tuple[str, ...] = ()  # used in turn, one per download or search
+    pauses: PausePolicy = PausePolicy()
+    max_pause_wait_s: float = 0.0  # how long a stage waits in place for a host's pause
 
 
 @dataclass(frozen=True)
@@ -97,31 +133,6 @@ class SearchHit:
     duration: float | None
 
 
-class VideoDownloadError(Exception):
-    """Base of the download outcomes other than success."""
-
-
-class DownloadBlocked(VideoDownloadError):
-    """A rule excludes the video (blocked hashtag, too long, too large). Not an error to retry."""
-
-    def __init__(self, message: str, *, rule: str):
-        super().__init__(message)
-        self.rule = rule  # "hashtag", "duration", "filesize" or "live"
-
-
-class PermanentDownloadError(VideoDownloadError):
-    """Retrying cannot help: the video is gone, private, unsupported, or not a video."""
-
-
-class RetryableDownloadError(VideoDownloadError):
-    """Transient: rate limits, server errors, timeouts, bot checks, or an unrecognised error."""
-
-    def __init__(self, message: str, *, retry_after: float | None = None):
-        super().__init__(message)
-        # seconds, from a Retry-After header when the server sent one
-        self.retry_after = retry_after
-
-
 def default_format(max_height: int | None) -> str:
     """One format that contains video (with or without audio): never a merge, so no ffmpeg.
 
@@ -133,8 +144,9 @@ def default_format(max_height: int | None) -> str:
     return f"bv*[height<=?{int(max_height)}]/wv*"
 
 
-def ytdlp_params(options: DownloadOptions) -> dict[str, Any]:
-    """The YoutubeDL parameters for `options` (without per-download paths and hooks)."""
+def ytdlp_params(options: DownloadOptions, proxy: str | None = None) -> dict[str, Any]:
+    """The YoutubeDL parameters for `options` and this call's proxy (without per-download paths
+    and hooks)."""
     params: dict[str, Any] = {
         "format": options.format or default_format(options.max_height),
         "socket_timeout": options.socket_timeout,
@@ -159,15 +171,21 @@ def ytdlp_params(options: DownloadOptions) -> dict[str, Any]:
         params["max_filesize"] = max_bytes
     if options.cookies_file is not None:
         params["cookiefile"] = str(options.cookies_file)
+    if options.sleep_requests_s:
+        params["sleep_interval_requests"] = options.sleep_requests_s
+    if options.rate_limit_bytes is not None:
+        params["ratelimit"] = options.rate_limit_bytes
+    if proxy:
+        params["proxy"] = proxy
     if deno := deno_path():
         params["js_runtimes"] = {"deno": {"path": deno}}
     return params
 
 
-def download_params(options: DownloadOptions) -> dict[str, Any]:
+def download_params(options: DownloadOptions, proxy: str | None = None) -> dict[str, Any]:
     """`ytdlp_params` for downloading one video: a playlist URL (refused as not a video) is
     enumerated no further than its first entry, since some never end (mixes, channels' streams)."""
-    return ytdlp_params(options) | {"playlist_items": "1"}
+    return ytdlp_params(options, proxy) | {"playlist_items": "1"}
 
 
 def _max_bytes(options: DownloadOptions) -> int | None:
@@ -270,9 +288,12 @@ def download_video(
     options: DownloadOptions,
     *,
     progress: Callable[[DownloadProgress], None] | None = None,
+    throttle: HostThrottle | None = None,
 ) -> DownloadedVideo:
     """Download `url` to `dest_dir/<video_id>.<ext>` or raise one of the VideoDownloadErrors.
 
+    `throttle` shares the host's pauses, request turns and download slots with other runs; without
+    one, pauses are kept in this call only and never waited for (HostPaused at once).
     An exception raised by `progress` (e.g. "lease lost") aborts the download and propagates as is.
     """
     if not _SAFE_ID.fullmatch(video_id):
@@ -280,19 +301,68 @@ def download_video(
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     subject = f"Video {video_id} ({redact_url(url)})"  # for messages; `url` fetches
-    _remove_stale_work_dirs(dest_dir, video_id)
-    work_dir = Path(tempfile.mkdtemp(prefix=f".{video_id}.download-", dir=dest_dir))
+    throttle = throttle or LocalThrottle(options.pauses)
+    host = host_key(url)
+    proxy = _next_proxy(options.proxies, host, throttle)
     try:
-        info, produced = _fetch(url, work_dir, options, progress, subject)
-        probe = _probe(produced, video_id, subject)
-        _check_duration(info.get("duration") or probe.duration, options, subject)
-        _check_filesize(probe.size_bytes, options, subject)
-        final = dest_dir / f"{video_id}{produced.suffix.lower()}"
-        os.replace(produced, final)
-    finally:
-        shutil.rmtree(work_dir, ignore_errors=True)
+        throttle.before_starting(throttle_key(host, proxy))
+    except HostPaused as exc:
+        raise exc.about(subject) from exc
+    throttle.sleep(_download_sleep(options))
+    with throttle.download_slot(host, options.max_downloads_per_host):
+        _remove_stale_work_dirs(dest_dir, video_id)
+        work_dir = Path(tempfile.mkdtemp(prefix=f".{video_id}.download-", dir=dest_dir))
+        try:
+            fetch = functools.partial(
+                _fetch, url, work_dir, options, progress, subject, throttle, proxy
+            )
+            info, produced = _politely(fetch, throttle)
+            probe = _probe(produced, video_id, subject)
+            _check_duration(info.get("duration") or probe.duration, options, subject)
+            _check_filesize(probe.size_bytes, options, subject)
+            final = dest_dir / f"{video_id}{produced.suffix.lower()}"
+            os.replace(produced, final)
+        finally:
+            shutil.rmtree(work_dir, ignore_errors=True)
     logger.info("Downloaded %s to %s (%d bytes)", subject, final, probe.size_bytes)
     return DownloadedVideo(path=final, metadata=_metadata(info, probe, final))
+
+
+def _download_sleep(options: DownloadOptions) -> float:
+    """The random pause before a download (yt-dlp's sleep_interval / max_sleep_interval)."""
+    low = options.sleep_interval_s
+    return random.uniform(low, max(low, options.max_sleep_interval_s)) if low else 0.0
+
+
+def _politely(call: Callable[[], Any], throttle: HostThrottle) -> Any:
+    """`call()`, tried again when it met a pause short enough to wait for (the next request
+    waits for its end in `HostThrottle.request_turn`)."""
+    for attempt in itertools.count(1):
+        try:
+            return call()
+        except HostPaused as exc:
+            if not exc.met or attempt >= _PAUSED_TRIES or not throttle.can_wait(exc.pause):
+                raise
+    raise AssertionError("unreachable")
+
+
+_proxy_turns = itertools.count()
+
+
+def _next_proxy(proxies: tuple[str, ...], host: str, throttle: HostThrottle) -> str | None:
+    """The next proxy in turn, skipping those paused for `host` while another is free; when all
+    are paused, the one whose pause ends first."""
+    if not proxies:
+        return None
+    start = next(_proxy_turns)
+    order = [proxies[(start + i) % len(proxies)] for i in range(len(proxies))]
+    remaining: dict[str, float] = {}
+    for proxy in order:
+        pause = throttle.current_pause(throttle_key(host, proxy))
+        if pause is None:
+            return proxy
+        remaining[proxy] = pause.remaining_s
+    return min(order, key=remaining.__getitem__)
 
 
 def _remove_stale_work_dirs(dest_dir: Path, video_id: str) -> None:
@@ -301,14 +371,22 @@ def _remove_stale_work_dirs(dest_dir: Path, video_id: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _fetch(url, work_dir, options, progress, subject) -> tuple[dict[str, Any], Path]:
-    """Extract metadata once, check the rules, download with the same metadata."""
-    from yt_dlp import YoutubeDL
+def _fetch(
+    url: str,
+    work_dir: Path,
+    options: DownloadOptions,
+    progress: Callable[[DownloadProgress], None] | None,
+    subject: str,
+    throttle: HostThrottle,
+    proxy: str | None,
+) -> tuple[dict[str, Any], Path]:
+    """Extract metadata once, check the rules, download with the same metadata; a stream URL
+    refused mid-download (expired) is extracted again at once."""
     from yt_dlp.utils import YoutubeDLError
 
     ytdlp_log = _YtdlpLogger()
     hook = _ProgressForwarder(progress, options, subject)
-    params = download_params(options) | {
+    params = download_params(options, proxy) | {
         "logger": ytdlp_log,
         "paths": {"home": str(work_dir), "temp": str(work_dir)},
         "outtmpl": {"default": "video.%(ext)s"},
@@ -317,19 +395,100 @@ def _fetch(url, work_dir, options, progress, subject) -> tuple[dict[str, Any], P
     if options.cookies_file is not None:
         params["cookiefile"] = str(_private_cookies(options.cookies_file, work_dir))
     try:
-        with YoutubeDL(params) as ydl:
-            info = ydl.extract_info(url, download=False)
-            _require_single_video(info, subject)
-            check_download_rules(info, options, subject=subject)
-            _require_disk_space(work_dir, _expected_size(info), options, subject)
-            # The second half of extract_info(download=True), on the same metadata: no second
-            # request. Private keys stay (e.g. which formats already failed yt-dlp's test).
-            result = ydl.process_ie_result(info, download=True)
+        with _gated_ytdlp()(params, throttle=throttle, proxy=proxy) as ydl:
+            for fresh in itertools.count():
+                info = ydl.extract_info(url, download=False)
+                _require_single_video(info, subject)
+                check_download_rules(info, options, subject=subject)
+                _require_disk_space(work_dir, _expected_size(info), options, subject)
+                try:
+                    # The second half of extract_info(download=True), on the same metadata: no
+                    # second request. Private keys stay (e.g. which formats failed yt-dlp's test).
+                    result = ydl.process_ie_result(info, download=True)
+                    break
+                except YoutubeDLError as exc:
+                    hook.reraise_hook_error()
+                    if fresh >= _FRESH_METADATA_TRIES or not _stream_url_refused(exc):
+                        raise
+                    logger.info(
+                        "%s: the stream URL was refused (expired?): extracting it again", subject
+                    )
+    except HostPaused as exc:
+        hook.reraise_hook_error()
+        raise exc.about(subject) from exc
     except YoutubeDLError as exc:
         hook.reraise_hook_error()
-        raise classify_ytdlp_error(exc, subject=subject) from exc
+        raise _classified(exc, subject, throttle, throttle_key(host_key(url), proxy)) from exc
     hook.reraise_hook_error()
     return info, _produced_file(result, work_dir, ytdlp_log, options, subject)
+
+
+def _stream_url_refused(exc: BaseException) -> bool:
+    """The media request was refused with 403: what YouTube answers for an expired stream URL."""
+    return _http_status(list(_exception_chain(exc)), "") == 403
+
+
+def _classified(
+    exc: BaseException, subject: str, throttle: HostThrottle, key: str
+) -> VideoDownloadError:
+    """classify_ytdlp_error, with a throttle signal in the message (a bot check) pausing the host."""
+    error = classify_ytdlp_error(exc, subject=subject)
+    if isinstance(error, RetryableDownloadError) and error.signal is not None:
+        return HostPaused(throttle.record_pause(key, error.signal), met=True, subject=subject)
+    return error
+
+
+@functools.cache
+def _gated_ytdlp():
+    """YoutubeDL whose every HTTP request (pages, APIs, media) takes its host's turn, waits out the
+    host's pause, and pauses the host when the answer says stop."""
+    from yt_dlp import YoutubeDL
+    from yt_dlp.networking.exceptions import HTTPError
+
+    class GatedYoutubeDL(YoutubeDL):
+        def __init__(self, params: dict[str, Any], *, throttle: HostThrottle, proxy: str | None):
+            super().__init__(params)
+            self._throttle = throttle
+            self._proxy = proxy
+
+        def urlopen(self, req):
+            url = getattr(req, "url", None) or getattr(req, "full_url", None) or str(req)
+            with self._throttle.request_turn(throttle_key(host_key(url), self._proxy)) as turn:
+                try:
+                    response = super().urlopen(req)
+                except HTTPError as err:
+                    headers = err.response.headers
+                    signal = throttle_signal(err.status, headers, _error_page(err.response))
+                    if signal is None:
+                        raise
+                    pause = self._throttle.paused(turn.pause(signal))
+                    raise HostPaused(pause, met=True) from err
+                turn.succeeded()
+                return response
+
+    return GatedYoutubeDL
+
+
+def _error_page(response) -> str:
+    """The start of an error answer's text (a bot-check page says so only there), put back for
+    yt-dlp to read."""
+    content_type = (response.headers.get("Content-Type") or "").lower()
+    if not content_type.startswith(("text/", "application/json")):
+        return ""
+    try:
+        data = response.read(_ERROR_PAGE_BYTES)
+    except Exception:  # an unreadable error body: judge the answer by its status alone
+        return ""
+    response.fp = _ReadAgain(data)
+    return data.decode("utf-8", "replace")
+
+
+class _ReadAgain(io.BytesIO):
+    """An error body already read, for yt-dlp to read again (its `requests` handler passes
+    urllib3's `decode_content`)."""
+
+    def read(self, size: int | None = -1, **_urllib3_options) -> bytes:
+        return super().read(-1 if size is None else size)
 
 
 def _private_cookies(cookies_file: Path, work_dir: Path) -> Path:
@@ -433,32 +592,47 @@ def _number(value: Any) -> float | None:
 
 
 def search_videos(
-    query: str, max_results: int, *, options: DownloadOptions | None = None
+    query: str,
+    max_results: int,
+    *,
+    options: DownloadOptions | None = None,
+    throttle: HostThrottle | None = None,
 ) -> list[SearchHit]:
     """The first `max_results` YouTube videos for `query`. Errors raise; they are never ignored.
+    Searches use the options' cookies, proxies and request pauses, and YouTube's throttle.
 
     yt-dlp's "ytsearchN:" sends YouTube's videos-only filter itself (EgIQAfABAQ==, type=video,
     as CAASAhAB in the reference system, whose `youtube:search_params` extractor argument yt-dlp
     does not read). Non-video entries are dropped by parse_search_results all the same.
     """
-    from yt_dlp import YoutubeDL
-    from yt_dlp.utils import YoutubeDLError
-
     if not query.strip():
         raise ValueError("search query is empty")
     if max_results < 1:
         raise ValueError(f"max_results must be at least 1, got {max_results}")
     options = options or DownloadOptions()
-    params = ytdlp_params(options) | {"skip_download": True}
+    throttle = throttle or LocalThrottle(options.pauses)
+    proxy = _next_proxy(options.proxies, YOUTUBE, throttle)
+    search = functools.partial(_search, query.strip(), max_results, options, throttle, proxy)
+    return parse_search_results(_politely(search, throttle))
+
+
+def _search(query, max_results, options, throttle, proxy) -> dict[str, Any] | None:
+    from yt_dlp.utils import YoutubeDLError
+
+    subject = f"YouTube search {query!r}"
+    key = throttle_key(YOUTUBE, proxy)
+    params = ytdlp_params(options, proxy) | {"skip_download": True}
     with tempfile.TemporaryDirectory(prefix="dataminer-search-") as scratch:
         if options.cookies_file is not None:
             params["cookiefile"] = str(_private_cookies(options.cookies_file, Path(scratch)))
         try:
-            with YoutubeDL(params) as ydl:
-                info = ydl.extract_info(f"ytsearch{max_results}:{query.strip()}", download=False)
+            throttle.before_starting(key)
+            with _gated_ytdlp()(params, throttle=throttle, proxy=proxy) as ydl:
+                return ydl.extract_info(f"ytsearch{max_results}:{query}", download=False)
+        except HostPaused as exc:
+            raise exc.about(subject) from exc
         except YoutubeDLError as exc:
-            raise classify_ytdlp_error(exc, subject=f"YouTube search {query!r}") from exc
-    return parse_search_results(info)
+            raise _classified(exc, subject, throttle, key) from exc
 
 
 def parse_search_results(info: dict[str, Any] | None) -> list[SearchHit]:
@@ -488,19 +662,23 @@ def parse_search_results(info: dict[str, Any] | None) -> list[SearchHit]:
 
 # -- yt-dlp errors ---------------------------------------------------------------------------
 
-# Checked in this order on the lower-cased messages of the whole exception chain.
-_RETRYABLE_FIRST = (
-    ("not a bot", "YouTube asks to confirm this is not a bot (pass a cookies file, or wait)"),
-    ("try again later", "the site asks to try again later"),
-)
+# Checked in this order on the lower-cased messages of the whole exception chain, after the bot
+# check (politeness.BOT_CHECK_MARKERS), which pauses the host.
+_RETRYABLE_FIRST = (("try again later", "the site asks to try again later"),)
 _PERMANENT_MARKERS = (
     ("private video", "the video is private"),
+    ("video is private", "the video is private"),
     ("this video has been removed", "the video has been removed"),
     ("video unavailable", "the video is unavailable"),
     ("this video is no longer available", "the video is no longer available"),
     ("account associated with this video has been terminated", "the uploader's account is gone"),
     ("unsupported url", "yt-dlp does not support this URL"),
     ("confirm your age", "the video is age-restricted (needs a cookies file of an adult account)"),
+    ("age-restricted", "the video is age-restricted (needs a cookies file of an adult account)"),
+    (
+        "inappropriate for some users",
+        "the video is age-restricted (needs a cookies file of an adult account)",
+    ),
     ("members-only", "the video is for channel members only"),
     ("join this channel", "the video is for channel members only"),
     ("available in your country", "the video is blocked in this country"),
@@ -520,25 +698,39 @@ _RETRYABLE_MARKERS = (
     ("this live event will begin", "the live event has not started yet"),
     ("premieres in", "the premiere has not started yet"),
 )
-# 403 included: YouTube answers it for expired or throttled media URLs; a later attempt can work.
+# 403 included: YouTube answers it for expired media URLs (a download fetches fresh metadata at
+# once, `_fetch`); a later attempt can work.
 _RETRYABLE_4XX = frozenset({403, 408, 425, 429})
 
 
 def classify_ytdlp_error(exc: BaseException, *, subject: str) -> VideoDownloadError:
-    """Map a yt-dlp exception (and its causes) to Permanent/Retryable, with a readable reason."""
+    """Map a yt-dlp exception (and its causes) to Permanent/Retryable, with a readable reason.
+    An error that says the host throttles us (a bot check, 429, 503) carries its `signal`."""
     chain = list(_exception_chain(exc))
     messages = [_clean_message(e) for e in chain]
     text = _summary(messages)
     lowered = " | ".join(messages).lower()
     retry_after = _retry_after(chain)
+    if is_bot_check(lowered):
+        signal = ThrottleSignal(
+            "bot check", "the site asks to confirm this is not a bot", retry_after
+        )
+        return RetryableDownloadError(
+            f"{subject}: the site asks to confirm this is not a bot (the host is paused; a "
+            f"cookies file may help): {text}",
+            retry_after=retry_after,
+            signal=signal,
+        )
     for marker, reason in _RETRYABLE_FIRST:
         if marker in lowered:
             return RetryableDownloadError(f"{subject}: {reason}: {text}", retry_after=retry_after)
     status = _http_status(chain, text)
-    if status == 429:
+    if status in (429, 503):
+        kind = "rate limited" if status == 429 else "overloaded"
         return RetryableDownloadError(
-            f"{subject}: rate limited (HTTP 429){_after(retry_after)}: {text}",
+            f"{subject}: {kind} (HTTP {status}){_after(retry_after)}: {text}",
             retry_after=retry_after,
+            signal=ThrottleSignal(kind, f"HTTP {status}", retry_after),
         )
     if status is not None and 400 <= status < 500 and status not in _RETRYABLE_4XX:
         return PermanentDownloadError(f"{subject}: HTTP {status}: {text}")
@@ -611,18 +803,6 @@ def _retry_after(chain: list[BaseException]) -> float | None:
         if value:
             return parse_retry_after(value)
     return None
-
-
-def parse_retry_after(value: str) -> float | None:
-    """Seconds from a Retry-After header: either a number of seconds or an HTTP date."""
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 def _after(retry_after: float | None) -> str:

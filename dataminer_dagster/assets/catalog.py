@@ -1,13 +1,27 @@
 """video_catalog: find a project's videos (searches, URLs, URL files, local files) and link them.
 
-Network I/O (YouTube search) happens here, in a run, never in a sensor. Linking is idempotent; a
-video the project links again is re-queued when it had failed or when its files are gone.
+Network I/O (YouTube search) happens here, in a run, never in a sensor. Searches use the
+project's cookies, proxies and pace, and YouTube's shared throttle: when YouTube is paused for
+longer than the run waits, the catalog is postponed (no attempt used) until the pause ends.
+Linking is idempotent; a video the project links again is re-queued when it had failed or when its
+files are gone.
 """
 
 from __future__ import annotations
 
+import functools
+
+from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.inputs import collect_candidates
-from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
+from dataminer_dagster.acquisition.options import merged_download_options
+from dataminer_dagster.acquisition.ytdlp import YOUTUBE
+from dataminer_dagster.assets.stage import (
+    ItemResult,
+    Postponed,
+    StageContext,
+    StageItem,
+    stage_asset,
+)
 from dataminer_dagster.stages import CATALOG
 
 
@@ -22,7 +36,15 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
     project = catalog.project(item.key)
     if project is None:
         raise ValueError(f"project {item.key!r} is not registered (dataminer project add CONFIG)")
-    found = collect_candidates(project.config.inputs, ctx.resources.download_client.search)
+    options = merged_download_options([project.config.download], YOUTUBE)
+    throttle = ctx.db.host_throttle(ctx.context.run_id, options, log=ctx.log.warning)
+    search = functools.partial(
+        ctx.resources.download_client.search, options=options, throttle=throttle
+    )
+    try:
+        found = collect_candidates(project.config.inputs, search)
+    except HostPaused as exc:
+        raise Postponed(f"{project.name}: {exc}", not_before=exc.pause.until) from exc
     for problem in found.problems:  # the first few: a file of bad lines must not flood the log
         ctx.log.warning(f"{project.name}: {problem}")
     if found.problems_not_kept:

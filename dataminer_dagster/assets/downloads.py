@@ -4,6 +4,11 @@ Local source files are probed in place (never copied, never deleted). A file alr
 still valid is not fetched again. Projects can have different rules (hashtags, duration, size): the
 video is fetched when at least one linked project accepts it, and the projects whose rules reject
 it record it as blocked for themselves.
+
+Downloads are polite to their host across every run (acquisition/politeness.py): a host that said
+stop is paused for all of them; a run waits for a short pause and gives its items back (no attempt
+used) for a long one, and the log and the partition's observation say which host, until when and
+why.
 """
 
 from __future__ import annotations
@@ -11,6 +16,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from dataminer_dagster.acquisition.errors import HostPaused
+from dataminer_dagster.acquisition.options import merged_download_options
+from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.acquisition.ytdlp import (
     DownloadBlocked,
     DownloadOptions,
@@ -27,7 +35,6 @@ from dataminer_dagster.assets.stage import (
     StageItem,
     stage_asset,
 )
-from dataminer_dagster.config import DownloadConfig
 from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds
@@ -56,7 +63,11 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
     ):
         return _record(item, ctx, video.file_path, existing, {"status": "already downloaded"})
 
-    options = merged_download_options([p.config.download for p in projects])
+    host = host_key(video.url)
+    options = merged_download_options([p.config.download for p in projects], host)
+    throttle = ctx.db.host_throttle(
+        ctx.context.run_id, options, check=lambda: ctx.check_lease(item), log=ctx.log.warning
+    )
     started = time.monotonic()
     last_log = [started]
 
@@ -71,16 +82,16 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
 
     try:
         downloaded = ctx.resources.download_client.download(
-            video.url, item.video_id, ctx.db.paths.videos_dir, options, progress
+            video.url, item.video_id, ctx.db.paths.videos_dir, options, progress, throttle
         )
+    except HostPaused as exc:
+        raise Postponed(str(exc), not_before=exc.pause.until) from exc
     except DownloadBlocked as exc:
         raise Blocked(str(exc)) from exc
     except PermanentDownloadError as exc:
         raise PermanentFailure(str(exc)) from exc
     except InsufficientDiskSpace as exc:
         raise Postponed(str(exc)) from exc
-    if options.sleep_seconds:
-        time.sleep(options.sleep_seconds)
 
     meta = downloaded.metadata
     rejected = _rejecting_projects(projects, meta, item.video_id)
@@ -98,32 +109,11 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
     extra = {
         "seconds": round(time.monotonic() - started, 2),
         "blocked_for": ", ".join(rejected) or "none",
+        "host": host,
+        "waited_for_host_s": round(throttle.waited_s, 2),
+        "host_pauses_met": "; ".join(p.describe() for p in throttle.pauses_met) or "none",
     }
     return _record(item, ctx, ctx.db.paths.relative(downloaded.path), facts, extra, rejected)
-
-
-def merged_download_options(configs: list[DownloadConfig]) -> DownloadOptions:
-    """One download serves every linked project: the most permissive of their settings (rules
-    that only some projects have are applied per project afterwards), but the largest reserve of
-    free disk space."""
-
-    def loosest(values):
-        return None if any(v is None for v in values) else max(values)
-
-    blocked = set.intersection(
-        *({t.lstrip("#").casefold() for t in c.blocked_hashtags} for c in configs)
-    )
-    return DownloadOptions(
-        max_height=loosest([c.max_height for c in configs]),
-        format=next((c.format for c in configs if c.format), None),
-        socket_timeout=max(c.timeout_s for c in configs),
-        sleep_seconds=max(c.sleep_s for c in configs),
-        blocked_hashtags=tuple(sorted(blocked)),
-        max_duration_s=loosest([c.max_duration_s for c in configs]),
-        max_filesize_mb=loosest([c.max_filesize_mb for c in configs]),
-        min_free_disk_mb=max(c.min_free_disk_mb for c in configs),
-        cookies_file=next((c.cookies_file for c in configs if c.cookies_file), None),
-    )
 
 
 def _rejecting_projects(projects: list[ProjectRow], meta, video_id: str) -> dict[str, str]:

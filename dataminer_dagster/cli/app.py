@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.config import ConfigError, load_project_config
 from dataminer_dagster.paths import UnsafePathError
 from dataminer_dagster.settings import SettingsError
@@ -20,7 +21,8 @@ class Commands(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (SettingsError, UnsafePathError) as exc:  # settings read, or a project registered
+        # Settings read, a project registered, a host that asked us to wait.
+        except (SettingsError, UnsafePathError, HostPaused) as exc:
             raise UserError(str(exc)) from None
 
 

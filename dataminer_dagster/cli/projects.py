@@ -76,14 +76,32 @@ def add_video(url: str, project_name: str) -> None:
 @click.option("--dry-run", is_flag=True, help="Only print what would be added.")
 def populate(config: str, dry_run: bool) -> None:
     """Find the videos of a project's inputs (searches, URLs, files) and add them."""
+    import functools
+    import os
+
     from dataminer_dagster.acquisition.inputs import collect_candidates
+    from dataminer_dagster.acquisition.options import merged_download_options
+    from dataminer_dagster.acquisition.ytdlp import YOUTUBE
     from dataminer_dagster.core.redact import redact
     from dataminer_dagster.db.schema import DONE
     from dataminer_dagster.resources.download_client import YtDlpClient
+    from dataminer_dagster.resources.host_throttle import SharedThrottle
     from dataminer_dagster.stages import CATALOG
 
     cfg = load_config(config)
-    found = collect_candidates(cfg.inputs, YtDlpClient().search)
+    settings, store, catalog = context()
+    # Searches as the catalog stage makes them: the project's cookies and proxies, and the host
+    # pauses every run shares (a paused host is reported, not asked again).
+    options = merged_download_options([cfg.download], YOUTUBE)
+    throttle = SharedThrottle(
+        store.engine,
+        run_id=f"cli-populate-{os.getpid()}",
+        policy=options.pauses,
+        stale_after_s=settings.lease.stale_after_s,
+        max_wait_s=options.max_pause_wait_s,
+    )
+    search = functools.partial(YtDlpClient().search, options=options, throttle=throttle)
+    found = collect_candidates(cfg.inputs, search)
     for problem in found.problems:
         click.echo(f"warning: {problem}", err=True)
     if dry_run:
@@ -91,7 +109,6 @@ def populate(config: str, dry_run: bool) -> None:
         for c in found.candidates:
             click.echo(f"  {c.video_id:<24} {c.source:<9} {redact(c.url or c.source_path)}")
         return
-    settings, _, catalog = context()
     result = catalog.register_project(cfg, protected=settings.protected_dirs)
     with catalog.engine.begin() as conn:
         linked = catalog.link_and_queue(conn, result.project, found.candidates)

@@ -84,24 +84,38 @@ def _print_overview(projects: list[dict]) -> None:
 def _show_status(project_name: str | None, as_json: bool, window: float) -> None:
     import json
 
+    from dataminer_dagster.db.host_throttle import active_pauses
     from dataminer_dagster.db.status import overview, project_status
     from dataminer_dagster.settings import load_settings
 
     _, _, catalog = context()
+    paused = active_pauses(catalog.engine)
     if project_name is None:
         projects = overview(catalog)
         if as_json:
-            click.echo(json.dumps({"projects": projects}, indent=2))
+            data = {"projects": projects, "host_pauses": [p.to_json() for p in paused]}
+            click.echo(json.dumps(data, indent=2))
         else:
             _print_overview(projects)
+            _print_host_pauses(paused)
         return
     data = project_status(
         catalog, project_or_fail(catalog, project_name), window, load_settings().long_running
     )
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps({**data, "host_pauses": [p.to_json() for p in paused]}, indent=2))
     else:
         _print_project_status(data)
+        _print_host_pauses(paused)
+
+
+def _print_host_pauses(paused) -> None:
+    """Hosts that said stop: no run sends them a request before the time shown."""
+    if paused:
+        click.echo("")
+        click.echo("paused hosts (no run sends them a request before then):")
+        for pause in paused:
+            click.echo(f"  {pause.describe()}")
 
 
 def _status_options(command):

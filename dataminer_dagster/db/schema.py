@@ -180,3 +180,32 @@ run_heartbeats = sa.Table(
     sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
     sa.Index("run_heartbeats_at", "heartbeat_at"),
 )
+
+# Hosts that said "stop" (429, 503, a bot check, a Retry-After): no run sends them a request before
+# `paused_until` (db/host_throttle.py). One row per throttle key (a host, or a host via a proxy),
+# kept after the pause ends: `strikes` (pauses in a row without a success) sets the next pause.
+host_pauses = sa.Table(
+    "host_pauses",
+    metadata,
+    sa.Column("host", sa.Text, primary_key=True),
+    sa.Column("paused_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
+    sa.Column("paused_until", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),  # rate limited, overloaded, bot check, ...
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("strikes", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("pauses", sa.Integer, nullable=False, server_default="0"),  # how many, ever
+    sa.Column("run_id", sa.Text),  # the run that met the throttle
+    *_timestamps(),
+)
+
+# Downloads in progress per host, across every run: a download holds a row while it runs (its
+# run's heartbeat keeps the row alive; a stale run's rows are taken over).
+download_slots = sa.Table(
+    "download_slots",
+    metadata,
+    sa.Column("token", UUID(as_uuid=True), primary_key=True),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("run_id", sa.Text, nullable=False),
+    sa.Column("acquired_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
+    sa.Index("download_slots_host", "host"),
+)

@@ -4,10 +4,12 @@ between setup and teardown) and the catalog of projects and videos."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import dagster as dg
 from pydantic import PrivateAttr
 
+from dataminer_dagster.acquisition.ytdlp import DownloadOptions
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
@@ -15,6 +17,7 @@ from dataminer_dagster.db.run_leases import RunLeases
 from dataminer_dagster.db.server import claims_database_url
 from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.resources.ahead import is_ahead, wait_for_input
+from dataminer_dagster.resources.host_throttle import SharedThrottle
 from dataminer_dagster.settings import Settings, load_settings
 
 _log = logging.getLogger(__name__)
@@ -90,6 +93,26 @@ class DatabaseResource(dg.ConfigurableResource):
         from pathlib import Path
 
         return DataPaths(Path(self.data_dir) if self.data_dir else self.settings.data_dir)
+
+    def host_throttle(
+        self,
+        run_id: str,
+        options: DownloadOptions,
+        *,
+        check: Callable[[], None] | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> SharedThrottle:
+        """The host throttle every run shares (pauses, request turns, download slots), with the
+        pause policy of `options`, for run `run_id`, whose heartbeat keeps its download slots."""
+        return SharedThrottle(
+            self.store.engine,
+            run_id=run_id,
+            policy=options.pauses,
+            stale_after_s=self.settings.lease.stale_after_s,
+            max_wait_s=options.max_pause_wait_s,
+            check=check,
+            log=log,
+        )
 
     @property
     def catalog(self) -> Catalog:

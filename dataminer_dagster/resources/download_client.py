@@ -2,7 +2,8 @@
 
 `YtDlpClient` is the real thing (yt-dlp's Python API, `acquisition.ytdlp`). Tests replace search
 results, which need YouTube, with canned ones and keep the real downloads against a local HTTP
-server.
+server. Both calls take the project's options (cookies, proxies, politeness) and the host throttle
+that every run shares (`DatabaseResource.host_throttle`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from dataminer_dagster.acquisition.politeness import HostThrottle
 from dataminer_dagster.acquisition.ytdlp import (
     DownloadedVideo,
     DownloadOptions,
@@ -21,9 +23,16 @@ from dataminer_dagster.acquisition.ytdlp import (
 
 
 class DownloadClient(dg.ConfigurableResource):
-    """Interface: search for videos and download one."""
+    """Interface: search for videos and download one. Both raise the outcomes of
+    `acquisition.errors`; HostPaused when the host said stop for longer than the throttle waits."""
 
-    def search(self, query: str, max_results: int) -> list[SearchHit]:
+    def search(
+        self,
+        query: str,
+        max_results: int,
+        options: DownloadOptions | None = None,
+        throttle: HostThrottle | None = None,
+    ) -> list[SearchHit]:
         raise NotImplementedError
 
     def download(
@@ -33,6 +42,7 @@ class DownloadClient(dg.ConfigurableResource):
         dest_dir: Path,
         options: DownloadOptions,
         progress: Callable[[DownloadProgress], None] | None = None,
+        throttle: HostThrottle | None = None,
     ) -> DownloadedVideo:
         raise NotImplementedError
 
@@ -40,12 +50,16 @@ class DownloadClient(dg.ConfigurableResource):
 class YtDlpClient(DownloadClient):
     """YouTube search and downloads of any URL yt-dlp supports."""
 
-    def search(self, query: str, max_results: int) -> list[SearchHit]:
+    def search(self, query, max_results, options=None, throttle=None) -> list[SearchHit]:
         from dataminer_dagster.acquisition.ytdlp import search_videos
 
-        return search_videos(query, max_results)
+        return search_videos(query, max_results, options=options, throttle=throttle)
 
-    def download(self, url, video_id, dest_dir, options, progress=None) -> DownloadedVideo:
+    def download(
+        self, url, video_id, dest_dir, options, progress=None, throttle=None
+    ) -> DownloadedVideo:
         from dataminer_dagster.acquisition.ytdlp import download_video
 
-        return download_video(url, video_id, dest_dir, options, progress=progress)
+        return download_video(
+            url, video_id, dest_dir, options, progress=progress, throttle=throttle
+        )

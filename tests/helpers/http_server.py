@@ -11,8 +11,10 @@ Serves the files of one directory on 127.0.0.1 with an ephemeral port, answers R
         server.stream("/endless.mp4", total_bytes=40 * 2**20)
         url = server.url("/clip.mp4")
 
-Every request is recorded in `server.requests` (method, path, headers, status; for a streamed
-path also the body bytes sent) so that a test can assert how many times a client asked for what. As a pytest fixture:
+Every request is recorded in `server.requests` (method, path, headers, status, arrival time; for a
+streamed path also the body bytes sent) so that a test can assert how many times a client asked for
+what. A subclass may decide answers itself (`_route_for`) and follow transfers (`_transfer_ended`):
+tests/helpers/throttling_host.py does. As a pytest fixture:
 
     http_server = http_server_fixture()            # in a test module or conftest.py
 
@@ -46,6 +48,7 @@ class RecordedRequest:
     headers: dict[str, str]
     status: int = 0
     bytes_sent: int = 0  # streamed routes: body bytes written (read by the client or not)
+    at: float = field(default_factory=time.monotonic)  # arrival
 
 
 @dataclass
@@ -59,6 +62,8 @@ class Route:
     fail_times: int | None = None  # answer `status` this many times, then serve the file
     fail_after: int = 0  # serve the file this many times before the failures start
     cut_after_bytes: int | None = None  # announce the full length, send only this many bytes
+    stall_s: float = 0.0  # with cut_after_bytes: keep the connection silent this long, then close
+    body_s: float = 0.0  # spread the body over this many seconds (a slow transfer)
     delay_s: float = 0.0  # sleep before sending the response headers
     stream_bytes: int | None = None  # send this many filler bytes, chunked, without a length
     hits: int = 0
@@ -169,7 +174,10 @@ class LocalHTTPServer:
         with self._lock:
             self.requests.append(request)
 
-    def _route_for(self, path: str) -> tuple[Route | None, bool]:
+    def _transfer_ended(self, record: RecordedRequest) -> None:
+        """The answer to `record` is sent, cut off or stalled (no more bytes will come)."""
+
+    def _route_for(self, path: str, record: RecordedRequest) -> tuple[Route | None, bool]:
         """The route for `path` and whether this request should get the route's failure."""
         with self._lock:
             route = self.routes.get(path)
@@ -208,11 +216,22 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._answer(send_body=True)
 
+    def do_CONNECT(self) -> None:
+        """A client that uses this server as its proxy for https: recorded (path `host:port`),
+        and refused with 404, as no tunnel is offered."""
+        self._answer(send_body=False)
+
     def _answer(self, *, send_body: bool) -> None:
-        path = unquote(urlsplit(self.path).path)
+        path = self.path if self.command == "CONNECT" else unquote(urlsplit(self.path).path)
         record = RecordedRequest(self.command, path, dict(self.headers.items()))
         self.server_state._record(record)
-        route, fail = self.server_state._route_for(path)
+        try:
+            self._answer_route(record, path, send_body=send_body)
+        finally:
+            self.server_state._transfer_ended(record)
+
+    def _answer_route(self, record: RecordedRequest, path: str, *, send_body: bool) -> None:
+        route, fail = self.server_state._route_for(path, record)
         if route is not None and route.delay_s:
             time.sleep(route.delay_s)
         if fail:
@@ -228,7 +247,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         content_type = (route.content_type if route else None) or _content_type(file)
         cut_after = route.cut_after_bytes if route else None
-        self._send_file(record, file, content_type, send_body=send_body, cut_after=cut_after)
+        self._send_file(
+            record,
+            file,
+            content_type,
+            send_body=send_body,
+            cut_after=cut_after,
+            stall_s=route.stall_s if route else 0.0,
+            body_s=route.body_s if route else 0.0,
+        )
 
     def _resolve(self, path: str) -> Path | None:
         root = self.server_state.root.resolve()
@@ -240,7 +267,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_status(self, record: RecordedRequest, route: Route, *, send_body: bool) -> None:
         record.status = route.status
         body = route.body or f"{route.status} {HTTPStatus(route.status).phrase}".encode()
-        self._send_simple(route.status, body, route.headers, send_body=send_body)
+        self._send_simple(
+            route.status, body, route.headers, send_body=send_body, content_type=route.content_type
+        )
 
     def _send_stream(self, record: RecordedRequest, route: Route, *, send_body: bool) -> None:
         record.status = HTTPStatus.OK
@@ -264,9 +293,17 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
 
-    def _send_simple(self, status: int, body: bytes, headers: dict[str, str], *, send_body: bool):
+    def _send_simple(
+        self,
+        status: int,
+        body: bytes,
+        headers: dict[str, str],
+        *,
+        send_body: bool,
+        content_type: str | None = None,
+    ):
         self.send_response(status)
-        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Type", content_type or "text/plain")
         self.send_header("Content-Length", str(len(body)))
         for name, value in headers.items():
             self.send_header(name, value)
@@ -274,7 +311,17 @@ class _Handler(BaseHTTPRequestHandler):
         if send_body:
             self.wfile.write(body)
 
-    def _send_file(self, record, file: Path, content_type: str, *, send_body: bool, cut_after):
+    def _send_file(
+        self,
+        record,
+        file: Path,
+        content_type: str,
+        *,
+        send_body: bool,
+        cut_after,
+        stall_s=0.0,
+        body_s=0.0,
+    ):
         size = file.stat().st_size
         start, end = 0, size - 1
         status = HTTPStatus.OK
@@ -308,9 +355,13 @@ class _Handler(BaseHTTPRequestHandler):
         with file.open("rb") as handle:
             handle.seek(start)
             try:
-                _copy_exactly(handle, self.wfile, min(length, cut_after or length))
+                _copy_exactly(handle, self.wfile, min(length, cut_after or length), body_s)
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
+                return
+        if cut_after is not None and stall_s:
+            self.server_state._transfer_ended(record)  # silent from here on
+            time.sleep(stall_s)
 
 
 def _content_type(file: Path) -> str:
@@ -338,14 +389,19 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None:
     return start, end
 
 
-def _copy_exactly(source, target, length: int) -> None:
+def _copy_exactly(source, target, length: int, spread_s: float = 0.0) -> None:
+    """Copy `length` bytes; with `spread_s`, in eight pieces over that many seconds."""
     remaining = length
+    piece = max(1, -(-length // 8)) if spread_s else 64 * 1024
     while remaining > 0:
-        chunk = source.read(min(64 * 1024, remaining))
+        chunk = source.read(min(piece, remaining))
         if not chunk:
             break
         target.write(chunk)
         remaining -= len(chunk)
+        if spread_s:
+            target.flush()
+            time.sleep(spread_s / 8)
     target.flush()
 
 

@@ -26,7 +26,7 @@ class CannedSearchClient(YtDlpClient):
 
     results: dict[str, list[str]] = {}
 
-    def search(self, query: str, max_results: int) -> list[SearchHit]:
+    def search(self, query, max_results, options=None, throttle=None) -> list[SearchHit]:
         if query not in self.results:
             raise RuntimeError(f"no canned results for {query!r}")
         return [
