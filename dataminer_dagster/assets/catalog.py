@@ -39,7 +39,7 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
     options = merged_download_options([project.config.download], YOUTUBE)
     throttle = ctx.db.host_throttle(ctx.context.run_id, options, log=ctx.log.warning)
     search = functools.partial(
-        ctx.resources.download_client.search, options=options, throttle=throttle
+        ctx.download_client.search, options=options, throttle=throttle
     )
     try:
         found = collect_candidates(project.config.inputs, search)

@@ -81,7 +81,7 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
             )
 
     try:
-        downloaded = ctx.resources.download_client.download(
+        downloaded = ctx.download_client.download(
             video.url, item.video_id, ctx.db.paths.videos_dir, options, progress, throttle
         )
     except HostPaused as exc:

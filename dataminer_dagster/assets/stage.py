@@ -41,6 +41,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
 from dataminer_dagster.db.project_flow import advance_projects
 from dataminer_dagster.resources.database import DatabaseResource
+from dataminer_dagster.resources.download_client import DownloadClient
 from dataminer_dagster.stages import REGISTRY, split_project_video_key
 from dataminer_dagster.tags import (
     DEADLINE_TAG,
@@ -133,8 +134,12 @@ class StageContext:
         return self.db.catalog_for(requested_stages=self.following)
 
     @property
-    def resources(self) -> Any:
-        return self.context.resources
+    def download_client(self) -> DownloadClient:
+        """The `download_client` resource (stages that declare it in required_resource_keys)."""
+        client = self.context.resources.download_client
+        if not isinstance(client, DownloadClient):
+            raise TypeError(f"resource download_client is a {type(client).__name__}")
+        return client
 
     def memo(self, key: Any, factory: Callable[[], Any]) -> Any:
         """Compute once per run (e.g. text embeddings of a project's prompts)."""
