@@ -297,7 +297,12 @@ class DetectConfig(_Section):
         default_factory=list, description="owlv2 / grounding_dino: what to detect."
     )
     confidence: Probability = Field(0.25, description="Minimum detection score.")
-    batch_size: int = Field(8, ge=1, description="Images per model call.")
+    batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Images per model call; default: what fits in half the free GPU memory, up "
+        "to 32 (8 on the CPU). A value here is the most a call takes.",
+    )
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps.")
     visualizations: bool = Field(False, description="Also write images with boxes drawn.")
 
