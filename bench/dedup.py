@@ -1,4 +1,4 @@
-"""Benchmark near-duplicate grouping (core.dedup) against the reference system's greedy kNN pass.
+"""Benchmark near-duplicate grouping (core.dedup) and its search engines, in one run.
 
 Synthetic data: unit random 768-d vectors plus planted duplicates: 1,000 groups of 10 vectors at
 cosine ~0.96 to each other (half of them inside one video, half spread over ten videos) and one
@@ -6,30 +6,48 @@ group of 500 identical vectors spread over the videos; 100 frames per video; ran
 and sharpness. Random vectors are pairwise far below the threshold, so every random frame must be
 kept and every planted group must end with exactly one frame.
 
-The reference (the original system, reimplemented here only) runs exact faiss IndexFlatIP, takes
-the k nearest neighbours and greedily keeps frames in list order, first per video and then across
-the survivors. Its second phase is O(N^2); by default it runs only up to --reference-limit vectors.
+Per size, in one process:
+* `deduplicate` as the pipeline runs it (FAISS, exact per video, the IVF index across videos);
+* one search for every pair of all vectors with each engine: NumPy exact tiles (the upper
+  triangle, the search before FAISS), FAISS flat (exact: IndexFlatIP range searches, core's exact
+  path), FAISS IVF (core's approximate path), and with --ivf-per-query FAISS's own
+  IndexIVFFlat.range_search, one query at a time (timed on a sample of queries). Exact engines
+  above --exact-max vectors run on the first --exact-max (every planted vector included) and
+  their time is scaled by (n / m)^2;
+* with --products, NumPy against a FAISS range search on the block shapes the search uses;
+* with --hnsw, an HNSW index (build and a k-NN search; its range search aborts in faiss 1.15);
+* the reference system's greedy kNN pass (exact faiss IndexFlatIP, k nearest neighbours, keep in
+  list order, per video then across the survivors; O(N^2), up to --reference-limit vectors).
 
-    /work/venv/bin/python bench/dedup.py --sizes small large
+    python bench/dedup.py --sizes small large --products --ivf-per-query
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import importlib.util
 import os
 import resource
+import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from dataminer_dagster.core.dedup import deduplicate, similar_pairs
+from dataminer_dagster.core.dedup import (
+    SIMILARITY_TOLERANCE,
+    deduplicate,
+    search_device,
+    similar_pairs,
+)
 
 SIZES = {"tiny": 10_000, "small": 100_000, "large": 1_100_000}  # random vectors; planted added
 GROUPS = 1000
 GROUP_SIZE = 10
 IDENTICAL = 500
 MEMBER_COSINE_TO_CENTRE = 0.98  # two members: ~0.98^2 = 0.96 to each other
+TILE = 2048
 
 
 @dataclass
@@ -105,46 +123,80 @@ def make_data(random_count: int, dim: int, frames_per_video: int, seed: int) -> 
     )
 
 
-def run_ours(data: Data, args) -> Outcome:
+# ------------------------------------------------------------------------------ the machine
+
+
+def environment() -> list[str]:
+    """BLAS and thread settings that decide these timings."""
+    import faiss
+
+    names = [
+        "OPENBLAS_CORETYPE",
+        "OPENBLAS_L2_SIZE",
+        "OPENBLAS_NUM_THREADS",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+    ]
+    lines = [
+        "environment: " + ", ".join(f"{k}={os.environ.get(k, '(unset)')}" for k in names),
+        f"faiss {faiss.__version__}: omp_get_max_threads() = {faiss.omp_get_max_threads()}, "
+        f"compile options {faiss.get_compile_options().strip()}, search device "
+        f"{search_device()}; numpy {np.__version__}; {os.cpu_count()} CPUs",
+    ]
+    lines += [f"BLAS loaded: {line}" for line in _openblas_libraries()]
+    return lines
+
+
+def _openblas_libraries() -> list[str]:
+    """Every OpenBLAS in this process (numpy's and faiss's own): core type, build, threads."""
+    with open("/proc/self/maps") as maps:
+        paths = sorted({line.split()[-1] for line in maps if "openblas" in line.lower()})
+    found = []
+    for path in paths:
+        library = ctypes.CDLL(path)
+        for prefix, suffix in (("", ""), ("scipy_", "64_"), ("", "64_")):
+            corename = getattr(library, f"{prefix}openblas_get_corename{suffix}", None)
+            if corename is None:
+                continue
+            config = getattr(library, f"{prefix}openblas_get_config{suffix}")
+            threads = getattr(library, f"{prefix}openblas_get_num_threads{suffix}")
+            corename.restype = config.restype = ctypes.c_char_p
+            found.append(
+                f"{os.path.basename(path)}: core {corename().decode()}, {threads()} threads, "
+                f"{config().decode().strip()}"
+            )
+            break
+    return found
+
+
+# --------------------------------------------------------------------------- whole grouping
+
+
+def run_ours(data: Data, args, *, exact_limit: int | None = None, module=None) -> Outcome:
+    dedup = module.deduplicate if module is not None else deduplicate
     wall, cpu = time.perf_counter(), time.process_time()
-    result = deduplicate(
+    result = dedup(
         data.x,
         frame_ids=data.frame_ids,
         video_ids=data.video_ids,
         scores=data.scores,
         sharpness=data.sharpness,
         threshold=args.threshold,
-        exact_limit=args.exact_limit,
+        exact_limit=exact_limit or args.exact_limit,
         nprobe=args.nprobe,
         recall_sample=args.recall_sample,
     )
+    search = "exact" if result.exact else f"IVF, nprobe {args.nprobe}"
+    device = getattr(result, "device", "cpu")
+    name = "ours" if module is None else f"--compare-with {os.path.basename(args.compare_with)}"
     return Outcome(
-        method="ours (exact)" if result.exact else f"ours (IVF, nprobe {args.nprobe})",
+        method=f"{name} ({search}, {device})",
         seconds=time.perf_counter() - wall,
         cpu_seconds=time.process_time() - cpu,
         kept=result.is_representative,
         recall=result.recall,
         recall_pairs=result.recall_pairs,
         note=f"{result.pairs_found} pairs; {result.within_video_kept} after phase 1",
-    )
-
-
-def planted_recall(data: Data, args) -> str:
-    """Recall of one search over all vectors, against the planted pairs (the only true ones)."""
-    wall = time.perf_counter()
-    i, j = similar_pairs(
-        data.x, args.threshold, exact_limit=args.exact_limit, nprobe=args.nprobe, seed=args.seed
-    )
-    same = (data.kind[i] >= 0) & (data.kind[i] == data.kind[j])
-    sizes = np.bincount(data.kind[data.kind >= 0])
-    planted = int((sizes * (sizes - 1) // 2).sum())
-    near = same & (data.kind[i] < GROUPS)
-    near_total = GROUPS * GROUP_SIZE * (GROUP_SIZE - 1) // 2
-    return (
-        f"one search over all {len(data.x):,} vectors found {int(same.sum()):,} of {planted:,} "
-        f"planted pairs (recall {same.sum() / planted:.5f}; near-duplicate pairs "
-        f"{int(near.sum()):,} of {near_total:,}), {len(i) - int(same.sum())} other pairs, "
-        f"in {time.perf_counter() - wall:.1f} s"
     )
 
 
@@ -229,6 +281,235 @@ def markdown(n: int, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------- one search, engines
+
+
+@dataclass
+class Search:
+    engine: str
+    searched: int  # vectors the engine searched (a prefix of the data when scaled)
+    seconds: float  # measured
+    estimate: float  # for all n vectors: measured, or scaled from the prefix / sample
+    i: np.ndarray | None  # pairs found; None when only timed on a sample of queries
+    j: np.ndarray | None
+    note: str = ""
+
+
+def numpy_exact_tiles(x: np.ndarray, cut: float) -> tuple[np.ndarray, np.ndarray]:
+    """The exact search before FAISS: upper-triangle tiles of x @ x.T on NumPy's BLAS."""
+    found_i, found_j = [], []
+    n = len(x)
+    for a0 in range(0, n, TILE):
+        left = x[a0 : a0 + TILE]
+        for b0 in range(a0, n, TILE):
+            a, b = np.nonzero(left @ x[b0 : b0 + TILE].T >= cut)
+            a += a0
+            b += b0
+            upper = a < b
+            found_i.append(a[upper])
+            found_j.append(b[upper])
+    return np.concatenate(found_i), np.concatenate(found_j)
+
+
+def search_engines(data: Data, args) -> list[Search]:
+    n = len(data.x)
+    cut = args.threshold - SIMILARITY_TOLERANCE
+    m = min(n, args.exact_max)
+    prefix = data.x[:m]  # rows [0, planted) are the planted vectors: all of them are in
+    scale = (n / m) ** 2
+    exact_note = "" if m == n else f"first {m:,} vectors, time x (n/m)^2 = x{scale:.1f}"
+    runs = []
+
+    started = time.perf_counter()
+    i, j = numpy_exact_tiles(prefix, cut)
+    seconds = time.perf_counter() - started
+    runs.append(Search("NumPy exact tiles", m, seconds, seconds * scale, i, j, exact_note))
+
+    started = time.perf_counter()
+    i, j = similar_pairs(prefix, args.threshold, exact_limit=m, device="cpu")
+    seconds = time.perf_counter() - started
+    runs.append(Search("FAISS flat (core, exact)", m, seconds, seconds * scale, i, j, exact_note))
+
+    started = time.perf_counter()
+    i, j = similar_pairs(
+        data.x, args.threshold, exact_limit=1, nprobe=args.nprobe, seed=args.seed, device="cpu"
+    )
+    seconds = time.perf_counter() - started
+    runs.append(
+        Search(f"FAISS IVF (core, nprobe {args.nprobe})", n, seconds, seconds, i, j, "all pairs")
+    )
+    if args.ivf_per_query:
+        runs.append(ivf_per_query(data.x, cut, args))
+    if args.hnsw:
+        runs.append(hnsw_knn(data.x, cut, args))
+    return runs
+
+
+def ivf_per_query(x: np.ndarray, cut: float, args) -> Search:
+    """FAISS's own IVF search: same lists and nprobe as core, range_search one query at a time."""
+    import math
+
+    import faiss
+
+    n, d = x.shape
+    lists = max(1, min(n, round(math.sqrt(args.nprobe * n))))
+    started = time.perf_counter()
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, lists, faiss.METRIC_INNER_PRODUCT)
+    index.cp.spherical = True
+    index.cp.niter = 5
+    index.cp.max_points_per_centroid = 16
+    index.cp.min_points_per_centroid = 1
+    index.train(x)
+    index.add(x)
+    index.nprobe = args.nprobe
+    built = time.perf_counter() - started
+    queries = np.random.default_rng(args.seed).choice(
+        n, size=min(n, args.query_sample), replace=False
+    )
+    started = time.perf_counter()
+    index.range_search(x[np.sort(queries)], cut)
+    searched = time.perf_counter() - started
+    del index
+    return Search(
+        f"FAISS IndexIVFFlat.range_search ({lists:,} lists, nprobe {args.nprobe})",
+        n,
+        built + searched,
+        built + searched * n / len(queries),
+        None,
+        None,
+        f"build {built:.1f} s; {len(queries):,} queries in {searched:.1f} s, scaled to n",
+    )
+
+
+def hnsw_knn(x: np.ndarray, cut: float, args) -> Search:
+    """HNSW (M 32, efConstruction 40, efSearch 64): build and k-NN of every vector, k = --k."""
+    import faiss
+
+    index = faiss.IndexHNSWFlat(x.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = 40
+    started = time.perf_counter()
+    index.add(x)
+    built = time.perf_counter() - started
+    index.hnsw.efSearch = 64
+    sims, neighbours = index.search(x, args.k)
+    seconds = time.perf_counter() - started
+    rows = np.repeat(np.arange(len(x)), args.k).reshape(len(x), args.k)
+    hit = (sims >= cut) & (neighbours >= 0) & (neighbours != rows)
+    # A pair may come from either vector's list, or both: each once, smaller index first.
+    pairs = np.unique(
+        np.stack([np.minimum(rows, neighbours)[hit], np.maximum(rows, neighbours)[hit]]), axis=1
+    )
+    del index
+    return Search(
+        f"FAISS HNSW, k-NN k={args.k}",
+        len(x),
+        seconds,
+        seconds,
+        pairs[0],
+        pairs[1],
+        f"build {built:.1f} s; pairs from k-NN lists (no range search: it aborts in faiss 1.15)",
+    )
+
+
+def engine_table(data: Data, runs: list[Search]) -> str:
+    from scipy.sparse import coo_array
+    from scipy.sparse.csgraph import connected_components
+
+    n = len(data.x)
+    lines = [
+        "| vectors | engine | searched | wall s | est. s for all | planted pairs found "
+        "| other pairs | planted groups whole | random vectors paired | note |",
+        "|" + "---|" * 10,
+    ]
+    for run in runs:
+        if run.i is None:
+            cells = "(timed only) | | | "
+        else:
+            m = run.searched
+            kind = data.kind[:m]
+            sizes = np.bincount(kind[kind >= 0])
+            planted = int((sizes * (sizes - 1) // 2).sum())
+            same = (kind[run.i] >= 0) & (kind[run.i] == kind[run.j])
+            graph = coo_array((np.ones(len(run.i)), (run.i, run.j)), shape=(m, m))
+            label = connected_components(graph, directed=False)[1]
+            component = np.bincount(label)
+            whole = sum(
+                len(np.unique(label[kind == g])) == 1
+                and component[label[kind == g][0]] == (kind == g).sum()
+                for g in range(len(sizes))
+            )
+            paired = int(np.count_nonzero((kind < 0) & (component[label] > 1)))
+            cells = (
+                f"{int(same.sum()):,} of {planted:,} | {len(run.i) - int(same.sum()):,} "
+                f"| {whole} of {len(sizes)} | {paired} | "
+            )
+        lines.append(
+            f"| {n:,} | {run.engine} | {run.searched:,} | {run.seconds:.1f} | {run.estimate:.1f} "
+            f"| {cells}{run.note} |"
+        )
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------ product kernels
+
+
+PRODUCT_SHAPES = [  # (queries, base): where the search multiplies blocks of these shapes
+    (100, 100, "a video's frames, phase 1"),
+    (1280, 80, "an IVF list at 110,500"),
+    (1000, 1000, ""),
+    (4200, 264, "an IVF list at 1.1M"),
+    (1000, 2048, "recall sample against a tile"),
+    (8192, 2048, "exact search, a query block against a column tile"),
+]
+
+
+def products(args) -> str:
+    """NumPy `q @ b.T >= cut` against FAISS IndexFlatIP range search, same data, alternated."""
+    import faiss
+
+    rng = np.random.default_rng(args.seed)
+    x = rng.standard_normal((8192 + 2048, args.dim), dtype=np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    cut = args.threshold - SIMILARITY_TOLERANCE
+
+    def numpy_pairs(q, b):
+        return np.nonzero(q @ b.T >= cut)
+
+    def faiss_pairs(q, b):
+        index = faiss.IndexFlatIP(b.shape[1])
+        index.add(b)
+        return index.range_search(q, cut)
+
+    lines = [
+        "| queries x base | used for | NumPy ms | FAISS range search ms |",
+        "|---|---|---|---|",
+    ]
+    for nq, nb, use in PRODUCT_SHAPES:
+        q, b = x[:nq], x[8192 : 8192 + nb]
+        repeats = max(3, int(2e9 / (nq * nb * args.dim)))
+        best = {}
+        for _ in range(3):  # alternate, keep each one's best: the load changes between calls
+            for name, kernel in (("numpy", numpy_pairs), ("faiss", faiss_pairs)):
+                started = time.perf_counter()
+                for _ in range(repeats):
+                    kernel(q, b)
+                ms = (time.perf_counter() - started) / repeats * 1000
+                best[name] = min(best.get(name, ms), ms)
+        lines.append(f"| {nq:,} x {nb:,} | {use} | {best['numpy']:.2f} | {best['faiss']:.2f} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------- main
+
+
+def load_module(path: str):
+    spec = importlib.util.spec_from_file_location("compared_dedup", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["small"], choices=sorted(SIZES))
@@ -238,27 +519,42 @@ def main() -> None:
     parser.add_argument("--exact-limit", type=int, default=20_000)
     parser.add_argument("--nprobe", type=int, default=16)
     parser.add_argument("--recall-sample", type=int, default=1000)
-    parser.add_argument("--k", type=int, default=50, help="neighbours of the reference pass")
+    parser.add_argument("--k", type=int, default=50, help="neighbours of the reference and HNSW")
     parser.add_argument(
         "--reference-limit",
         type=int,
-        default=200_000,
-        help="run the reference only up to this many vectors (O(N^2): ~2 h at 1.1M)",
+        default=0,
+        help="run the reference greedy kNN pass up to this many vectors (O(N^2): ~2 h at 1.1M)",
     )
-    parser.add_argument("--force-reference", action="store_true", help="run it at every size")
     parser.add_argument(
         "--also-exact",
         action="store_true",
-        help="also run ours with exact search only (O(N^2) too: up to --reference-limit)",
+        help="also run deduplicate with exact search only, up to --exact-max vectors",
     )
     parser.add_argument(
-        "--planted-recall",
-        action="store_true",
-        help="also search all vectors once (similar_pairs) and count the planted pairs found",
+        "--exact-max",
+        type=int,
+        default=150_000,
+        help="exact engines search at most this many vectors (a prefix), time scaled by (n/m)^2",
+    )
+    parser.add_argument("--no-engines", action="store_true", help="skip the one-search engines")
+    parser.add_argument("--ivf-per-query", action="store_true", help="time IndexIVFFlat too")
+    parser.add_argument("--query-sample", type=int, default=5000)
+    parser.add_argument("--hnsw", action="store_true", help="build and search an HNSW index too")
+    parser.add_argument("--products", action="store_true", help="NumPy vs FAISS per block shape")
+    parser.add_argument(
+        "--compare-with",
+        metavar="FILE",
+        help="also run deduplicate from this module file (e.g. an earlier core/dedup.py)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
+    print("\n".join(environment()))
+    print(f"load average (1, 5, 15 min) at start: {os.getloadavg()}\n")
+    if args.products:
+        print(products(args), "\n", flush=True)
+    compared = load_module(args.compare_with) if args.compare_with else None
     for size in args.sizes:
         load_before = os.getloadavg()[0]
         started = time.perf_counter()
@@ -267,24 +563,28 @@ def main() -> None:
         print(
             f"{size}: {n:,} vectors of {args.dim}-d made in {time.perf_counter() - started:.1f} s"
         )
-        print(f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}")
         ours = run_ours(data, args)
         rows = [summarise(data, ours)]
-        if args.also_exact and n <= args.reference_limit:
-            exact = run_ours(data, argparse.Namespace(**{**vars(args), "exact_limit": n}))
-            same = bool((exact.kept == ours.kept).all())
-            exact.note += f"; keeps the same frames as the default run: {same}"
+        if compared is not None:
+            other = run_ours(data, args, module=compared)
+            other.note += (
+                f"; keeps the same frames as ours: {bool((other.kept == ours.kept).all())}"
+            )
+            rows.append(summarise(data, other))
+        if args.also_exact and n <= args.exact_max:
+            exact = run_ours(data, args, exact_limit=n)
+            exact.note += (
+                f"; keeps the same frames as ours: {bool((exact.kept == ours.kept).all())}"
+            )
             rows.append(summarise(data, exact))
-        if args.force_reference or n <= args.reference_limit:
+        if n <= args.reference_limit:
             rows.append(summarise(data, run_reference(data, args)))
-        else:
-            print(f"reference skipped at {n:,} vectors (> --reference-limit; --force-reference)")
-        print(markdown(n, rows))
-        if args.planted_recall:
-            print(planted_recall(data, args))
+        print(markdown(n, rows), "\n", flush=True)
+        if not args.no_engines:
+            print(engine_table(data, search_engines(data, args)), "\n", flush=True)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         print(f"load average (1 min) before {load_before:.1f}, after {os.getloadavg()[0]:.1f}")
-        print(f"peak RSS of this process so far: {peak:.1f} GiB\n")
+        print(f"peak RSS of this process so far: {peak:.1f} GiB\n", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ Every passed frame is grouped (cosine similarity >= threshold, transitively, fir
 video, then across videos) and the best of each group kept: highest filter score, then sharpness,
 then frame id. Embeddings come from the filter's cache (no second model pass) or from a DINOv2 /
 DINOv3 model. The result, `<output>/dedup/frames.parquet`, lists every passed frame with its group.
+A frame whose embedding is not cached and whose file can no longer be read is recorded there
+(`readable` false, `error`, group -1, not kept) and left out; the stage goes on with the rest.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ def _no_duplicates_kept(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]
         if len(kept) < 2:
             offending[name] = 0
             continue
+        embeddings, unreadable = _embeddings(ctx, project, kept)
         left, _ = similar_pairs(
-            _embeddings(ctx, project, kept),
+            np.delete(embeddings, list(unreadable), axis=0),
             project.config.dedup.threshold,
             exact_limit=project.config.dedup.exact_limit,
         )
@@ -80,28 +83,42 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     scored = [float(v) for v in frames["pos_max"]]
     started = time.monotonic()
     config = project.config.dedup
+    unreadable: dict[int, str] = {}
     if len(frames):
-        embeddings = _embeddings(ctx, project, frames)
+        embeddings, unreadable = _embeddings(ctx, project, frames)
+        frames = _record_unreadable(frames, unreadable)
+        readable = frames["readable"].to_numpy(bool)
+        usable = frames[readable]
         result = deduplicate(
-            embeddings,
-            frame_ids=frames["frame_id"].tolist(),
-            video_ids=frames["video_id"].tolist(),
-            scores=frames["pos_max"].to_numpy(np.float64),
-            sharpness=frames["sharpness"].to_numpy(np.float64),
+            embeddings[readable],
+            frame_ids=usable["frame_id"].tolist(),
+            video_ids=usable["video_id"].tolist(),
+            scores=usable["pos_max"].to_numpy(np.float64),
+            sharpness=usable["sharpness"].to_numpy(np.float64),
             threshold=config.threshold,
             exact_limit=config.exact_limit,
         )
-        frames["group"] = result.group
-        frames["group_size"] = result.group_size
-        frames["kept"] = result.is_representative
-        stats = {"pairs": result.pairs_found, "exact": result.exact, "recall": result.recall}
+        frames["group"] = np.full(len(frames), -1, np.int64)
+        frames["group_size"] = np.zeros(len(frames), np.int64)
+        frames["kept"] = False
+        frames.loc[readable, "group"] = result.group
+        frames.loc[readable, "group_size"] = result.group_size
+        frames.loc[readable, "kept"] = result.is_representative
+        stats = {
+            "pairs": result.pairs_found,
+            "exact": result.exact,
+            "recall": result.recall,
+            "device": result.device,
+        }
     else:
         frames = frames.assign(
             group=pd.Series(dtype="int64"),
             group_size=pd.Series(dtype="int64"),
             kept=pd.Series(dtype=bool),
         )
-        stats = {"pairs": 0, "exact": True, "recall": None}
+        stats = {"pairs": 0, "exact": True, "recall": None, "device": "cpu"}
+    for index, message in list(unreadable.items())[:5]:
+        ctx.log.warning(f"dedup {project.name}: frame {frames['file'][index]} skipped: {message}")
 
     final = ProjectPaths(project.output_dir).dedup_table
     staged = staging_path(final)
@@ -132,6 +149,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
             **preview_metadata("kept_frames", sheet, previews),
             **preview_metadata("filter_scores", chart, previews),
             "frames_in": len(frames),
+            "unreadable": len(unreadable),
             "kept": kept,
             "groups": kept,
             "duplicate_pairs": stats["pairs"],
@@ -140,18 +158,29 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
             "seconds": round(time.monotonic() - started, 2),
             "table": str(final),
         },
-        outcome={"frames_in": len(frames), "kept": kept},
+        outcome={"frames_in": len(frames), "kept": kept, "unreadable": len(unreadable)},
         commit=lambda conn: publish(staged, final),
         staged=[staged],
     )
 
 
 def _search_summary(stats: dict) -> str:
+    where = f"FAISS on the {stats['device'].upper()}"
     if stats["exact"]:
-        return "exact"
+        return f"exact, {where}"
     if stats["recall"] is None:
-        return "approximate (the recall sample held no duplicate pair to measure)"
-    return f"approximate, measured recall {stats['recall']:.4f}"
+        return f"approximate, {where} (the recall sample held no duplicate pair to measure)"
+    return f"approximate, {where}, measured recall {stats['recall']:.4f}"
+
+
+def _record_unreadable(frames: pd.DataFrame, unreadable: dict[int, str]) -> pd.DataFrame:
+    """The frames with `readable` and `error` updated for those that could not be read now."""
+    frames = frames.copy()
+    if unreadable:
+        rows = list(unreadable)
+        frames.loc[rows, "readable"] = False
+        frames.loc[rows, "error"] = list(unreadable.values())
+    return frames
 
 
 def passed_frames(project, video_ids: list[str]) -> pd.DataFrame:
@@ -170,7 +199,11 @@ def passed_frames(project, video_ids: list[str]) -> pd.DataFrame:
     return frames.sort_values("frame_id", ignore_index=True)
 
 
-def _embeddings(ctx: StageContext, project, frames: pd.DataFrame) -> np.ndarray:
+def _embeddings(
+    ctx: StageContext, project, frames: pd.DataFrame
+) -> tuple[np.ndarray, dict[int, str]]:
+    """One embedding per row of `frames` (a RangeIndex), and why the rows whose embedding was not
+    cached and whose file could not be read have none (their rows are zeros)."""
     config = project.config
     if config.dedup.embeddings == "filter":
         from dataminer_dagster.models.loading import resolve_model
@@ -183,7 +216,7 @@ def _embeddings(ctx: StageContext, project, frames: pd.DataFrame) -> np.ndarray:
         embedder = ImageEmbedder(config.dedup.model, device=config.dedup.device)
         slug = embedder.model_slug
     cache = EmbeddingCache(ctx.db.paths.embeddings_dir(), slug)
-    parts = []
+    parts, unreadable = [], {}
     for video_id, group in frames.groupby("video_id", sort=False):
         found, cached = cache.get(video_id, group["content_hash"].tolist())
         vectors = np.zeros((len(group), cached.shape[1] if cached.size else 0), np.float32)
@@ -191,13 +224,14 @@ def _embeddings(ctx: StageContext, project, frames: pd.DataFrame) -> np.ndarray:
             embedder = embedder or load_scorer(config.filter)
             missing = np.flatnonzero(~found)
             computed = embedder.embed_all([group["file"].iloc[i] for i in missing])
-            if computed.errors:
-                raise RuntimeError(
-                    f"dedup {project.name}: frames became unreadable: {list(computed.errors.values())[:3]}"
-                )
-            vectors = np.zeros((len(group), computed.embeddings.shape[1]), np.float32)
-            vectors[missing[computed.indices]] = computed.embeddings
-            cache.put(video_id, group["content_hash"].iloc[missing].tolist(), computed.embeddings)
-        vectors[found] = cached
+            vectors = np.zeros((len(group), embedder.embedding_dim), np.float32)
+            done = missing[computed.indices]
+            vectors[done] = computed.embeddings
+            cache.put(video_id, group["content_hash"].iloc[done].tolist(), computed.embeddings)
+            unreadable |= {
+                int(group.index[missing[k]]): message for k, message in computed.errors.items()
+            }
+        if found.any():
+            vectors[found] = cached
         parts.append(vectors)
-    return np.concatenate(parts)
+    return np.concatenate(parts), unreadable

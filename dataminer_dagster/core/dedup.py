@@ -12,17 +12,24 @@ the smallest frame id. Because every phase-1 representative is the best of its o
 of a final group is always one of the frames phase 2 compared, so with exact search no two kept
 frames are duplicates of each other.
 
-Neighbour search is exact (tiled matrix products over the upper triangle, never an N x N matrix)
-up to `exact_limit` vectors, and approximate beyond: an inverted-file index (k-means lists, each
-vector compared with the members of its `nprobe` nearest lists). Because the queries are the
-indexed vectors themselves, the approximate search is run list by list as matrix products instead
-of query by query. It only misses pairs, it never invents one (every reported pair is an exact
-product above the threshold); `measure_recall` says how many it missed on a sample.
+FAISS carries the neighbour search. Up to `exact_limit` vectors it is exact: the upper triangle
+in column tiles, each searched by a FAISS flat inner-product range search, never an N x N matrix.
+Beyond, it is an inverted-file (IVF) index: lists from FAISS k-means, each vector assigned to its
+`nprobe` nearest lists by a FAISS k-NN search of the centroids. Because the queries are the
+indexed vectors themselves, the index is searched list by list (a list's members against every
+vector that probes it, one block of products, as faiss.contrib.big_batch_search does for k-NN)
+rather than query by query: FAISS's own IndexIVFFlat.range_search on as many lists took 3.4x as
+long at 110,500 vectors and 8x at 1.1M. It only misses pairs, it never invents one (every
+reported pair is an exact product above the threshold); `measure_recall` says how many it missed
+on a sample. HNSW was measured and not chosen: at 110,500 vectors its build alone took over 3x
+this whole search, its k-NN search (k 50) left 28 of the 1,001 planted groups split, and
+faiss-cpu 1.15's HNSW range search aborts the process. Blocks of products up to one tile are NumPy matrix
+products (`_NUMPY_CELLS`). Measurements: bench/dedup.md.
 
-The products run on NumPy's BLAS (threads: OPENBLAS_NUM_THREADS), not through faiss: the
-faiss-cpu 1.15 wheel bundles OpenBLAS 0.3.15, which ran these float32 products about 4x slower
-per core than NumPy's (31 vs 135 GFLOP/s on the AVX-512 development machine), and a faiss flat
-range search computes both triangles of the similarity matrix where one is enough.
+The searches run on a GPU when FAISS is built with GPU support and sees one (faiss-gpu on a CUDA
+machine; `search_device`): the same lists (k-means is trained on the CPU either way) and the same
+products, computed by FAISS's GPU kernels, so results differ from the CPU only where a product's
+float rounding crosses the threshold. Otherwise, and with faiss-cpu, everything runs on the CPU.
 
 All work happens in frame-id order, so permuting the input changes nothing, not even in the
 approximate search (its k-means sample and seed follow frame ids too).
@@ -42,12 +49,24 @@ import numpy as np
 # threshold of 1.0 and a pair exactly at the threshold is a duplicate on every path.
 SIMILARITY_TOLERANCE = 1e-6
 
-_TILE = 2048  # rows (and columns) of one similarity tile: 16 MiB of float32
+DEVICES = ("auto", "cpu", "gpu")
+
+_TILE = 2048  # base vectors of one range search: a column tile of the upper triangle
+# Query vectors of one range search. FAISS's range search pays off with many queries per call
+# (bench/dedup.md); this bounds the pairs one call can return (a static shot: every pair).
+_QUERY_BLOCK = 8192
+# Blocks of at most one tile of products run as a NumPy matrix product, larger ones as a FAISS
+# range search. Side by side in one run of `bench/dedup.py --products` on the quiet 2-core machine
+# (ms per block, NumPy vs FAISS): 100 x 100 (a video's frames) 0.17 vs 0.61, 1,280 x 80 (an IVF
+# list at 110,500 vectors) 0.96 vs 2.16, 4,200 x 264 (a list at 1.1M) 8.5 vs 14.2, 1,000 x 2,048
+# (recall sample) 14.2 vs 23.0, but 8,192 x 2,048 (exact search) 113 vs 101 (bench/dedup.md).
+_NUMPY_CELLS = _TILE * _TILE
 # k-means only needs lists of similar size whose members are near each other; a small sample and
 # few iterations do that, and training cost stays below the search's own.
 _TRAIN_POINTS_PER_LIST = 16
 _KMEANS_ITERATIONS = 5
-_ASSIGN_CHUNK = 8192  # vectors per block when assigning vectors to their nearest lists
+_ASSIGN_CHUNK = 16384  # vectors per block when assigning vectors to their nearest lists
+_NORM_CHUNK = 8192  # rows per block when computing norms in float64
 _NORM_TOLERANCE = 1e-4  # rows whose norm is this close to 1 count as normalised
 
 
@@ -74,6 +93,7 @@ class DedupResult:
     recall: float | None  # pooled recall of the approximate searches; None when all were exact
     recall_pairs: int  # true pairs the recall estimate is based on
     seconds: float
+    device: str  # where the searches ran: "cpu" or "gpu"
 
     @property
     def kept(self) -> int:
@@ -92,10 +112,12 @@ def deduplicate(
     nprobe: int = 16,
     recall_sample: int = 1000,
     seed: int = 0,
+    device: str = "auto",
 ) -> DedupResult:
     """Group near-duplicate frames within each video, then across videos, and pick each group's best.
 
     `recall_sample` queries per approximate search are checked against exact search (0: skip).
+    `device`: "auto" (a GPU when FAISS can use one), "cpu" or "gpu"; see `search_device`.
     """
     started = time.perf_counter()
     ids, by_id = _frame_order(frame_ids)
@@ -106,7 +128,8 @@ def deduplicate(
     id_rank[by_id] = np.arange(n)
     quality = _quality_rank(ids, id_rank, scores, sharpness)
     _check_search_parameters(threshold, exact_limit, nprobe)
-    search = _Search(threshold, exact_limit, nprobe, recall_sample, seed)
+    products = _products(search_device(device))
+    search = _Search(threshold, exact_limit, nprobe, recall_sample, seed, products)
 
     within = _within_video_representative(x, by_id, videos, quality, search)
     survivors = by_id[within[by_id] == by_id]  # phase-1 representatives, in frame-id order
@@ -130,6 +153,7 @@ def deduplicate(
         recall=search.recall,
         recall_pairs=search.true_pairs,
         seconds=time.perf_counter() - started,
+        device=products.device,
     )
 
 
@@ -140,6 +164,7 @@ def similar_pairs(
     exact_limit: int = 20_000,
     nprobe: int = 16,
     seed: int = 0,
+    device: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
     """All pairs i < j with cosine similarity >= threshold, sorted; e.g. to check kept frames.
 
@@ -147,7 +172,7 @@ def similar_pairs(
     """
     x = normalized(embeddings)
     _check_search_parameters(threshold, exact_limit, nprobe)
-    search = _Search(threshold, exact_limit, nprobe, 0, seed)
+    search = _Search(threshold, exact_limit, nprobe, 0, seed, _products(search_device(device)))
     chunks = list(search.pairs(x, np.arange(len(x))))
     i = np.concatenate([c[0] for c in chunks]) if chunks else np.empty(0, dtype=np.int64)
     j = np.concatenate([c[1] for c in chunks]) if chunks else np.empty(0, dtype=np.int64)
@@ -162,13 +187,15 @@ def measure_recall(
     *,
     sample: int = 1000,
     seed: int = 0,
+    device: str = "auto",
 ) -> Recall:
     """Fraction of the true pairs of `sample` random query vectors that `found` (i, j) contains."""
     x = normalized(embeddings)
     _check_threshold(threshold)
     queries = _recall_queries(len(x), sample, seed)
     cut = threshold - SIMILARITY_TOLERANCE
-    return _recall(x, np.arange(len(x)), cut, queries, found[0], found[1])
+    products = _products(search_device(device))
+    return _recall(x, np.arange(len(x)), cut, queries, found[0], found[1], products)
 
 
 def normalized(embeddings: np.ndarray, *, frame_ids: Sequence[str] | None = None) -> np.ndarray:
@@ -184,9 +211,9 @@ def normalized(embeddings: np.ndarray, *, frame_ids: Sequence[str] | None = None
         raise ValueError(f"frame_ids has {len(frame_ids)} entries but embeddings has {len(x)} rows")
     x = np.ascontiguousarray(x, dtype=np.float32)
     norms = np.empty(len(x), dtype=np.float64)
-    for start in range(0, len(x), _ASSIGN_CHUNK):
-        block = x[start : start + _ASSIGN_CHUNK].astype(np.float64)
-        norms[start : start + _ASSIGN_CHUNK] = np.sqrt(np.einsum("ij,ij->i", block, block))
+    for start in range(0, len(x), _NORM_CHUNK):
+        block = x[start : start + _NORM_CHUNK].astype(np.float64)
+        norms[start : start + _NORM_CHUNK] = np.sqrt(np.einsum("ij,ij->i", block, block))
     bad = np.flatnonzero(~np.isfinite(norms) | (norms == 0))
     if len(bad):
         names = [str(frame_ids[k]) if frame_ids is not None else f"row {k}" for k in bad[:5]]
@@ -199,15 +226,90 @@ def normalized(embeddings: np.ndarray, *, frame_ids: Sequence[str] | None = None
     return (x / norms[:, None]).astype(np.float32)
 
 
+def search_device(
+    requested: str = "auto", *, gpu_build: bool | None = None, gpus: int | None = None
+) -> str:
+    """The device the searches run on, "gpu" or "cpu".
+
+    "auto" is the GPU when the installed FAISS has GPU support (`gpu_build`: faiss-gpu, not
+    faiss-cpu) and sees at least one GPU (`gpus`), else the CPU; "gpu" insists on one. Both facts
+    default to what the installed FAISS reports.
+    """
+    if requested not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {requested!r}")
+    if requested == "cpu":
+        return "cpu"
+    if gpu_build is None or gpus is None:
+        faiss = _faiss()
+        gpu_build = hasattr(faiss, "StandardGpuResources") if gpu_build is None else gpu_build
+        gpus = (faiss.get_num_gpus() if gpu_build else 0) if gpus is None else gpus
+    if gpu_build and gpus > 0:
+        return "gpu"
+    if requested == "gpu":
+        why = "sees no GPU" if gpu_build else "has no GPU support (faiss-cpu is installed)"
+        raise ValueError(
+            f"device 'gpu' was asked for, but FAISS {why}; install faiss-gpu on a CUDA machine "
+            "or use device 'auto' or 'cpu'"
+        )
+    return "cpu"
+
+
+class _CpuProducts:
+    """Thresholded inner products on the CPU: FAISS flat range search, NumPy for small blocks."""
+
+    device = "cpu"
+
+    def pairs(self, queries: np.ndarray, base: np.ndarray, cut: float):
+        """(a, b) with queries[a] . base[b] >= cut."""
+        if len(queries) * len(base) < _NUMPY_CELLS:
+            return np.nonzero(queries @ base.T >= cut)
+        faiss = _faiss()
+        index = faiss.IndexFlatIP(base.shape[1])
+        index.add(base)
+        lims, _, ids = index.range_search(queries, _below(cut))
+        return np.repeat(np.arange(len(queries)), np.diff(lims).astype(np.int64)), ids
+
+    def nearest(self, queries: np.ndarray, base: np.ndarray, k: int) -> np.ndarray:
+        """Per query, the positions of its k most similar base vectors, most similar first."""
+        faiss = _faiss()
+        return faiss.knn(queries, base, k, metric=faiss.METRIC_INNER_PRODUCT)[1]
+
+
+class _GpuProducts:
+    """The same products on the GPU, through FAISS's GPU brute-force kernels (no range search on
+    the GPU: the block's products come back and are thresholded here, as NumPy's are)."""
+
+    device = "gpu"
+
+    def __init__(self):
+        self._faiss = _faiss()
+        self._resources = self._faiss.StandardGpuResources()
+
+    def pairs(self, queries: np.ndarray, base: np.ndarray, cut: float):
+        sims = self._faiss.pairwise_distance_gpu(
+            self._resources, queries, base, metric=self._faiss.METRIC_INNER_PRODUCT
+        )
+        return np.nonzero(sims >= cut)
+
+    def nearest(self, queries: np.ndarray, base: np.ndarray, k: int) -> np.ndarray:
+        metric = self._faiss.METRIC_INNER_PRODUCT
+        return self._faiss.knn_gpu(self._resources, queries, base, k, metric=metric)[1]
+
+
+def _products(device: str) -> _CpuProducts | _GpuProducts:
+    return _GpuProducts() if device == "gpu" else _CpuProducts()
+
+
 class _Search:
     """Neighbour search with fixed parameters; pools pair counts and recall over its calls."""
 
-    def __init__(self, threshold, exact_limit, nprobe, recall_sample, seed):
+    def __init__(self, threshold, exact_limit, nprobe, recall_sample, seed, products):
         self.cut = threshold - SIMILARITY_TOLERANCE
         self.exact_limit = exact_limit
         self.nprobe = nprobe
         self.recall_sample = recall_sample
         self.seed = seed
+        self.products = products
         self.pairs_found = 0
         self.all_exact = True
         self.true_pairs = 0
@@ -222,12 +324,12 @@ class _Search:
     def pairs(self, x: np.ndarray, rows: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Pairs (a, b), a < b, of positions in `rows` whose vectors x[rows] are duplicates."""
         if len(rows) <= self.exact_limit:
-            chunks = _exact_pairs(x, rows, self.cut)
+            chunks = _exact_pairs(x, rows, self.cut, self.products)
             yield from self._counted(chunks)
             return
         self.all_exact = False
         queries = _recall_queries(len(rows), self.recall_sample, self.seed)
-        chunks = _approximate_pairs(x, rows, self.cut, self.nprobe, self.seed)
+        chunks = _approximate_pairs(x, rows, self.cut, self.nprobe, self.seed, self.products)
         if len(queries) == 0:
             yield from self._counted(chunks)
             return
@@ -239,7 +341,9 @@ class _Search:
             seen_i.append(i[touches])
             seen_j.append(j[touches])
             yield i, j
-        estimate = _recall(x, rows, self.cut, queries, _concat(seen_i), _concat(seen_j))
+        estimate = _recall(
+            x, rows, self.cut, queries, _concat(seen_i), _concat(seen_j), self.products
+        )
         self.true_pairs += estimate.true_pairs
         self.found_true_pairs += estimate.found_pairs
 
@@ -269,27 +373,24 @@ def _within_video_representative(
     return best[label]
 
 
-def _exact_pairs(x: np.ndarray, rows: np.ndarray, cut: float):
-    """Upper-triangle tiles of x[rows] @ x[rows].T; yields positions (a, b), a < b, at >= cut."""
+def _exact_pairs(x: np.ndarray, rows: np.ndarray, cut: float, products):
+    """Every pair of x[rows] at >= cut, a column tile of the upper triangle at a time: positions
+    (a, b), a < b."""
     n = len(rows)
-    for a0 in range(0, n, _TILE):
-        left = x[rows[a0 : a0 + _TILE]]
-        for b0 in range(a0, n, _TILE):
-            right = left if b0 == a0 else x[rows[b0 : b0 + _TILE]]
-            a, b = np.nonzero(left @ right.T >= cut)
-            a += a0
-            b += b0
+    for b0 in range(0, n, _TILE):
+        stop = min(n, b0 + _TILE)
+        for a, b in _cross_pairs(x, rows, np.arange(stop), np.arange(b0, stop), cut, products):
             upper = a < b
             if upper.any():
                 yield a[upper], b[upper]
 
 
-def _approximate_pairs(x: np.ndarray, rows: np.ndarray, cut: float, nprobe: int, seed: int):
-    """Inverted-file search of x[rows] against itself, one list at a time; pairs a < b, each once.
+def _approximate_pairs(x: np.ndarray, rows: np.ndarray, cut: float, nprobe: int, seed, products):
+    """IVF search of x[rows] against itself, one list at a time; pairs a < b, each once.
 
-    A vector's first probe is its own list. The pair {p, m} is met as (prober p, member m) in m's
-    list when p probes it, and as (m, p) in p's list when m probes that one; when both happen the
-    one with p < m is kept.
+    A vector is listed in its nearest list and probes its `nprobe` nearest. The pair {p, m} is met
+    as (prober p, member m) in m's list when p probes it, and as (m, p) in p's list when m probes
+    that one; when both happen the one with p < m is kept.
     """
     n = len(rows)
     # Cost per vector: `lists` centroid products plus nprobe * n / lists member products; equal at
@@ -297,7 +398,7 @@ def _approximate_pairs(x: np.ndarray, rows: np.ndarray, cut: float, nprobe: int,
     lists = max(1, min(n, round(math.sqrt(nprobe * n))))
     nprobe = min(nprobe, lists)
     centroids = _train_centroids(x, rows, lists, seed)
-    probes = _nearest_lists(x, rows, centroids, nprobe)
+    probes = _nearest_lists(x, rows, centroids, nprobe, products)
     flat = probes.ravel()
     entries = np.argsort(flat, kind="stable")  # grouped by list, vector order within a list
     bounds = np.searchsorted(flat[entries], np.arange(lists + 1))
@@ -307,7 +408,7 @@ def _approximate_pairs(x: np.ndarray, rows: np.ndarray, cut: float, nprobe: int,
         members = probers[entry % nprobe == 0]
         if len(members) == 0:
             continue
-        for p, m in _cross_pairs(x, rows, probers, members, cut):
+        for p, m in _cross_pairs(x, rows, probers, members, cut, products):
             mirrored = (probes[m] == probes[p, :1]).any(axis=1)
             keep = (p != m) & (~mirrored | (p < m))
             if keep.any():
@@ -315,49 +416,46 @@ def _approximate_pairs(x: np.ndarray, rows: np.ndarray, cut: float, nprobe: int,
                 yield np.minimum(p, m), np.maximum(p, m)
 
 
-def _cross_pairs(x: np.ndarray, rows: np.ndarray, left: np.ndarray, right: np.ndarray, cut):
-    """Tiles of x[rows[left]] @ x[rows[right]].T; yields (left[a], right[b]) at >= cut."""
+def _cross_pairs(x, rows, left: np.ndarray, right: np.ndarray, cut: float, products):
+    """Pairs (left[a], right[b]) with x[rows[left[a]]] . x[rows[right[b]]] >= cut, in blocks."""
     for b0 in range(0, len(right), _TILE):
         cols = right[b0 : b0 + _TILE]
-        right_vectors = x[rows[cols]]
-        for a0 in range(0, len(left), _TILE):
-            lines = left[a0 : a0 + _TILE]
-            a, b = np.nonzero(x[rows[lines]] @ right_vectors.T >= cut)
+        base = x[rows[cols]]
+        for a0 in range(0, len(left), _QUERY_BLOCK):
+            lines = left[a0 : a0 + _QUERY_BLOCK]
+            a, b = products.pairs(x[rows[lines]], base, cut)
             if len(a):
                 yield lines[a], cols[b]
 
 
 def _train_centroids(x: np.ndarray, rows: np.ndarray, lists: int, seed: int) -> np.ndarray:
-    """Spherical k-means (unit centroids, inner product) on a sample of x[rows]."""
-    from scipy.sparse import csr_array
+    """FAISS spherical k-means (unit centroids, inner product) on a sample of x[rows].
 
+    Always on the CPU, so that a GPU run searches the same lists.
+    """
+    faiss = _faiss()
     rng = np.random.default_rng(seed)
     count = min(len(rows), lists * _TRAIN_POINTS_PER_LIST)
     sample = x[rows[np.sort(rng.choice(len(rows), size=count, replace=False))]]
-    centroids = sample[np.sort(rng.choice(count, size=lists, replace=False))]
-    for _ in range(_KMEANS_ITERATIONS):
-        nearest = _nearest_lists(sample, np.arange(count), centroids, 1)[:, 0]
-        members = csr_array(
-            (np.ones(count, dtype=np.float32), (nearest, np.arange(count))), shape=(lists, count)
-        )
-        sums = members @ sample
-        norms = np.linalg.norm(sums, axis=1)
-        filled = norms > 0  # an emptied list keeps its centroid
-        centroids[filled] = sums[filled] / norms[filled, None]
-    return centroids
+    kmeans = faiss.Kmeans(
+        x.shape[1],
+        lists,
+        niter=_KMEANS_ITERATIONS,
+        spherical=True,
+        seed=seed,
+        max_points_per_centroid=_TRAIN_POINTS_PER_LIST,  # the sample is already that small
+        min_points_per_centroid=1,  # a small sample is on purpose: no warning
+    )
+    kmeans.train(sample)
+    return kmeans.centroids
 
 
-def _nearest_lists(x, rows, centroids: np.ndarray, nprobe: int) -> np.ndarray:
+def _nearest_lists(x, rows, centroids: np.ndarray, nprobe: int, products) -> np.ndarray:
     """Per vector, its `nprobe` most similar centroids, most similar first (int32, n x nprobe)."""
     probes = np.empty((len(rows), nprobe), dtype=np.int32)
     for start in range(0, len(rows), _ASSIGN_CHUNK):
-        sims = x[rows[start : start + _ASSIGN_CHUNK]] @ centroids.T
-        if nprobe == 1:
-            probes[start : start + _ASSIGN_CHUNK, 0] = sims.argmax(axis=1)
-            continue
-        top = np.argpartition(sims, len(centroids) - nprobe, axis=1)[:, -nprobe:]
-        rank = np.argsort(-np.take_along_axis(sims, top, axis=1), axis=1, kind="stable")
-        probes[start : start + _ASSIGN_CHUNK] = np.take_along_axis(top, rank, axis=1)
+        chunk = x[rows[start : start + _ASSIGN_CHUNK]]
+        probes[start : start + _ASSIGN_CHUNK] = products.nearest(chunk, centroids, nprobe)
     return probes
 
 
@@ -366,10 +464,11 @@ def _recall_queries(n: int, sample: int, seed: int) -> np.ndarray:
     return np.sort(rng.choice(n, size=min(n, max(sample, 0)), replace=False))
 
 
-def _recall(x, rows, cut: float, queries, found_i, found_j) -> Recall:
+def _recall(x, rows, cut: float, queries, found_i, found_j, products) -> Recall:
     """Exact true pairs of x[rows[queries]] against x[rows], and how many (found_i, found_j) has."""
     true_keys = []
-    for q, other in _cross_pairs(x, rows, queries, np.arange(len(rows)), cut):
+    everything = np.arange(len(rows))
+    for q, other in _cross_pairs(x, rows, queries, everything, cut, products):
         distinct = q != other
         true_keys.append(q[distinct].astype(np.int64) * len(rows) + other[distinct])
     true_keys = np.unique(_concat(true_keys))
@@ -391,6 +490,19 @@ def _recall(x, rows, cut: float, queries, found_i, found_j) -> Recall:
         found_pairs=found,
         queries=len(queries),
     )
+
+
+def _faiss():
+    """FAISS, imported on first search: a large library that loading the pipeline's definitions
+    should not pay for."""
+    import faiss
+
+    return faiss
+
+
+def _below(cut: float) -> float:
+    """The radius whose strict FAISS inner-product range search (> radius) keeps >= cut."""
+    return float(np.nextafter(np.float32(cut), np.float32(-np.inf)))
 
 
 def _components(

@@ -8,13 +8,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dataminer_dagster.core.dedup import (
+    _NUMPY_CELLS,
     SIMILARITY_TOLERANCE,
     _components,
+    _CpuProducts,
     deduplicate,
     measure_recall,
     normalized,
+    search_device,
     similar_pairs,
 )
+
+
+def faiss_sees_a_gpu() -> bool:
+    import faiss
+
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
 def unit(rows) -> np.ndarray:
@@ -364,3 +373,86 @@ def test_approximate_search_does_not_depend_on_the_input_order(seed):
     assert (shuffled.group == result.group[order]).all()
     assert (shuffled.is_representative == result.is_representative[order]).all()
     assert shuffled.pairs_found == result.pairs_found
+
+
+@pytest.mark.parametrize(
+    ("requested", "gpu_build", "gpus", "device"),
+    [
+        ("auto", True, 1, "gpu"),  # faiss-gpu on a CUDA machine
+        ("auto", True, 0, "cpu"),  # faiss-gpu, no GPU visible
+        ("auto", False, 0, "cpu"),  # faiss-cpu
+        ("auto", False, 2, "cpu"),  # GPUs, but a FAISS without GPU support
+        ("cpu", True, 1, "cpu"),
+        ("gpu", True, 1, "gpu"),
+    ],
+)
+def test_search_device_is_the_gpu_only_when_faiss_can_use_one(requested, gpu_build, gpus, device):
+    assert search_device(requested, gpu_build=gpu_build, gpus=gpus) == device
+
+
+@pytest.mark.parametrize(
+    ("requested", "gpu_build", "gpus", "message"),
+    [
+        ("gpu", False, 0, "has no GPU support"),
+        ("gpu", True, 0, "sees no GPU"),
+        ("cuda:0", True, 1, "device must be one of auto, cpu, gpu"),
+    ],
+)
+def test_search_device_errors_say_what_to_do(requested, gpu_build, gpus, message):
+    with pytest.raises(ValueError, match=message):
+        search_device(requested, gpu_build=gpu_build, gpus=gpus)
+
+
+def test_the_installed_faiss_decides_the_device_and_the_result_says_which():
+    expected = "gpu" if faiss_sees_a_gpu() else "cpu"
+    assert search_device() == expected
+    x, _ = planted(8, groups=5, size=3, singles=20)
+    assert run(x).device == expected
+    assert run(x, device="cpu").device == "cpu"
+    if expected == "cpu":
+        with pytest.raises(ValueError, match="device 'gpu' was asked for"):
+            run(x, device="gpu")
+
+
+@pytest.mark.skipif(not faiss_sees_a_gpu(), reason="needs faiss-gpu and a CUDA GPU")
+def test_gpu_search_finds_what_the_cpu_search_finds():
+    x, label = planted(12, groups=60, size=8, singles=3000, dim=96)
+    videos = [f"v{k % 41}" for k in range(len(x))]
+    for exact_limit in (20_000, 300):  # exact, then the IVF path (the same lists on both)
+        cpu = run(x, videos=videos, exact_limit=exact_limit, device="cpu")
+        gpu = run(x, videos=videos, exact_limit=exact_limit, device="gpu")
+        assert gpu.device == "gpu"
+        assert (gpu.group == cpu.group).all()
+        assert gpu.pairs_found == cpu.pairs_found
+    cpu_pairs = similar_pairs(x, 0.9, device="cpu")
+    gpu_pairs = similar_pairs(x, 0.9, device="gpu")
+    assert [p.tolist() for p in gpu_pairs] == [p.tolist() for p in cpu_pairs]
+
+
+def test_faiss_range_search_and_numpy_blocks_find_the_same_pairs():
+    # A block above _NUMPY_CELLS goes to a FAISS range search, one below to NumPy: same pairs,
+    # a product exactly at the cut included (FAISS keeps only products above its radius).
+    x, _ = planted(9, groups=40, size=5, singles=4000, dim=48, spread=0.25)
+    queries, base = x[:2100].copy(), x[2100:].copy()
+    assert len(queries) * len(base) >= _NUMPY_CELLS
+    queries[3], base[7] = 0, 0
+    queries[3, 0], base[7, :2] = 1.0, (0.6, 0.8)  # a product of exactly float32(0.6) on any BLAS
+    cut = float(np.float32(0.6))
+    want = np.nonzero(queries.astype(np.float64) @ base.T.astype(np.float64) >= cut)
+    products = _CpuProducts()
+    for q, b in ((queries, base), (queries[:100], base[:100])):
+        a, c = products.pairs(q, b, cut)
+        got = sorted(zip(a.tolist(), c.tolist(), strict=True))
+        inside = (want[0] < len(q)) & (want[1] < len(b))
+        assert got == sorted(zip(want[0][inside].tolist(), want[1][inside].tolist(), strict=True))
+        assert (3, 7) in got
+
+
+def test_exact_search_through_faiss_matches_brute_force_beyond_one_tile():
+    # 4,500 vectors: several column tiles and query blocks, most of them FAISS range searches.
+    x, _ = planted(6, groups=300, size=5, singles=3000, dim=32, spread=0.3)
+    sims = x.astype(np.float64) @ x.astype(np.float64).T
+    want_i, want_j = np.nonzero(np.triu(sims >= 0.9, k=1))
+    i, j = similar_pairs(x, 0.9)
+    assert len(i) > 1000
+    assert (i.tolist(), j.tolist()) == (want_i.tolist(), want_j.tolist())

@@ -1,0 +1,94 @@
+"""The dedup stage against a real project: a frame that can no longer be read, when its embedding
+is not cached, is recorded and left out instead of failing the project (issue 13, item 4)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import pandas as pd
+import pytest
+
+from dataminer_dagster.acquisition.video_ids import video_id_for_file
+from dataminer_dagster.assets import STAGES
+from dataminer_dagster.config import parse_project_config
+from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
+from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.paths import DataPaths, ProjectPaths
+from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_discovery
+from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
+from tests.helpers.pipeline import materialize_partitions, resources, work_items
+
+pytestmark = pytest.mark.slow
+
+
+def _materialize(engine, instance, data_dir: Path, database_url: str, stage: str):
+    for name, keys in plan_discovery(engine, DiscoveryCursor()).additions.items():
+        instance.add_dynamic_partitions(name, keys)
+    asset = STAGES[stage]
+    return materialize_partitions(
+        [asset],
+        list(work_items(engine, stage)),
+        instance=instance,
+        resources=resources(database_url, data_dir),
+        partitions=asset.partitions_def,
+        raise_on_error=False,
+    )
+
+
+def test_an_unreadable_frame_without_a_cached_embedding_is_recorded_and_skipped(
+    tmp_path, database_url, engine, tiny_siglip
+):
+    spec = SyntheticVideoSpec(width=96, height=64, fps=10, seconds=2.0, scene_cuts=(1.0,))
+    video = write_opencv_video(tmp_path / "clip.mp4", spec)
+    data_dir = tmp_path / "data"
+    catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
+    config = parse_project_config(
+        {
+            "name": "shaky",
+            "output_dir": str(tmp_path / "out"),
+            "inputs": {"files": [str(video)]},
+            "extract": {"strategy": "time", "every_seconds": 0.5},
+            "filter": {
+                "model": str(tiny_siglip),
+                "device": "cpu",
+                "positive_prompts": ["a shape"],
+                "positive_threshold": 0.0,
+                "negative_threshold": 1.0,
+                "junk_threshold": 1.0,
+            },
+            "dedup": {"threshold": 0.999},
+        }
+    )
+    catalog.register_project(config)
+    paths = ProjectPaths(tmp_path / "out")
+    with dg.instance_for_test() as instance:
+        for stage in (CATALOG, DOWNLOAD, FRAMES, FILTER):
+            assert _materialize(engine, instance, data_dir, database_url, stage).success
+        passed = pd.read_parquet(paths.filter_table(video_id_for_file(video)))
+        passed = passed[passed["passed"]].reset_index(drop=True)
+        assert len(passed) >= 3
+        # The cache is gone (another model, or removed) and one passed frame is now corrupt.
+        shutil.rmtree(DataPaths(data_dir).embeddings_dir())
+        broken = Path(passed["file"][1])
+        broken.chmod(0o644)
+        broken.write_bytes(b"not an image any more")
+        result = _materialize(engine, instance, data_dir, database_url, DEDUP)
+
+    assert result.success
+    assert work_items(engine, DEDUP)["shaky"].status == "done"
+    [materialization] = result.get_asset_materialization_events()
+    assert materialization.materialization.metadata["unreadable"].value == 1
+    table = pd.read_parquet(paths.dedup_table).set_index("file")
+    assert len(table) == len(passed)  # every passed frame is listed, the broken one too
+    row = table.loc[str(broken)]
+    assert not row["readable"] and not row["kept"]
+    assert row["group"] == -1 and row["group_size"] == 0
+    assert row["error"]
+    rest = table.drop(index=str(broken))
+    assert rest["readable"].all() and rest["error"].isna().all()
+    assert (rest["group"] >= 0).all() and rest["kept"].sum() >= 1
+    # Group ids number the kept frames 0..G-1 and every readable frame is in one.
+    assert sorted(rest.loc[rest["kept"], "group"]) == list(range(rest["kept"].sum()))
