@@ -2,13 +2,17 @@
 (`backup.dest`: a local directory or user@host:/path), with rsync, verified by checksum and file
 count. A verified backup may let the frames go (`backup.delete_after_backup`) once no project needs
 them any more; see db/retention.py.
+
+A video none of whose projects names a destination has no backup work: its partition stays
+unmaterialized, and the frames stage records "nothing to do: no backup configured" on it as an
+observation (assets/frames.py), so that the UI says why.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dataminer_dagster.assets.frames import frames
+from dataminer_dagster.assets.frames import NO_BACKUP, frames
 from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
 from dataminer_dagster.core.rsync import copy_tree, is_remote, verify_tree
 from dataminer_dagster.db.retention import release_finished_frames
@@ -16,15 +20,28 @@ from dataminer_dagster.paths import check_backup_dest
 from dataminer_dagster.stages import BACKUP
 
 
-@stage_asset(stage=BACKUP, deps=[frames], kinds={"rsync"})
+@stage_asset(
+    stage=BACKUP,
+    deps=[frames],
+    kinds={"rsync"},
+    description=(
+        "The video's raw frames, copied to every backup destination of its projects and verified."
+        " Videos whose projects name no backup destination are never materialized here: their "
+        "partitions carry the observation 'nothing to do: no backup configured'."
+    ),
+)
 def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
     """The video's raw frames, copied to every backup destination of its projects and verified."""
     catalog = ctx.catalog
     projects = catalog.linked_projects([item.video_id]).get(item.video_id, [])
     destinations = sorted({p.config.backup.dest for p in projects if p.config.backup})
     frames_root = ctx.db.paths.root / "frames" / item.video_id
-    if not destinations or not frames_root.is_dir():
-        return ItemResult(metadata={"status": "nothing to back up"})
+    if not destinations:
+        return ItemResult(metadata=NO_BACKUP)
+    if not frames_root.is_dir():
+        return ItemResult(
+            metadata={"outcome": "nothing to do: the frames are not on disk (released already)"}
+        )
     checked = {}
     for dest in destinations:
         if not is_remote(dest):  # registered before registration checked it
@@ -39,7 +56,11 @@ def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
         release_finished_frames(catalog, conn, [item.video_id])
 
     return ItemResult(
-        metadata={"destinations": "\n".join(destinations), "files_verified": sum(checked.values())},
+        metadata={
+            "outcome": "copied and verified",
+            "destinations": "\n".join(destinations),
+            "files_verified": sum(checked.values()),
+        },
         outcome={"destinations": destinations},
         commit=commit,
     )

@@ -24,11 +24,27 @@ from dataminer_dagster.assets.stage import (
 )
 from dataminer_dagster.stages import CATALOG
 
+SOURCE_NAMES = {"search": "YouTube search", "url": "URL", "url_file": "URL file", "files": "files"}
+
+
+def describe_sources(per_source: dict[str, int]) -> str:
+    """Where the videos came from, e.g. "YouTube search 'street food': 20; URLs of the config: 6"."""
+    parts = []
+    for source, count in per_source.items():
+        kind, _, what = source.partition(": ")
+        name = (
+            "URLs of the config"
+            if source == "url: config"
+            else f"{SOURCE_NAMES.get(kind, kind)} {what!r}"
+        )
+        parts.append(f"{name}: {count}")
+    return "; ".join(parts) or "none"
+
 
 @stage_asset(
     stage=CATALOG,
     required_resource_keys=["download_client"],
-    kinds={"youtube"},
+    kinds={"postgres"},  # searches go through yt-dlp; URLs and files are only linked
 )
 def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's videos: every search, URL, URL file and local file in its config, linked to it."""
@@ -38,9 +54,7 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
         raise ValueError(f"project {item.key!r} is not registered (dataminer project add CONFIG)")
     options = merged_download_options([project.config.download], YOUTUBE)
     throttle = ctx.db.host_throttle(ctx.context.run_id, options, log=ctx.log.warning)
-    search = functools.partial(
-        ctx.download_client.search, options=options, throttle=throttle
-    )
+    search = functools.partial(ctx.download_client.search, options=options, throttle=throttle)
     try:
         found = collect_candidates(project.config.inputs, search)
     except HostPaused as exc:
@@ -58,7 +72,7 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
     return ItemResult(
         metadata={
             "videos": len(found.candidates),
-            "per_source": found.per_source,
+            "sources": describe_sources(found.per_source),
             "problems": found.summary() or "none",
         },
         outcome={"videos": len(found.candidates), "problems": found.problem_count},

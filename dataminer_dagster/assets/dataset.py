@@ -5,26 +5,36 @@
     manifest.parquet         one row per kept frame: video, source URL, timestamp, filter scores,
                              dedup group and size, number of detections
 
-Rebuilt atomically on every run: a re-run replaces the dataset, never appends to it.
+Rebuilt atomically on every run: a re-run replaces the dataset, never appends to it. Its check,
+`dataset_complete`, counts the images three ways (files, manifest rows, COCO images) and looks for
+every file the manifest and the COCO file name; its preview is a sample of the images with their
+annotations drawn.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from dataminer_dagster.assets.detect import detections
+from dataminer_dagster.assets.previews import preview_metadata
 from dataminer_dagster.assets.stage import (
+    CheckResult,
     ItemResult,
+    PartitionCheck,
     StageContext,
     StageItem,
     stage_asset,
 )
 from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE, place_images
 from dataminer_dagster.core.files import publish, staging_path
+from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.redact import redact_url
+from dataminer_dagster.core.visualize import contact_sheet, draw_detections
 from dataminer_dagster.db.project_flow import project_members
 from dataminer_dagster.db.retention import release_finished_frames
 from dataminer_dagster.paths import ProjectPaths
@@ -55,7 +65,112 @@ MANIFEST_COLUMNS = [
 ]
 
 
-@stage_asset(stage=DATASET, deps=[detections], kinds={"parquet"})
+SAMPLE_SIZE = 8  # images in the dataset's preview
+
+
+def _dataset_complete(ctx: StageContext, project_name: str) -> CheckResult:
+    project = ctx.catalog.project(project_name)
+    root = ProjectPaths(project.output_dir).dataset_dir
+    return check_dataset(root, with_coco=project.config.detect is not None)
+
+
+def check_dataset(root: Path, *, with_coco: bool) -> CheckResult:
+    """The dataset in `root` holds as many images as its manifest has rows (and its COCO file
+    images, `with_coco`), and every file they name is in images/."""
+    images_dir = root / IMAGES_DIR
+    on_disk = {p.name for p in images_dir.iterdir()} if images_dir.is_dir() else set()
+    manifest_path = root / MANIFEST_FILE
+    named = (
+        pd.read_parquet(manifest_path, columns=["file_name"])["file_name"].tolist()
+        if manifest_path.is_file()
+        else []
+    )
+    metrics = {"images": len(on_disk), "manifest_rows": len(named)}
+    problems = [] if manifest_path.is_file() else [f"`{manifest_path}` is missing"]
+    if with_coco:
+        coco_path = root / COCO_FILE
+        coco_names = (
+            [image["file_name"] for image in json.loads(coco_path.read_text())["images"]]
+            if coco_path.is_file()
+            else []
+        )
+        metrics["coco_images"] = len(coco_names)
+        if not coco_path.is_file():
+            problems.append(f"`{coco_path}` is missing")
+        named += coco_names
+    missing = sorted(set(named) - on_disk)
+    metrics["missing_files"] = len(missing)
+    counts = {v for k, v in metrics.items() if k != "missing_files"}
+    if len(counts) > 1:
+        problems.append(
+            "the counts differ: "
+            + ", ".join(f"{k} {v}" for k, v in metrics.items() if k != "missing_files")
+        )
+    if missing:
+        problems.append(
+            f"{len(missing)} files named by the manifest or the COCO file are not in "
+            f"`{images_dir}`, e.g. " + ", ".join(f"`{m}`" for m in missing[:5])
+        )
+    if not problems:
+        return CheckResult(True, metrics)
+    return CheckResult(
+        False, metrics, f"The dataset in `{root}` is incomplete: " + "; ".join(problems) + "."
+    )
+
+
+@dataclass(frozen=True)
+class _Annotation:
+    x: float
+    y: float
+    w: float
+    h: float
+    score: float
+    label: str
+
+
+def _sample_preview(staging: Path, manifest: pd.DataFrame, with_coco: bool, previews: Path) -> dict:
+    """A sample of the dataset's images with their COCO annotations drawn (the images with the
+    most annotations first)."""
+    boxes: dict[str, list[_Annotation]] = {name: [] for name in manifest["file_name"]}
+    if with_coco:
+        coco = json.loads((staging / COCO_FILE).read_text())
+        names = {image["id"]: image["file_name"] for image in coco["images"]}
+        labels = {c["id"]: c["name"] for c in coco["categories"]}
+        for a in coco["annotations"]:
+            boxes[names[a["image_id"]]].append(
+                _Annotation(*a["bbox"], a.get("score", 1.0), labels[a["category_id"]])
+            )
+    sample = sorted(boxes, key=lambda name: (-len(boxes[name]), name))[:SAMPLE_SIZE]
+    pictures = [
+        draw_detections(read_image(staging / IMAGES_DIR / name), boxes[name]) for name in sample
+    ]
+    what = "annotations" if with_coco else "images (no detect section: no annotations)"
+    captions = [
+        f"{len(boxes[name])} box{'' if len(boxes[name]) == 1 else 'es'}: {name}"
+        if with_coco
+        else name
+        for name in sample
+    ]
+    sheet = contact_sheet(
+        pictures, captions, columns=4, tile_width=200, tile_height=150, empty=f"no {what}"
+    )
+    return preview_metadata(
+        "dataset_sample", sheet, previews, cover=pictures[0] if pictures else None
+    )
+
+
+@stage_asset(
+    stage=DATASET,
+    deps=[detections],
+    kinds={"image", "parquet", "json"},
+    checks=[
+        PartitionCheck(
+            "dataset_complete",
+            "Images on disk = manifest rows = COCO images, and every file they name is present.",
+            _dataset_complete,
+        )
+    ],
+)
 def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's dataset: kept images, COCO annotations and a Parquet manifest."""
     catalog = ctx.catalog
@@ -97,11 +212,15 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     )
     return ItemResult(
         metadata={
+            **_sample_preview(staging, manifest, has_detections, paths.previews_dir),
             "images": len(manifest),
             "hard_links": linked,
             "copies": len(manifest) - linked,
-            "annotations": COCO_FILE if has_detections else "none (no detect section)",
-            "path": str(paths.dataset_dir),
+            "dataset": paths.dataset_dir,
+            "manifest": paths.dataset_dir / MANIFEST_FILE,
+            "annotations": (
+                paths.dataset_dir / COCO_FILE if has_detections else "none (no detect section)"
+            ),
         },
         outcome={"images": len(manifest)},
         commit=lambda conn: _publish(catalog, conn, project, staging, paths.dataset_dir),

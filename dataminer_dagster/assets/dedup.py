@@ -19,8 +19,9 @@ import pandas as pd
 from dataminer_dagster.assets.filter import FRAME_COLUMNS, filtered_frames, load_scorer
 from dataminer_dagster.assets.previews import preview_metadata
 from dataminer_dagster.assets.stage import (
+    CheckResult,
     ItemResult,
-    StageCheck,
+    PartitionCheck,
     StageContext,
     StageItem,
     stage_asset,
@@ -29,58 +30,122 @@ from dataminer_dagster.core.dedup import deduplicate
 from dataminer_dagster.core.embedding_cache import EmbeddingCache
 from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.images import read_image
-from dataminer_dagster.core.visualize import contact_sheet, histogram
+from dataminer_dagster.core.visualize import PALETTE, contact_sheet
 from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.stages import DEDUP
 
 
-def _no_duplicates_kept(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]:
-    """No two kept frames of a project finished in this run are at or above its threshold (with
-    the stage's own search: exact up to dedup.exact_limit kept frames, approximate beyond, where a
-    missed pair would go unreported)."""
+def _no_duplicates_kept(ctx: StageContext, project_name: str) -> CheckResult:
+    """No two kept frames of the project are at or above its threshold (with the stage's own
+    search: exact up to dedup.exact_limit kept frames, approximate beyond, where a missed pair
+    would go unreported)."""
     from dataminer_dagster.core.dedup import similar_pairs
 
-    offending: dict[str, int] = {}
-    for name in keys:
-        project = ctx.catalog.project(name)
-        table = pd.read_parquet(ProjectPaths(project.output_dir).dedup_table)
-        kept = table[table["kept"]].reset_index(drop=True)
-        if len(kept) < 2:
-            offending[name] = 0
-            continue
-        embeddings, unreadable = _embeddings(ctx, project, kept)
-        left, _ = similar_pairs(
-            np.delete(embeddings, list(unreadable), axis=0),
-            project.config.dedup.threshold,
-            exact_limit=project.config.dedup.exact_limit,
-        )
-        offending[name] = len(left)
-    return not any(offending.values()), {
-        "pairs_above_threshold": offending or "no project deduplicated"
-    }
+    project = ctx.catalog.project(project_name)
+    table = pd.read_parquet(ProjectPaths(project.output_dir).dedup_table)
+    kept = table[table["kept"]].reset_index(drop=True)
+    metrics = {"kept_frames": len(kept), "pairs_above_threshold": 0}
+    if len(kept) < 2:
+        return CheckResult(True, metrics)
+    embeddings, unreadable = _embeddings(ctx, project, kept)
+    frame_ids = kept["frame_id"].drop(index=list(unreadable)).tolist()
+    threshold = project.config.dedup.threshold
+    left, right = similar_pairs(
+        np.delete(embeddings, list(unreadable), axis=0),
+        threshold,
+        exact_limit=project.config.dedup.exact_limit,
+    )
+    metrics["pairs_above_threshold"] = len(left)
+    if not len(left):
+        return CheckResult(True, metrics)
+    examples = ", ".join(
+        f"`{frame_ids[i]}` and `{frame_ids[j]}`"
+        for i, j in zip(left[:5], right[:5], strict=True)
+    )
+    return CheckResult(
+        False,
+        metrics,
+        f"{len(left)} pairs of kept frames are at or above the dedup threshold {threshold:g}, "
+        f"e.g. {examples}. `dataminer force-dedup {project_name}` deduplicates the project again.",
+    )
 
 
 DEDUP_CHECKS = [
-    StageCheck(
+    PartitionCheck(
         "no_duplicates_kept",
         "No pair of kept frames is at or above the dedup threshold.",
         _no_duplicates_kept,
     )
 ]
 
+GROUPS_SHOWN = 4  # duplicate groups in the preview, two side by side per row
+GROUP_WIDTH = 4  # tiles per group: the kept frame and up to three it replaced
+KEPT = PALETTE[0]  # the kept frame's frame colour
+
+
+def _groups_preview(
+    frames: pd.DataFrame, titles: dict[str, str], directory: Path
+) -> dict:
+    """The largest duplicate groups side by side: each kept frame (framed in green), then the
+    frames it replaced; then, where there is room, the best kept frames that had no duplicate."""
+    grouped = frames[frames["group_size"] > 1].sort_values(
+        ["group_size", "kept", "pos_max"], ascending=False
+    )
+    images: list = []
+    captions: list[str] = []
+    borders: list = []
+
+    def caption(row, what: str) -> str:
+        return f"{what} {row.timestamp:.1f}s {titles.get(row.video_id) or row.video_id}"
+
+    for _, group in list(grouped.groupby("group", sort=False))[:GROUPS_SHOWN]:
+        members = group.sort_values("kept", ascending=False).head(GROUP_WIDTH)
+        for row in members.itertuples():
+            images.append(read_image(Path(row.file)))
+            captions.append(caption(row, "kept" if row.kept else "replaced"))
+            borders.append(KEPT if row.kept else None)
+        padding = GROUP_WIDTH - len(members)
+        images += [None] * padding
+        captions += [""] * padding
+        borders += [None] * padding
+    if len(images) % (
+        2 * GROUP_WIDTH
+    ):  # the kept frames without duplicates start a new row
+        images += [None] * GROUP_WIDTH
+        captions += [""] * GROUP_WIDTH
+        borders += [None] * GROUP_WIDTH
+    unique = frames[frames["kept"] & (frames["group_size"] == 1)]
+    room = GROUPS_SHOWN * GROUP_WIDTH - len(images)
+    for row in (
+        unique.sort_values("pos_max", ascending=False).head(max(0, room)).itertuples()
+    ):
+        images.append(read_image(Path(row.file)))
+        captions.append(caption(row, "kept"))
+        borders.append(KEPT)
+    sheet = contact_sheet(
+        images,
+        captions,
+        columns=2 * GROUP_WIDTH,
+        tile_width=120,
+        tile_height=90,
+        borders=borders,
+        empty="no frame passed the filter",
+    )
+    cover = next((image for image in images if image is not None), None)
+    return preview_metadata("duplicate_groups", sheet, directory, cover=cover)
+
 
 @stage_asset(
     checks=DEDUP_CHECKS,
     stage=DEDUP,
     deps=[filtered_frames],
-    kinds={"faiss"},
+    kinds={"faiss", "parquet"},
 )
 def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's passed frames grouped into near-duplicates, one kept per group."""
     catalog = ctx.catalog
     project = catalog.project(item.key)
     frames = passed_frames(project, catalog.videos_with_passed_frames(project.id))
-    scored = [float(v) for v in frames["pos_max"]]
     started = time.monotonic()
     config = project.config.dedup
     unreadable: dict[int, str] = {}
@@ -118,7 +183,9 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
         )
         stats = {"pairs": 0, "exact": True, "recall": None, "device": "cpu"}
     for index, message in list(unreadable.items())[:5]:
-        ctx.log.warning(f"dedup {project.name}: frame {frames['file'][index]} skipped: {message}")
+        ctx.log.warning(
+            f"dedup {project.name}: frame {frames['file'][index]} skipped: {message}"
+        )
 
     final = ProjectPaths(project.output_dir).dedup_table
     staged = staging_path(final)
@@ -127,36 +194,25 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     ctx.log.info(
         f"dedup {project.name}: {len(frames)} passed frames -> {kept} kept ({stats['pairs']} duplicate pairs)"
     )
-    previews = ProjectPaths(project.output_dir).root / "previews"
-    best = frames[frames["kept"]].sort_values("pos_max", ascending=False).head(24)
-    sheet = contact_sheet(
-        [read_image(Path(f)) for f in best["file"]],
-        [
-            f"{v} {t:.1f}s {s:.2f}"
-            for v, t, s in zip(best["video_id"], best["timestamp"], best["pos_max"], strict=True)
-        ],
-        columns=6,
-        tile_width=160,
-        tile_height=120,
-    )
-    chart = histogram(
-        scored,
-        marker=project.config.filter.positive_threshold,
-        title="best positive score of passed frames",
-    )
+    titles = {
+        v: row.title for v, row in catalog.videos(frames["video_id"].unique()).items()
+    }
     return ItemResult(
         metadata={
-            **preview_metadata("kept_frames", sheet, previews),
-            **preview_metadata("filter_scores", chart, previews),
+            **_groups_preview(
+                frames, titles, ProjectPaths(project.output_dir).previews_dir
+            ),
             "frames_in": len(frames),
             "unreadable": len(unreadable),
             "kept": kept,
-            "groups": kept,
+            "groups_with_duplicates": int(
+                frames.loc[frames["group_size"] > 1, "group"].nunique()
+            ),
             "duplicate_pairs": stats["pairs"],
             "search": _search_summary(stats),
             "threshold": config.threshold,
-            "seconds": round(time.monotonic() - started, 2),
-            "table": str(final),
+            "dedup_seconds": round(time.monotonic() - started, 2),
+            "table": final,
         },
         outcome={"frames_in": len(frames), "kept": kept, "unreadable": len(unreadable)},
         commit=lambda conn: publish(staged, final),
@@ -173,7 +229,9 @@ def _search_summary(stats: dict) -> str:
     return f"approximate, {where}, measured recall {stats['recall']:.4f}"
 
 
-def _record_unreadable(frames: pd.DataFrame, unreadable: dict[int, str]) -> pd.DataFrame:
+def _record_unreadable(
+    frames: pd.DataFrame, unreadable: dict[int, str]
+) -> pd.DataFrame:
     """The frames with `readable` and `error` updated for those that could not be read now."""
     frames = frames.copy()
     if unreadable:
@@ -195,7 +253,9 @@ def passed_frames(project, video_ids: list[str]) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=[*FRAME_COLUMNS, "video_id", "frame_id"])
     frames = pd.concat(parts, ignore_index=True)
-    frames["frame_id"] = frames["video_id"] + "_" + frames["frame_index"].map("{:06d}".format)
+    frames["frame_id"] = (
+        frames["video_id"] + "_" + frames["frame_index"].map("{:06d}".format)
+    )
     return frames.sort_values("frame_id", ignore_index=True)
 
 
@@ -219,17 +279,24 @@ def _embeddings(
     parts, unreadable = [], {}
     for video_id, group in frames.groupby("video_id", sort=False):
         found, cached = cache.get(video_id, group["content_hash"].tolist())
-        vectors = np.zeros((len(group), cached.shape[1] if cached.size else 0), np.float32)
-        if not found.all():  # not cached (cache removed, or another model): compute them now
+        vectors = np.zeros(
+            (len(group), cached.shape[1] if cached.size else 0), np.float32
+        )
+        if (
+            not found.all()
+        ):  # not cached (cache removed, or another model): compute them now
             embedder = embedder or load_scorer(config.filter)
             missing = np.flatnonzero(~found)
             computed = embedder.embed_all([group["file"].iloc[i] for i in missing])
             vectors = np.zeros((len(group), embedder.embedding_dim), np.float32)
             done = missing[computed.indices]
             vectors[done] = computed.embeddings
-            cache.put(video_id, group["content_hash"].iloc[done].tolist(), computed.embeddings)
+            cache.put(
+                video_id, group["content_hash"].iloc[done].tolist(), computed.embeddings
+            )
             unreadable |= {
-                int(group.index[missing[k]]): message for k, message in computed.errors.items()
+                int(group.index[missing[k]]): message
+                for k, message in computed.errors.items()
             }
         if found.any():
             vectors[found] = cached

@@ -7,6 +7,7 @@ configured text prompts. Boxes are pixels `[x, y, w, h]`; the COCO file lists ev
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -16,19 +17,14 @@ import pandas as pd
 from dataminer_dagster.assets.dedup import deduped_set
 from dataminer_dagster.assets.previews import preview_metadata
 from dataminer_dagster.assets.stage import (
+    CheckResult,
     ItemResult,
-    StageCheck,
+    PartitionCheck,
     StageContext,
     StageItem,
     stage_asset,
 )
-from dataminer_dagster.core.coco import (
-    ImageDetections,
-    build_coco,
-    coco_problems,
-    read_coco,
-    write_coco,
-)
+from dataminer_dagster.core.coco import ImageDetections, build_coco, coco_problems, write_coco
 from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.images import read_image, write_image
 from dataminer_dagster.core.progress import Progress
@@ -81,42 +77,83 @@ def _detect_chunk(detector, chunk, pictures, config, staging, rows, images) -> N
             write_image(staging / "visualizations" / name, draw_detections(picture, found))
 
 
+EXAMPLES = 8  # frames in the detections preview
+
+
 def _examples(table: pd.DataFrame, kept: pd.DataFrame, paths: ProjectPaths) -> dict:
-    """A contact sheet of the frames with the most detections, boxes drawn."""
+    """A contact sheet of the frames with the most detections, boxes and class names drawn; when
+    there are fewer, kept frames without any, so that the preview shows what was looked at."""
     from dataminer_dagster.models.detectors import Detection
 
-    busiest = table["frame_id"].value_counts().head(8).index.tolist()
+    busiest = table["frame_id"].value_counts().head(EXAMPLES).index.tolist()
+    quiet = [f for f in kept["frame_id"] if f not in set(busiest)]
+    quiet = quiet[: EXAMPLES - len(busiest)]
     files = dict(zip(kept["frame_id"], kept["file"], strict=True))
     pictures, captions = [], []
-    for frame_id in busiest:
+    for frame_id in busiest + quiet:
         boxes = table[table["frame_id"] == frame_id]
         found = [Detection(r.x, r.y, r.w, r.h, r.score, r.label) for r in boxes.itertuples()]
         pictures.append(draw_detections(read_image(Path(files[frame_id])), found))
-        captions.append(f"{frame_id}: {len(found)}")
-    sheet = contact_sheet(pictures, captions, columns=4, tile_width=200, tile_height=150)
-    return preview_metadata("detection_examples", sheet, paths.root / "previews")
+        captions.append(
+            f"{len(found) or 'no'} detection{'' if len(found) == 1 else 's'}: {frame_id}"
+        )
+    sheet = contact_sheet(
+        pictures,
+        captions,
+        columns=4,
+        tile_width=200,
+        tile_height=150,
+        empty="no kept frames to detect on",
+    )
+    return preview_metadata(
+        "detection_examples", sheet, paths.previews_dir, cover=pictures[0] if pictures else None
+    )
 
 
-def _coco_valid(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]:
-    """The COCO file of every project detected in this run loads and is internally consistent."""
-    problems = {}
-    for name in keys:
-        project = ctx.catalog.project(name)
-        path = ProjectPaths(project.output_dir).coco_file
-        if project.config.detect is None:
-            continue
-        found = coco_problems(read_coco(path)) if path.is_file() else [f"{path} is missing"]
-        problems[name] = "; ".join(found[:5]) or "valid"
-    return all(v == "valid" for v in problems.values()), {
-        "projects": problems or "no project detected"
+def _coco_valid(ctx: StageContext, project_name: str) -> CheckResult:
+    project = ctx.catalog.project(project_name)
+    if project.config.detect is None:
+        return CheckResult(True, {"images": 0, "annotations": 0, "invalid_annotations": 0})
+    return check_coco_file(ProjectPaths(project.output_dir).coco_file)
+
+
+def check_coco_file(path: Path) -> CheckResult:
+    """The COCO file loads and is internally consistent: counts, and its problems in words."""
+    if not path.is_file():
+        return CheckResult(False, {}, f"The COCO file `{path}` is missing.")
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return CheckResult(False, {}, f"The COCO file `{path}` is not readable JSON: {exc}")
+    problems = coco_problems(document)
+    bad_annotations = {p.split("]", 1)[0] for p in problems if p.startswith("annotations[")}
+    sections = {k: document.get(k) for k in ("images", "annotations")}
+    metrics = {
+        **{k: len(v) if isinstance(v, list) else 0 for k, v in sections.items()},
+        "invalid_annotations": len(bad_annotations),
+        "other_problems": len([p for p in problems if not p.startswith("annotations[")]),
     }
+    if not problems:
+        return CheckResult(True, metrics)
+    listed = "\n".join(f"- {p}" for p in problems[:10])
+    more = f"\n- ... and {len(problems) - 10} more" if len(problems) > 10 else ""
+    return CheckResult(
+        False, metrics, f"The COCO file `{path}` has {len(problems)} problems:\n{listed}{more}"
+    )
 
 
 @stage_asset(
-    checks=[StageCheck("coco_valid", "The COCO file is valid detection JSON.", _coco_valid)],
+    checks=[
+        PartitionCheck(
+            "coco_valid",
+            "The COCO file is valid detection JSON: every annotation names a listed image and a "
+            "category, with a box inside its image.",
+            _coco_valid,
+        )
+    ],
     stage=DETECT,
     deps=[deduped_set],
-    kinds={"pytorch"},
+    kinds={"pytorch", "parquet", "json"},
 )
 def detections(item: StageItem, ctx: StageContext) -> ItemResult:
     """Detected objects on the kept frames: a table and a COCO file."""
@@ -127,7 +164,10 @@ def detections(item: StageItem, ctx: StageContext) -> ItemResult:
     kept = kept[kept["kept"]].reset_index(drop=True)
     if config is None:
         return ItemResult(
-            metadata={"status": "not configured (no detect section)", "frames": len(kept)}
+            metadata={
+                "outcome": "nothing to do: the project config has no detect section",
+                "frames": len(kept),
+            }
         )
 
     started = time.monotonic()
@@ -162,17 +202,19 @@ def detections(item: StageItem, ctx: StageContext) -> ItemResult:
         images, list(detector.labels), info={"description": f"dataminer project {project.name}"}
     )
     write_coco(coco, staging / paths.coco_file.name)
-    per_label = table["label"].value_counts().to_dict()
+    per_label = table["label"].value_counts()
+    model = Path(config.model)
     return ItemResult(
         metadata={
             **_examples(table, kept, paths),
             "frames": len(kept),
             "detections": len(table),
             "frames_with_detections": int(table["frame_id"].nunique()),
-            "per_label": per_label or "none",
-            "detector": f"{config.detector} {config.model}",
-            "seconds": round(time.monotonic() - started, 2),
-            "coco": str(paths.coco_file),
+            "per_label": ", ".join(f"{k} {v}" for k, v in per_label.items()) or "none",
+            "detector": config.detector,
+            "model": model if model.is_absolute() else config.model,
+            "detection_seconds": round(time.monotonic() - started, 2),
+            "coco": paths.coco_file,
         },
         outcome={"frames": len(kept), "detections": len(table)},
         commit=lambda conn: publish(staging, paths.detections_dir),

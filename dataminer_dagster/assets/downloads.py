@@ -26,6 +26,7 @@ from dataminer_dagster.acquisition.ytdlp import (
     check_download_rules,
 )
 from dataminer_dagster.assets.catalog import video_catalog
+from dataminer_dagster.assets.previews import megabytes
 from dataminer_dagster.assets.stage import (
     Blocked,
     ItemResult,
@@ -46,7 +47,7 @@ from dataminer_dagster.stages import DOWNLOAD
     stage=DOWNLOAD,
     deps=[video_catalog],
     required_resource_keys=["download_client"],
-    kinds={"video"},
+    kinds={"yt-dlp", "video"},
 )
 def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
     """The video file (a local source, or downloaded with yt-dlp) and its metadata."""
@@ -61,7 +62,13 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
     if video.file_path and (
         existing := _valid_file(ctx.db.paths.absolute(video.file_path), item.video_id)
     ):
-        return _record(item, ctx, video.file_path, existing, {"status": "already downloaded"})
+        return _record(
+            item,
+            ctx,
+            video.file_path,
+            existing,
+            {"outcome": "nothing to do: downloaded already and still valid"},
+        )
 
     host = host_key(video.url)
     options = merged_download_options([p.config.download for p in projects], host)
@@ -107,10 +114,11 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
         "tags": list(meta.tags),
     }
     extra = {
-        "seconds": round(time.monotonic() - started, 2),
-        "blocked_for": ", ".join(rejected) or "none",
+        "outcome": "downloaded",
+        "download_seconds": round(time.monotonic() - started, 2),
+        "rejected_by_projects": "; ".join(rejected.values()) or "none",
         "host": host,
-        "waited_for_host_s": round(throttle.waited_s, 2),
+        "waited_for_host_seconds": round(throttle.waited_s, 2),
         "host_pauses_met": "; ".join(p.describe() for p in throttle.pauses_met) or "none",
     }
     return _record(item, ctx, ctx.db.paths.relative(downloaded.path), facts, extra, rejected)
@@ -141,7 +149,11 @@ def _rejecting_projects(projects: list[ProjectRow], meta, video_id: str) -> dict
 def _local_file(item: StageItem, ctx: StageContext, path: Path) -> ItemResult:
     facts = _valid_file(path, item.video_id, raise_reason=True)
     return _record(
-        item, ctx, None, {**facts, "title": path.stem}, {"status": "local file", "path": str(path)}
+        item,
+        ctx,
+        None,
+        {**facts, "title": path.stem},
+        {"outcome": "local file, probed in place", "file": path},
     )
 
 
@@ -177,9 +189,21 @@ def _record(
             catalog.block_project_videos(conn, item.video_id, rejected)
         catalog.advance_videos(conn, [item.video_id])
 
-    metadata = {k: v for k, v in {**facts, **extra}.items() if v is not None and k != "tags"}
     return ItemResult(
-        metadata=metadata,
-        outcome={k: extra[k] for k in ("status",) if k in extra} or None,
+        metadata={k: v for k, v in {**extra, **_shown(facts)}.items() if v is not None},
+        outcome={"status": extra["outcome"]},
         commit=commit,
     )
+
+
+def _shown(facts: dict) -> dict:
+    """A video's facts as the UI shows them (its title is shown by the stage machinery)."""
+    return {
+        "size_mb": megabytes(facts.get("size_bytes")),
+        "duration_seconds": facts.get("duration_s"),
+        "fps": facts.get("fps"),
+        "width": facts.get("width"),
+        "height": facts.get("height"),
+        "uploader": facts.get("uploader"),
+        "upload_date": facts.get("upload_date"),
+    }

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from dataminer_dagster.assets.frames import frames
+from dataminer_dagster.assets.previews import VIDEO_PREVIEW_BUDGET, preview_metadata
 from dataminer_dagster.assets.stage import (
     ItemResult,
     RequeueFirst,
@@ -26,6 +27,8 @@ from dataminer_dagster.core.embedding_cache import EmbeddingCache, quantize
 from dataminer_dagster.core.extract import read_manifest
 from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.filter_rule import FilterThresholds, apply_filter_rule
+from dataminer_dagster.core.images import read_image
+from dataminer_dagster.core.visualize import contact_sheet, histogram
 from dataminer_dagster.paths import FRAMES_MANIFEST, ProjectPaths
 from dataminer_dagster.stages import FILTER
 
@@ -34,7 +37,9 @@ def load_scorer(config: FilterConfig):
     """The SigLIP2 scorer of a filter config (loaded once per process and model)."""
     from dataminer_dagster.models.siglip import SiglipScorer
 
-    return SiglipScorer(config.model, device=config.device, batch_size=config.batch_size)
+    return SiglipScorer(
+        config.model, device=config.device, batch_size=config.batch_size
+    )
 
 
 def prompt_columns(config: FilterConfig) -> list[str]:
@@ -48,7 +53,7 @@ def prompt_columns(config: FilterConfig) -> list[str]:
 @stage_asset(
     stage=FILTER,
     deps=[frames],
-    kinds={"pytorch"},
+    kinds={"pytorch", "huggingface", "parquet"},
 )
 def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
     """Per frame: every prompt score and the keep/drop decision of the project's filter."""
@@ -92,10 +97,14 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
             pos_junk_margin=config.pos_junk_margin,
         ),
     )
-    table = _results_table(manifest, frames_dir, config, readable, errors, scores, decision)
+    table = _results_table(
+        manifest, frames_dir, config, readable, errors, scores, decision
+    )
     passed = int(table["passed"].sum())
     for index, message in list(errors.items())[:5]:
-        ctx.log.warning(f"filter {item.key}: frame {manifest[index].file_name} skipped: {message}")
+        ctx.log.warning(
+            f"filter {item.key}: frame {manifest[index].file_name} skipped: {message}"
+        )
 
     final = ProjectPaths(project.output_dir).filter_table(item.video_id)
     staged = staging_path(final)
@@ -103,23 +112,73 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
 
     def commit(conn) -> None:
         publish(staged, final)
-        catalog.record_filter(conn, project.id, item.video_id, total=len(table), passed=passed)
+        catalog.record_filter(
+            conn, project.id, item.video_id, total=len(table), passed=passed
+        )
 
-    status = "empty: no frame passed" if passed == 0 else "passed"
+    model = Path(config.model)
     return ItemResult(
         metadata={
+            **_previews(
+                table, config, ProjectPaths(project.output_dir).previews_dir / item.key
+            ),
+            "outcome": f"{passed} of {len(table)} frames kept"
+            if passed
+            else "empty: no frame passed the filter",
             "frames": len(table),
             "passed": passed,
             "unreadable": len(errors),
-            "status": status,
-            "results": str(final),
-            "model": config.model,
-            "best_positive_score": float(table["pos_max"].max()) if len(table) else 0.0,
+            "best_positive_score": float(table["pos_max"].max())
+            if readable.any()
+            else 0.0,
+            "positive_threshold": config.positive_threshold,
+            "model": model if model.is_absolute() else config.model,
+            "results": final,
         },
         outcome={"frames": len(table), "passed": passed, "unreadable": len(errors)},
         commit=commit,
         staged=[staged],
     )
+
+
+KEPT_SHOWN = 8  # frames in a video's preview
+
+
+def _previews(table: pd.DataFrame, config: FilterConfig, directory: Path) -> dict:
+    """The video's kept frames, best score first, and the histogram of its frames' best positive
+    score with the threshold labelled."""
+    best = (
+        table[table["passed"]].sort_values("pos_max", ascending=False).head(KEPT_SHOWN)
+    )
+    pictures = [read_image(Path(f)) for f in best["file"]]
+    sheet = contact_sheet(
+        pictures,
+        [
+            f"{t:.1f} s, score {s:.2f}"
+            for t, s in zip(best["timestamp"], best["pos_max"], strict=True)
+        ],
+        columns=4,
+        tile_width=160,
+        tile_height=120,
+        empty="no frame passed the filter",
+    )
+    chart = histogram(
+        table["pos_max"].to_numpy(np.float64),
+        thresholds={"positive threshold": config.positive_threshold},
+        title="best positive-prompt score per frame",
+    )
+    return {
+        **preview_metadata(
+            "kept_frames",
+            sheet,
+            directory,
+            budget=VIDEO_PREVIEW_BUDGET,
+            cover=pictures[0] if pictures else None,
+        ),
+        **preview_metadata(
+            "filter_scores", chart, directory, budget=VIDEO_PREVIEW_BUDGET, chart=True
+        ),
+    }
 
 
 def _frame_embeddings(
@@ -136,10 +195,14 @@ def _frame_embeddings(
     todo = np.flatnonzero(~found)
     errors: dict[int, str] = {}
     new_rows, new_hashes = [], []
-    for batch in scorer.embed_images([frames_dir / manifest[i].file_name for i in todo]):
+    for batch in scorer.embed_images(
+        [frames_dir / manifest[i].file_name for i in todo]
+    ):
         ctx.check_lease(item)
         rows = todo[batch.indices]
-        stored = quantize(batch.embeddings)  # score exactly what a later run reads from the cache
+        stored = quantize(
+            batch.embeddings
+        )  # score exactly what a later run reads from the cache
         result[rows] = stored
         new_rows.append(stored)
         new_hashes += [hashes[i] for i in rows]
@@ -176,7 +239,9 @@ def _results_table(
     full[readable] = scores
 
     def spread(values, fill):
-        out = np.full(n, fill, dtype=np.asarray(values).dtype if len(values) else type(fill))
+        out = np.full(
+            n, fill, dtype=np.asarray(values).dtype if len(values) else type(fill)
+        )
         out[readable] = values
         return out
 

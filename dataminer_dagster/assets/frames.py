@@ -13,10 +13,11 @@ from pathlib import Path
 
 from dataminer_dagster.assets.downloads import downloads
 from dataminer_dagster.assets.stage import (
+    CheckResult,
     ItemResult,
+    PartitionCheck,
     PermanentFailure,
     Postponed,
-    StageCheck,
     StageContext,
     StageItem,
     stage_asset,
@@ -41,40 +42,74 @@ from dataminer_dagster.db.retention import delete_video_file, may_delete_video_f
 from dataminer_dagster.paths import FRAMES_MANIFEST
 from dataminer_dagster.stages import FRAMES
 
+# Recorded on frames_backup for a video none of whose projects names a backup destination: that
+# partition is never materialized, and this says why.
+NO_BACKUP = {
+    "outcome": "nothing to do: no backup configured (no project of the video has backup.dest)"
+}
 
-def _frames_on_disk(ctx: StageContext, keys: list[str]) -> tuple[bool, dict]:
-    """Every frames directory the catalog records exists; for this run's videos, every file of
-    the manifest too."""
-    catalog = ctx.catalog
+
+def _frames_on_disk(ctx: StageContext, video_id: str) -> CheckResult:
+    """Every frames directory the catalog records for the video exists, with every file of its
+    manifest."""
     missing_dirs, missing_files = [], []
-    for video_id, profiles in catalog.frame_profiles(None).items():
-        for profile, (directory, _) in profiles.items():
-            if not directory.is_dir():
-                missing_dirs.append(f"{video_id}/{profile}")
-            elif video_id in keys:
-                names = {f.file_name for f in read_manifest(directory / FRAMES_MANIFEST)}
-                missing_files += [
-                    f"{video_id}/{profile}/{n}"
-                    for n in sorted(names)
-                    if not (directory / n).is_file()
-                ]
-    passed = not missing_dirs and not missing_files
-    return passed, {
-        "missing_directories": len(missing_dirs),
-        "missing_files": len(missing_files),
-        "examples": "\n".join((missing_dirs + missing_files)[:10]) or "none",
-    }
+    recorded = ctx.catalog.frame_profiles([video_id]).get(video_id, {})
+    for directory, _ in recorded.values():
+        if not directory.is_dir():
+            missing_dirs.append(str(directory))
+            continue
+        names = {f.file_name for f in read_manifest(directory / FRAMES_MANIFEST)}
+        missing_files += [
+            str(directory / n) for n in sorted(names) if not (directory / n).is_file()
+        ]
+    metrics = {"missing_directories": len(missing_dirs), "missing_files": len(missing_files)}
+    if not missing_dirs and not missing_files:
+        return CheckResult(True, metrics)
+    examples = "\n".join(f"- `{m}`" for m in (missing_dirs + missing_files)[:10])
+    return CheckResult(
+        False,
+        metrics,
+        f"{len(missing_dirs)} frames directories and {len(missing_files)} frame files that the "
+        f"catalog records for video {video_id} are not on disk, for example:\n{examples}\n\n"
+        "Materializing this partition with the config `redo: true` extracts a missing directory "
+        "again; remove a directory with missing files first.",
+    )
 
 
 FRAMES_CHECKS = [
-    StageCheck("frames_on_disk", "Every frame the catalog records is on disk.", _frames_on_disk)
+    PartitionCheck(
+        "frames_on_disk",
+        "Every frame the catalog records for the video is on disk.",
+        _frames_on_disk,
+    )
 ]
+
+
+def describe_extraction(options: ExtractionOptions) -> str:
+    """The extraction profile in words, e.g. 'one frame every 1 s, JPEG quality 95, at most 500
+    frames, full size'."""
+    sampling = {
+        "interval": lambda: (
+            "every frame" if options.every_frames == 1 else f"one frame in {options.every_frames}"
+        ),
+        "time": lambda: f"one frame every {options.every_seconds:g} s",
+        "scene": lambda: (
+            f"one frame per scene (cut at an HSV difference of {options.scene_threshold:g}, "
+            f"scenes of at least {options.min_scene_seconds:g} s)"
+        ),
+    }[options.strategy]()
+    image = {"jpg": "JPEG", "png": "PNG", "webp": "WebP"}[options.image_format]
+    if options.image_format != "png":
+        image += f" quality {options.quality}"
+    limit = f"at most {options.max_frames} frames" if options.max_frames else "no frame limit"
+    size = f"longest side at most {options.max_side} px" if options.max_side else "full size"
+    return f"{sampling}, {image}, {limit}, {size}"
 
 
 @stage_asset(
     stage=FRAMES,
     deps=[downloads],
-    kinds={"image"},
+    kinds={"image", "parquet"},
     checks=FRAMES_CHECKS,
 )
 def frames(item: StageItem, ctx: StageContext) -> ItemResult:
@@ -86,9 +121,9 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
     for project in projects:
         options = project.config.extract.options()
         wanted.setdefault(options.profile_id(), options)
-    present = {
-        profile
-        for profile, (directory, _) in catalog.frame_profiles([item.video_id])
+    present = {  # profile -> frames extracted before
+        profile: count
+        for profile, (directory, count) in catalog.frame_profiles([item.video_id])
         .get(item.video_id, {})
         .items()
         if directory.is_dir()
@@ -105,7 +140,7 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
 
         ctx.log.info(f"frames {item.video_id}: the video file is gone; it will be downloaded again")
         return ItemResult(
-            metadata={"status": "waiting for the video file"},
+            metadata={"outcome": "waiting for the video file: it is downloaded again first"},
             outcome={"refetch": True},
             commit=refetch,
         )
@@ -151,13 +186,20 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
 
     return ItemResult(
         metadata={
-            "frames_per_profile": summary or "already extracted",
-            "profiles": ", ".join(sorted(wanted)),
-            "seconds": round(time.monotonic() - started, 2),
+            "outcome": "extracted" if made else "nothing to do: the frames are extracted already",
+            "frames": sum({**present, **summary}.get(p, 0) for p in wanted),
+            "extraction": "; ".join(
+                f"{describe_extraction(options)} (profile {profile}"
+                + ("" if profile in summary else ", extracted before")
+                + ")"
+                for profile, options in sorted(wanted.items())
+            ),
+            "extraction_seconds": round(time.monotonic() - started, 2),
         },
         outcome={"frames": summary},
         commit=commit,
         staged=staged,
+        observed={} if any(p.config.backup for p in projects) else {"frames_backup": NO_BACKUP},
     )
 
 

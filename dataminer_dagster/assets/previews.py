@@ -1,27 +1,172 @@
-"""Previews for the Dagster UI: small pictures saved beside a project's results and shown inline
-in the asset's metadata (Markdown image with a data URI, plus the file path)."""
+"""What the Dagster UI shows of a stage's result: previews (pictures) and readable metadata values.
+
+Where Dagster 1.13 shows pictures without a click (checked in its UI source, ui-core):
+* a Markdown metadata value is drawn in place on the Overview and Partitions tabs only when it is
+  shorter than 1000 characters (`MetadataEntry.tsx`: `expandSmallValues && mdStr.length < 1000`);
+  a longer one hides behind [Show Markdown];
+* the description of a materialization is drawn as Markdown in full on the asset's Events tab
+  (`AssetEventDetail.tsx`), cut at 320 pixels high behind "Show more".
+
+So a preview is three things: a thumbnail that fits the 1000 characters (in the metadata), the
+picture as a JPEG within a size budget (in the event's description, the event's pictures side by
+side and scaled to fit `DESCRIPTION_WIDTH` x `DESCRIPTION_HEIGHT`, what the Events tab shows of a
+description at 1600x1000 before "Show more"), and the full-size PNG on disk (its path in the
+metadata). A picture that does not fit its budget is made smaller, never left out.
+
+A stage puts `Preview`s and plain values in its `ItemResult.metadata`; `ui_metadata` (called by the
+stage machinery for every event) turns them into what the UI receives: typed values, floats
+rounded to 3 places, previews split into thumbnail, file and description.
+"""
 
 from __future__ import annotations
 
 import base64
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import numpy as np
 
-MAX_INLINE_BYTES = 400_000  # beyond this, only the file path is shown
+from dataminer_dagster.core.visualize import encode_jpeg, encode_palette_png, resize_to, write_png
+
+INLINE_MARKDOWN_LIMIT = 1000  # characters; Dagster shows shorter Markdown values in place
+PREVIEW_BUDGET = 120_000  # bytes of JPEG per picture in a project's event
+VIDEO_PREVIEW_BUDGET = 30_000  # per picture in a per-video event (there are many of those)
+DESCRIPTION_HEIGHT = 290  # pixels; the Events tab shows 320 of a description before "Show more"
+DESCRIPTION_WIDTH = 940  # pixels; its description column at a 1600-pixel-wide window
+DECIMALS = 3  # every float the UI shows is rounded to this many places
+_GAP = 8  # pixels between two pictures of a description (a space between inline images)
+
+_THUMBNAIL_WIDTHS = (200, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32)
+_THUMBNAIL_QUALITIES = (50, 35, 25)
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A picture for the UI: the full-size PNG `file`, the thumbnail's Markdown image, and the
+    picture (at most DESCRIPTION_HEIGHT high) that the event description shows within `budget`
+    bytes."""
+
+    name: str
+    file: Path
+    thumbnail_markdown: str | None  # None only when not even a 32-pixel thumbnail fits
+    picture: np.ndarray
+    budget: int
+
+    def picture_markdown(self, scale: float = 1.0) -> str:
+        height, width = self.picture.shape[:2]
+        image = resize_to(self.picture, max(1, int(width * scale)), max(1, int(height * scale)))
+        return _markdown_image(self.name, jpeg_within(image, self.budget), "jpeg")
+
+
+def make_preview(
+    name: str,
+    picture: np.ndarray,
+    directory: Path,
+    *,
+    budget: int = PREVIEW_BUDGET,
+    cover: np.ndarray | None = None,
+    chart: bool = False,
+) -> Preview:
+    """Write `picture` (RGB) as `<directory>/<name>.png` and fit it to the UI's limits. The
+    thumbnail is made from `cover` when given (e.g. the best frame rather than a whole sheet
+    shrunk to a few pixels per tile); a `chart` (flat colours) may get a few-colour PNG one."""
+    path = write_png(directory / f"{name}.png", picture)
+    return Preview(
+        name=name,
+        file=path,
+        thumbnail_markdown=inline_thumbnail(name, picture if cover is None else cover, chart=chart),
+        picture=resize_to(picture, DESCRIPTION_WIDTH, DESCRIPTION_HEIGHT),
+        budget=budget,
+    )
 
 
 def preview_metadata(
-    name: str, picture: np.ndarray, directory: Path
-) -> dict[str, dg.MetadataValue]:
-    """Write `picture` (RGB) as `<directory>/<name>.png`; metadata that shows it in the UI."""
-    from dataminer_dagster.core.visualize import encode_png, write_png
+    name: str,
+    picture: np.ndarray,
+    directory: Path,
+    *,
+    budget: int = PREVIEW_BUDGET,
+    cover: np.ndarray | None = None,
+    chart: bool = False,
+) -> dict[str, Preview]:
+    """`{name: Preview}`, ready to merge into an ItemResult's metadata."""
+    return {name: make_preview(name, picture, directory, budget=budget, cover=cover, chart=chart)}
 
-    path = write_png(directory / f"{name}.png", picture)
-    metadata: dict[str, dg.MetadataValue] = {f"{name}_path": dg.MetadataValue.path(str(path))}
-    data = encode_png(picture)
-    if len(data) <= MAX_INLINE_BYTES:
-        inline = base64.b64encode(data).decode()
-        metadata[name] = dg.MetadataValue.md(f"![{name}](data:image/png;base64,{inline})")
-    return metadata
+
+def jpeg_within(picture: np.ndarray, budget: int) -> bytes:
+    """The best JPEG of `picture` within `budget` bytes: lower quality first, then smaller."""
+    image = picture
+    while True:
+        for quality in (85, 70, 55, 40):
+            data = encode_jpeg(image, quality)
+            if len(data) <= budget:
+                return data
+        height, width = image.shape[:2]
+        if max(height, width) <= 16:
+            return data  # a 16-pixel JPEG is a few hundred bytes: no budget is that small
+        image = resize_to(image, max(1, int(width * 0.75)), max(1, int(height * 0.75)))
+
+
+def inline_thumbnail(name: str, picture: np.ndarray, *, chart: bool = False) -> str | None:
+    """The Markdown image of the largest thumbnail that Dagster draws in place: a JPEG, or for a
+    chart (flat colours, sharp lines) a PNG of 8 or 4 colours where that is larger."""
+    for width in _THUMBNAIL_WIDTHS:
+        small = resize_to(picture, width, width)
+        for kind, data in _thumbnail_encodings(small, chart):
+            markdown = _markdown_image(name, data, kind)
+            if len(markdown) < INLINE_MARKDOWN_LIMIT:
+                return markdown
+    return None
+
+
+def _thumbnail_encodings(small: np.ndarray, chart: bool) -> Iterator[tuple[str, bytes]]:
+    for quality in _THUMBNAIL_QUALITIES:
+        yield "jpeg", encode_jpeg(small, quality)
+    if chart:
+        for colours in (8, 4):
+            yield "png", encode_palette_png(small, colours)
+
+
+def _markdown_image(name: str, data: bytes, kind: str) -> str:
+    return f"![{name}](data:image/{kind};base64,{base64.b64encode(data).decode()})"
+
+
+def ui_metadata(metadata: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """What the UI receives for a stage's metadata: previews first (thumbnail, then the file's
+    path), then every value made readable (`readable`); and the event description that shows the
+    previews' pictures side by side (None without previews)."""
+    previews = [v for v in metadata.values() if isinstance(v, Preview)]
+    shown: dict[str, Any] = {}
+    for preview in previews:
+        if preview.thumbnail_markdown is not None:
+            shown[preview.name] = dg.MetadataValue.md(preview.thumbnail_markdown)
+        shown[f"{preview.name}_file"] = dg.MetadataValue.path(preview.file)
+    for key, value in metadata.items():
+        if not isinstance(value, Preview):
+            shown[key] = readable(value)
+    if not previews:
+        return shown, None
+    room = DESCRIPTION_WIDTH - _GAP * len(previews)
+    scale = min(1.0, room / sum(p.picture.shape[1] for p in previews))
+    return shown, " ".join(p.picture_markdown(scale) for p in previews)
+
+
+def readable(value: Any) -> Any:
+    """A metadata value as a person reads it: floats rounded to 3 places (NaN and infinities as
+    text), NumPy scalars as Python numbers, paths as paths; other values unchanged."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float):
+        return round(value, DECIMALS) if math.isfinite(value) else str(value)
+    if isinstance(value, Path):
+        return dg.MetadataValue.path(value)
+    return value
+
+
+def megabytes(size_bytes: int | None) -> float | None:
+    """A file size in MB (10^6 bytes), 2 places: for a metadata entry named `..._mb`."""
+    return None if size_bytes is None else round(size_bytes / 1e6, 2)

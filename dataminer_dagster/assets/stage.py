@@ -20,6 +20,11 @@ Outcomes per item:
 A failing item never stops the others. Failures are logged, recorded on the work item, and reported
 on the partition as an observation with the reason; a run of a single partition fails outright so
 that `dagster asset materialize --partition X` shows the error.
+
+What the UI shows of an item: its metadata made readable (assets/previews.py: previews as
+thumbnails and pictures, floats rounded, paths as paths), the video's title beside a video's
+partition key, and the attempt only when it was a retry. A stage's `PartitionCheck`s run at the end
+of the run, once for each partition it finished, and are recorded on that partition.
 """
 
 import time
@@ -32,8 +37,12 @@ from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData as TargetMaterialization,
+)
 
 from dataminer_dagster.assets.partitions import PARTITIONS
+from dataminer_dagster.assets.previews import readable, ui_metadata
 from dataminer_dagster.core.files import remove
 from dataminer_dagster.core.progress import Progress
 from dataminer_dagster.core.redact import redact
@@ -82,12 +91,16 @@ class Postponed(Exception):
 
 @dataclass
 class ItemResult:
-    metadata: dict[str, Any] = field(default_factory=dict)  # shown on the partition in the UI
+    # Shown on the partition in the UI (assets/previews.py: `Preview`s and readable values).
+    metadata: dict[str, Any] = field(default_factory=dict)
     outcome: dict[str, Any] | None = None  # short summary kept on the work item
     commit: Callable[[sa.Connection], None] | None = (
         None  # record + publish, inside the transaction
     )
     staged: list[Path] = field(default_factory=list)  # temporary paths, removed afterwards
+    # What this item decided for another asset's same partition, recorded there as an observation
+    # (asset name -> metadata): frames telling frames_backup that it has nothing to do.
+    observed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -153,13 +166,23 @@ class StageContext:
 
 
 @dataclass(frozen=True)
-class StageCheck:
-    """An asset check the stage evaluates at the end of each run, over the items it finished
-    (`keys`) or over everything it owns; returns a passed flag and metadata."""
+class CheckResult:
+    """One partition's check result: flat numbers that the UI plots (`missing_files: 0`), and
+    on failure a description that says what is wrong in words."""
+
+    passed: bool
+    metadata: dict[str, int | float] = field(default_factory=dict)
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class PartitionCheck:
+    """An asset check evaluated for each partition a run finished, at the end of the run: its
+    result is recorded on that partition (the Checks tab's Partition column)."""
 
     name: str
     description: str
-    evaluate: Callable[[StageContext, list[str]], tuple[bool, dict[str, Any]]]
+    evaluate: Callable[[StageContext, str], CheckResult]
 
 
 class StageConfig(dg.Config):
@@ -187,7 +210,7 @@ class StageAsset:
     pool: str | None
     kinds: frozenset[str]
     group_name: str
-    checks: tuple[StageCheck, ...]
+    checks: tuple[PartitionCheck, ...]
 
     @property
     def key(self) -> dg.AssetKey:
@@ -204,10 +227,17 @@ class StageAsset:
         )
 
     def check_specs(self) -> list[dg.AssetCheckSpec]:
-        return [
-            dg.AssetCheckSpec(c.name, asset=self.key, description=c.description)
-            for c in self.checks
-        ]
+        with warnings.catch_warnings():  # partitioned checks are marked preview in 1.13
+            warnings.simplefilter("ignore", dg.PreviewWarning)
+            return [
+                dg.AssetCheckSpec(
+                    c.name,
+                    asset=self.key,
+                    description=c.description,
+                    partitions_def=self.partitions_def,
+                )
+                for c in self.checks
+            ]
 
 
 def stage_asset(
@@ -217,7 +247,7 @@ def stage_asset(
     deps: Sequence[StageAsset | str] = (),
     required_resource_keys: Sequence[str] = (),
     kinds: set[str] | None = None,
-    checks: Sequence[StageCheck] = (),
+    checks: Sequence[PartitionCheck] = (),
 ) -> Callable[[StageFunction], StageAsset]:
     """Declare a per-item stage function as a partitioned asset that processes batches of items
     (`lane_asset` makes the Dagster asset). Its registry entry (stages.py) gives its partition set,
@@ -318,13 +348,7 @@ def run_stage(
     finally:
         db.leases.release_many(pending)  # interrupted: give back what was never started
 
-    selected = {c.name for c in context.selected_asset_check_keys if c.asset_key == key}
-    for check in stage_def.checks:
-        if check.name in selected:
-            passed, metadata = check.evaluate(ctx, finished)
-            yield dg.AssetCheckResult(
-                asset_key=key, check_name=check.name, passed=passed, metadata=metadata
-            )
+    yield from _evaluate_checks(context, ctx, stage_def, finished)
 
     # The project that this run's items finished moves on now, not at the sensor's next tick.
     for t in advance_projects(db.store):
@@ -352,21 +376,29 @@ def _process_item(
     try:
         leases.begin(lease)
         result = process(item, ctx)
+        shown, description = ui_metadata(result.metadata)  # before the commit: it may fail
+        elsewhere = {name: ui_metadata(m)[0] for name, m in result.observed.items()}
         with leases.completing(lease, result.outcome) as conn:
             if result.commit is not None:
                 result.commit(conn)
+        about = _about_item(ctx, lease)  # after it: a download has just recorded the title
         yield dg.AssetMaterialization(
             asset_key=asset_key,
             partition=lease.key,
-            metadata=_metadata(result.metadata, lease),
+            description=description,
+            metadata={**about, **shown, **_attempt(lease)},
         )
+        for name, metadata in elsewhere.items():
+            yield dg.AssetObservation(
+                asset_key=dg.AssetKey(name), partition=lease.key, metadata={**about, **metadata}
+            )
     except LeaseLost as lost:
         context.log.warning(str(lost))
     except Blocked as blocked:
         reason = redact(str(blocked))
         leases.block(lease, reason)
         context.log.info(f"{lease.stage} {lease.key}: skipped: {reason}")
-        yield _observation(asset_key, lease, "blocked", reason)
+        yield _observation(ctx, asset_key, lease, "blocked", reason)
     except Postponed as postponed:
         reason = redact(str(postponed))
         outcome = leases.postpone(lease, reason, not_before=postponed.not_before)
@@ -377,7 +409,7 @@ def _process_item(
             )
             context.log.warning(text)
             failures.append(text)
-            yield _observation(asset_key, lease, "postponed", reason)
+            yield _observation(ctx, asset_key, lease, "postponed", reason)
     except Exception as error:  # one bad item must not stop the batch
         permanent = isinstance(error, PermanentFailure)
         message = redact(  # what the log, the run's failure and last_error show
@@ -400,24 +432,94 @@ def _process_item(
         text = f"{lease.stage} {lease.key} failed on attempt {lease.attempt}: {message}; {when}"
         context.log.error(text)
         failures.append(text)
-        yield _observation(asset_key, lease, outcome.status or "failed", message)
+        yield _observation(ctx, asset_key, lease, outcome.status or "failed", message)
     finally:
         for path in result.staged if result else ():
             remove(path)
 
 
-def _metadata(metadata: dict[str, Any], lease: Lease) -> dict[str, Any]:
-    return {**metadata, "attempt": lease.attempt}
+def _about_item(ctx: StageContext, lease: Lease) -> dict[str, Any]:
+    """What names the item for a person: the video's title beside a video's partition key."""
+    if lease.video_id is None:
+        return {}
+    video = ctx.catalog.videos([lease.video_id]).get(lease.video_id)
+    return {"video_title": video.title} if video is not None and video.title else {}
+
+
+def _attempt(lease: Lease) -> dict[str, int]:
+    """The attempt, where it says something: a retry."""
+    return {"attempt": lease.attempt} if lease.attempt > 1 else {}
 
 
 def _observation(
-    asset_key: dg.AssetKey, lease: Lease, status: str, reason: str
+    ctx: StageContext, asset_key: dg.AssetKey, lease: Lease, outcome: str, reason: str
 ) -> dg.AssetObservation:
+    about = {**_about_item(ctx, lease), "outcome": outcome, "reason": reason}
     return dg.AssetObservation(
         asset_key=asset_key,
         partition=lease.key,
-        metadata={"status": status, "reason": reason, "attempt": lease.attempt},
+        metadata={**ui_metadata(about)[0], **_attempt(lease)},
     )
+
+
+def _evaluate_checks(
+    context: dg.AssetExecutionContext,
+    ctx: StageContext,
+    stage_def: StageAsset,
+    finished: list[str],
+) -> Iterator[dg.AssetCheckEvaluation]:
+    """The stage's selected checks, once per partition this run finished. A range run has no
+    single partition key, so each result is an AssetCheckEvaluation naming its partition and the
+    materialization it checked."""
+    key = stage_def.key
+    selected = {c.name for c in context.selected_asset_check_keys if c.asset_key == key}
+    checks = [c for c in stage_def.checks if c.name in selected]
+    if not checks or not finished:
+        return
+    targets = _latest_materializations(context.instance, key, finished)
+    for check in checks:
+        for partition in finished:
+            result = _evaluate_partition(ctx, check, partition)
+            yield dg.AssetCheckEvaluation(
+                asset_key=key,
+                check_name=check.name,
+                passed=result.passed,
+                metadata={k: readable(v) for k, v in result.metadata.items()},
+                description=result.description,
+                target_materialization_data=targets.get(partition),
+                partition=partition,
+            )
+
+
+def _evaluate_partition(ctx: StageContext, check: PartitionCheck, partition: str) -> CheckResult:
+    try:
+        result = check.evaluate(ctx, partition)
+    except Exception as error:  # a check that cannot run is a failed check, not a failed run
+        message = redact(f"{type(error).__name__}: {error}")
+        ctx.log.error(f"check {check.name} of {partition} could not run: {message}")
+        return CheckResult(False, {}, f"The check could not run: {message}")
+    if result.passed or result.description:
+        return result
+    summary = ", ".join(f"{k} {v}" for k, v in result.metadata.items())
+    return CheckResult(False, result.metadata, f"{check.description} Not so: {summary}.")
+
+
+def _latest_materializations(
+    instance: dg.DagsterInstance, key: dg.AssetKey, partitions: list[str]
+) -> dict[str, TargetMaterialization]:
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=partitions), limit=len(partitions)
+    ).records
+    latest: dict[str, TargetMaterialization] = {}
+    for record in records:  # newest first
+        partition = record.partition_key
+        if partition is not None and partition not in latest:
+            latest[partition] = TargetMaterialization(
+                storage_id=record.storage_id,
+                run_id=record.run_id,
+                timestamp=record.timestamp,
+            )
+    return latest
 
 
 def _report_unclaimed(

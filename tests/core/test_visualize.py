@@ -5,11 +5,17 @@ import numpy as np
 import pytest
 
 from dataminer_dagster.core.visualize import (
+    AXIS,
     BACKGROUND,
+    PALETTE,
+    THRESHOLD_COLOURS,
     as_rgb,
     contact_sheet,
     draw_detections,
+    encode_jpeg,
+    encode_palette_png,
     encode_png,
+    histogram,
     label_colour,
     write_png,
 )
@@ -134,3 +140,72 @@ def test_png_round_trip_keeps_rgb_order(tmp_path):
 def test_as_rgb_shapes():
     assert as_rgb(np.zeros((3, 4), np.uint8)).shape == (3, 4, 3)
     assert as_rgb(np.zeros((3, 4, 4), np.uint8)).shape == (3, 4, 3)
+
+
+def test_contact_sheet_leaves_none_slots_empty_and_frames_bordered_tiles():
+    images = [frame(value=200), frame(value=120), None, frame(value=60)]
+    sheet = contact_sheet(
+        images,
+        columns=3,
+        tile_width=100,
+        tile_height=80,
+        borders=[(0, 255, 0), None, None, None],
+    )
+    assert sheet.shape == (160, 300, 3)
+    assert tuple(sheet[40, 250]) == BACKGROUND  # the None slot: nothing drawn
+    assert tuple(sheet[120, 50]) == (60, 60, 60)  # the next image starts the second row
+    top_left = sheet[0:80, 0:100]
+    assert ((top_left == (0, 255, 0)).all(axis=2)).sum() > 200  # a green frame around tile 1
+    assert not ((sheet[0:80, 100:200] == (0, 255, 0)).all(axis=2)).any()
+
+
+def test_contact_sheet_of_nothing_says_why():
+    told = contact_sheet([], tile_width=200, tile_height=60, empty="no detections")
+    default = contact_sheet([], tile_width=200, tile_height=60)
+    assert told.shape == default.shape and not np.array_equal(told, default)
+
+
+def _columns_of(chart: np.ndarray, colour) -> set[int]:
+    return set(np.nonzero((chart == colour).all(axis=2).any(axis=0))[0].tolist())
+
+
+def test_histogram_has_axes_and_a_labelled_line_per_threshold():
+    values = [0.1] * 5 + [0.6] * 10
+    chart = histogram(
+        values,
+        thresholds={"positive threshold": 0.25, "junk threshold": 0.75},
+        width=520,
+        height=240,
+    )
+    assert chart.shape == (240, 520, 3)
+    left, right, bottom = 44, 520 - 12, 240 - 34
+    # (threshold lines cross the x axis)
+    assert (chart[bottom, left:right] == AXIS).all(axis=1).mean() > 0.95, "the x axis"
+    assert (chart[80:bottom, left] == AXIS).all(), "the y axis"
+    for name, value, colour in [
+        ("positive", 0.25, THRESHOLD_COLOURS[0]),
+        ("junk", 0.75, THRESHOLD_COLOURS[1]),
+    ]:
+        x = round(left + value * (right - left))
+        columns = _columns_of(chart[100:bottom], colour)
+        assert {x - 1, x, x + 1} & columns, f"the {name} threshold line at x={x}"
+        label_rows = chart[20:60]  # its label, in its colour, above the bars
+        assert (label_rows == colour).all(axis=2).sum() > 20, f"the {name} threshold's label"
+    bars = _columns_of(chart[50:bottom], PALETTE[2])
+    assert min(bars) < left + 0.15 * (right - left) < max(bars), "bars where the values are"
+
+
+def test_histogram_of_nothing_is_an_empty_chart_not_an_error():
+    chart = histogram([], thresholds={"threshold": 0.5})
+    assert not _columns_of(chart, PALETTE[2])
+    with pytest.raises(ValueError, match="low < high"):
+        histogram([0.5], value_range=(1.0, 1.0))
+
+
+def test_jpeg_and_palette_png_keep_rgb_order():
+    image = np.zeros((16, 16, 3), np.uint8)
+    image[..., 0] = 255  # pure red in RGB
+    for data in (encode_jpeg(image, 90), encode_palette_png(image, 4)):
+        decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        b, g, r = (int(c) for c in decoded[8, 8])
+        assert r > 240 and g < 16 and b < 16

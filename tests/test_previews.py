@@ -1,0 +1,117 @@
+"""Previews and readable values, as assets/previews.py hands them to the Dagster UI."""
+
+from __future__ import annotations
+
+import base64
+import math
+import re
+from pathlib import Path
+
+import cv2
+import dagster as dg
+import numpy as np
+import pytest
+
+from dataminer_dagster.assets.previews import (
+    DESCRIPTION_HEIGHT,
+    DESCRIPTION_WIDTH,
+    INLINE_MARKDOWN_LIMIT,
+    inline_thumbnail,
+    jpeg_within,
+    make_preview,
+    megabytes,
+    readable,
+    ui_metadata,
+)
+from dataminer_dagster.core.visualize import contact_sheet, histogram
+
+IMAGE = re.compile(r"!\[([^\]]*)\]\(data:image/(jpeg|png);base64,([A-Za-z0-9+/=]+)\)")
+
+
+def noise(height: int, width: int, seed: int = 0) -> np.ndarray:
+    """A picture that compresses badly: the hard case for every budget."""
+    return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def decoded(markdown: str) -> list[tuple[str, np.ndarray]]:
+    images = []
+    for _, kind, data in IMAGE.findall(markdown):
+        picture = cv2.imdecode(np.frombuffer(base64.b64decode(data), np.uint8), cv2.IMREAD_COLOR)
+        assert picture is not None
+        images.append((kind, picture))
+    return images
+
+
+@pytest.mark.parametrize("size", [(40, 60), (480, 640), (2000, 3000)])
+def test_a_thumbnail_always_fits_dagsters_inline_limit(size):
+    markdown = inline_thumbnail("kept_frames", noise(*size))
+    assert markdown is not None and len(markdown) < INLINE_MARKDOWN_LIMIT
+    ((kind, picture),) = decoded(markdown)
+    assert kind == "jpeg" and picture.shape[1] >= 32
+
+
+def test_a_chart_gets_a_larger_thumbnail_than_a_photo_of_the_same_size():
+    chart = histogram(np.linspace(0, 1, 200), thresholds={"positive threshold": 0.3})
+    as_chart = decoded(inline_thumbnail("scores", chart, chart=True))[0][1]
+    as_photo = decoded(inline_thumbnail("scores", chart))[0][1]
+    assert as_chart.shape[1] > as_photo.shape[1]
+
+
+@pytest.mark.parametrize("budget", [2_000, 20_000, 200_000])
+def test_a_picture_fits_its_budget_by_quality_then_by_size(budget):
+    data = jpeg_within(noise(300, 900), budget)
+    assert len(data) <= budget
+    picture = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    assert picture is not None and picture.shape[1] > 16
+
+
+def test_a_tight_budget_makes_a_smaller_picture_not_none():
+    small, large = jpeg_within(noise(300, 900), 3_000), jpeg_within(noise(300, 900), 300_000)
+    widths = [cv2.imdecode(np.frombuffer(d, np.uint8), 1).shape[1] for d in (small, large)]
+    assert widths[0] < widths[1] == 900
+
+
+def test_ui_metadata_puts_previews_first_and_their_pictures_side_by_side(tmp_path):
+    sheet = contact_sheet([noise(90, 120, s) for s in range(12)], columns=6)
+    chart = histogram([0.2, 0.4, 0.9], thresholds={"positive threshold": 0.5})
+    metadata = {
+        "frames": 12,
+        **{"kept_frames": make_preview("kept_frames", sheet, tmp_path, budget=40_000)},
+        **{"scores": make_preview("scores", chart, tmp_path, chart=True)},
+    }
+    shown, description = ui_metadata(metadata)
+
+    assert list(shown) == ["kept_frames", "kept_frames_file", "scores", "scores_file", "frames"]
+    assert isinstance(shown["kept_frames"], dg.MarkdownMetadataValue)
+    assert shown["kept_frames_file"] == dg.MetadataValue.path(tmp_path / "kept_frames.png")
+    assert cv2.imread(str(tmp_path / "kept_frames.png")).shape[:2] == sheet.shape[:2]
+    pictures = decoded(description)
+    assert [kind for kind, _ in pictures] == ["jpeg", "jpeg"]
+    assert IMAGE.sub("", description).strip() == ""
+    assert max(p.shape[0] for _, p in pictures) <= DESCRIPTION_HEIGHT
+    assert sum(p.shape[1] + 8 for _, p in pictures) <= DESCRIPTION_WIDTH
+
+
+def test_without_previews_there_is_no_description():
+    assert ui_metadata({"frames": 3}) == ({"frames": 3}, None)
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        (0.9569450616836548, 0.957),
+        (np.float32(0.25), 0.25),
+        (np.int64(7), 7),
+        (float("nan"), "nan"),
+        (math.inf, "inf"),
+        ("text", "text"),
+        (Path("/data/x.parquet"), dg.MetadataValue.path("/data/x.parquet")),
+    ],
+)
+def test_values_are_made_readable(value, shown):
+    assert readable(value) == shown
+
+
+def test_sizes_are_megabytes():
+    assert megabytes(1_718_177) == 1.72
+    assert megabytes(None) is None
