@@ -224,7 +224,12 @@ class FilterConfig(_Section):
         description="SigLIP2 model: hub id or local directory (relative: to the config file).",
     )
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps.")
-    batch_size: int = Field(32, ge=1, description="Images per model call.")
+    batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Images per model call; default: what fits in half the free GPU memory, up "
+        "to 64 (32 on the CPU). A value here is the most a call takes.",
+    )
     positive_prompts: list[str] = Field(
         min_length=1,
         description="A frame passes when one of these scores above positive_threshold.",

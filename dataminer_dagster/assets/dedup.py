@@ -59,8 +59,7 @@ def _no_duplicates_kept(ctx: StageContext, project_name: str) -> CheckResult:
     if not len(left):
         return CheckResult(True, metrics)
     examples = ", ".join(
-        f"`{frame_ids[i]}` and `{frame_ids[j]}`"
-        for i, j in zip(left[:5], right[:5], strict=True)
+        f"`{frame_ids[i]}` and `{frame_ids[j]}`" for i, j in zip(left[:5], right[:5], strict=True)
     )
     return CheckResult(
         False,
@@ -83,9 +82,7 @@ GROUP_WIDTH = 4  # tiles per group: the kept frame and up to three it replaced
 KEPT = PALETTE[0]  # the kept frame's frame colour
 
 
-def _groups_preview(
-    frames: pd.DataFrame, titles: dict[str, str], directory: Path
-) -> dict:
+def _groups_preview(frames: pd.DataFrame, titles: dict[str, str], directory: Path) -> dict:
     """The largest duplicate groups side by side: each kept frame (framed in green), then the
     frames it replaced; then, where there is room, the best kept frames that had no duplicate."""
     grouped = frames[frames["group_size"] > 1].sort_values(
@@ -108,17 +105,13 @@ def _groups_preview(
         images += [None] * padding
         captions += [""] * padding
         borders += [None] * padding
-    if len(images) % (
-        2 * GROUP_WIDTH
-    ):  # the kept frames without duplicates start a new row
+    if len(images) % (2 * GROUP_WIDTH):  # the kept frames without duplicates start a new row
         images += [None] * GROUP_WIDTH
         captions += [""] * GROUP_WIDTH
         borders += [None] * GROUP_WIDTH
     unique = frames[frames["kept"] & (frames["group_size"] == 1)]
     room = GROUPS_SHOWN * GROUP_WIDTH - len(images)
-    for row in (
-        unique.sort_values("pos_max", ascending=False).head(max(0, room)).itertuples()
-    ):
+    for row in unique.sort_values("pos_max", ascending=False).head(max(0, room)).itertuples():
         images.append(read_image(Path(row.file)))
         captions.append(caption(row, "kept"))
         borders.append(KEPT)
@@ -183,9 +176,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
         )
         stats = {"pairs": 0, "exact": True, "recall": None, "device": "cpu"}
     for index, message in list(unreadable.items())[:5]:
-        ctx.log.warning(
-            f"dedup {project.name}: frame {frames['file'][index]} skipped: {message}"
-        )
+        ctx.log.warning(f"dedup {project.name}: frame {frames['file'][index]} skipped: {message}")
 
     final = ProjectPaths(project.output_dir).dedup_table
     staged = staging_path(final)
@@ -194,20 +185,14 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     ctx.log.info(
         f"dedup {project.name}: {len(frames)} passed frames -> {kept} kept ({stats['pairs']} duplicate pairs)"
     )
-    titles = {
-        v: row.title for v, row in catalog.videos(frames["video_id"].unique()).items()
-    }
+    titles = {v: row.title for v, row in catalog.videos(frames["video_id"].unique()).items()}
     return ItemResult(
         metadata={
-            **_groups_preview(
-                frames, titles, ProjectPaths(project.output_dir).previews_dir
-            ),
+            **_groups_preview(frames, titles, ProjectPaths(project.output_dir).previews_dir),
             "frames_in": len(frames),
             "unreadable": len(unreadable),
             "kept": kept,
-            "groups_with_duplicates": int(
-                frames.loc[frames["group_size"] > 1, "group"].nunique()
-            ),
+            "groups_with_duplicates": int(frames.loc[frames["group_size"] > 1, "group"].nunique()),
             "duplicate_pairs": stats["pairs"],
             "search": _search_summary(stats),
             "threshold": config.threshold,
@@ -229,9 +214,7 @@ def _search_summary(stats: dict) -> str:
     return f"approximate, {where}, measured recall {stats['recall']:.4f}"
 
 
-def _record_unreadable(
-    frames: pd.DataFrame, unreadable: dict[int, str]
-) -> pd.DataFrame:
+def _record_unreadable(frames: pd.DataFrame, unreadable: dict[int, str]) -> pd.DataFrame:
     """The frames with `readable` and `error` updated for those that could not be read now."""
     frames = frames.copy()
     if unreadable:
@@ -253,9 +236,7 @@ def passed_frames(project, video_ids: list[str]) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=[*FRAME_COLUMNS, "video_id", "frame_id"])
     frames = pd.concat(parts, ignore_index=True)
-    frames["frame_id"] = (
-        frames["video_id"] + "_" + frames["frame_index"].map("{:06d}".format)
-    )
+    frames["frame_id"] = frames["video_id"] + "_" + frames["frame_index"].map("{:06d}".format)
     return frames.sort_values("frame_id", ignore_index=True)
 
 
@@ -279,24 +260,17 @@ def _embeddings(
     parts, unreadable = [], {}
     for video_id, group in frames.groupby("video_id", sort=False):
         found, cached = cache.get(video_id, group["content_hash"].tolist())
-        vectors = np.zeros(
-            (len(group), cached.shape[1] if cached.size else 0), np.float32
-        )
-        if (
-            not found.all()
-        ):  # not cached (cache removed, or another model): compute them now
+        vectors = np.zeros((len(group), cached.shape[1] if cached.size else 0), np.float32)
+        if not found.all():  # not cached (cache removed, or another model): compute them now
             embedder = embedder or load_scorer(config.filter)
             missing = np.flatnonzero(~found)
             computed = embedder.embed_all([group["file"].iloc[i] for i in missing])
             vectors = np.zeros((len(group), embedder.embedding_dim), np.float32)
             done = missing[computed.indices]
             vectors[done] = computed.embeddings
-            cache.put(
-                video_id, group["content_hash"].iloc[done].tolist(), computed.embeddings
-            )
+            cache.put(video_id, group["content_hash"].iloc[done].tolist(), computed.embeddings)
             unreadable |= {
-                int(group.index[missing[k]]): message
-                for k, message in computed.errors.items()
+                int(group.index[missing[k]]): message for k, message in computed.errors.items()
             }
         if found.any():
             vectors[found] = cached

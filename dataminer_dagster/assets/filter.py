@@ -37,9 +37,7 @@ def load_scorer(config: FilterConfig):
     """The SigLIP2 scorer of a filter config (loaded once per process and model)."""
     from dataminer_dagster.models.siglip import SiglipScorer
 
-    return SiglipScorer(
-        config.model, device=config.device, batch_size=config.batch_size
-    )
+    return SiglipScorer(config.model, device=config.device, batch_size=config.batch_size)
 
 
 def prompt_columns(config: FilterConfig) -> list[str]:
@@ -97,14 +95,10 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
             pos_junk_margin=config.pos_junk_margin,
         ),
     )
-    table = _results_table(
-        manifest, frames_dir, config, readable, errors, scores, decision
-    )
+    table = _results_table(manifest, frames_dir, config, readable, errors, scores, decision)
     passed = int(table["passed"].sum())
     for index, message in list(errors.items())[:5]:
-        ctx.log.warning(
-            f"filter {item.key}: frame {manifest[index].file_name} skipped: {message}"
-        )
+        ctx.log.warning(f"filter {item.key}: frame {manifest[index].file_name} skipped: {message}")
 
     final = ProjectPaths(project.output_dir).filter_table(item.video_id)
     staged = staging_path(final)
@@ -112,25 +106,19 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
 
     def commit(conn) -> None:
         publish(staged, final)
-        catalog.record_filter(
-            conn, project.id, item.video_id, total=len(table), passed=passed
-        )
+        catalog.record_filter(conn, project.id, item.video_id, total=len(table), passed=passed)
 
     model = Path(config.model)
     return ItemResult(
         metadata={
-            **_previews(
-                table, config, ProjectPaths(project.output_dir).previews_dir / item.key
-            ),
+            **_previews(table, config, ProjectPaths(project.output_dir).previews_dir / item.key),
             "outcome": f"{passed} of {len(table)} frames kept"
             if passed
             else "empty: no frame passed the filter",
             "frames": len(table),
             "passed": passed,
             "unreadable": len(errors),
-            "best_positive_score": float(table["pos_max"].max())
-            if readable.any()
-            else 0.0,
+            "best_positive_score": float(table["pos_max"].max()) if readable.any() else 0.0,
             "positive_threshold": config.positive_threshold,
             "model": model if model.is_absolute() else config.model,
             "results": final,
@@ -147,9 +135,7 @@ KEPT_SHOWN = 8  # frames in a video's preview
 def _previews(table: pd.DataFrame, config: FilterConfig, directory: Path) -> dict:
     """The video's kept frames, best score first, and the histogram of its frames' best positive
     score with the threshold labelled."""
-    best = (
-        table[table["passed"]].sort_values("pos_max", ascending=False).head(KEPT_SHOWN)
-    )
+    best = table[table["passed"]].sort_values("pos_max", ascending=False).head(KEPT_SHOWN)
     pictures = [read_image(Path(f)) for f in best["file"]]
     sheet = contact_sheet(
         pictures,
@@ -195,14 +181,10 @@ def _frame_embeddings(
     todo = np.flatnonzero(~found)
     errors: dict[int, str] = {}
     new_rows, new_hashes = [], []
-    for batch in scorer.embed_images(
-        [frames_dir / manifest[i].file_name for i in todo]
-    ):
+    for batch in scorer.embed_images([frames_dir / manifest[i].file_name for i in todo]):
         ctx.check_lease(item)
         rows = todo[batch.indices]
-        stored = quantize(
-            batch.embeddings
-        )  # score exactly what a later run reads from the cache
+        stored = quantize(batch.embeddings)  # score exactly what a later run reads from the cache
         result[rows] = stored
         new_rows.append(stored)
         new_hashes += [hashes[i] for i in rows]
@@ -239,9 +221,7 @@ def _results_table(
     full[readable] = scores
 
     def spread(values, fill):
-        out = np.full(
-            n, fill, dtype=np.asarray(values).dtype if len(values) else type(fill)
-        )
+        out = np.full(n, fill, dtype=np.asarray(values).dtype if len(values) else type(fill))
         out[readable] = values
         return out
 

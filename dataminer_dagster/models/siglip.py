@@ -35,7 +35,15 @@ import numpy as np
 
 from dataminer_dagster.core.filter_rule import sigmoid_scores
 from dataminer_dagster.core.images import ImageReadError, read_image
-from dataminer_dagster.models.device import decodes_jpeg, finish_stream, side_stream
+from dataminer_dagster.models.device import (
+    CudaMemory,
+    DeviceMemory,
+    DevicePlan,
+    decodes_jpeg,
+    finish_stream,
+    plan_batch_size,
+    side_stream,
+)
 from dataminer_dagster.models.loading import LoadedModel, load_pretrained
 
 # SigLIP2 was trained on prompts padded to 64 tokens; the text tower has 64 positions.
@@ -236,6 +244,10 @@ def device_input_path(
     return preprocessing if jpeg_on_device else None
 
 
+DEFAULT_BATCH_SIZE = 32  # images per model call without memory figures (the CPU)
+AUTO_BATCH_LIMIT = 64  # the most images per call that free memory may give on a GPU
+
+
 class ImageEmbedder:
     """L2-normalised image embeddings from a transformers vision model, batched and prefetched.
 
@@ -251,22 +263,25 @@ class ImageEmbedder:
         *,
         device: str = "auto",
         dtype: str | None = None,
-        batch_size: int = 32,
+        batch_size: int | None = None,
         prefetch_workers: int | None = None,
         decode_on_device: bool | None = None,
         revision: str | None = None,
+        memory: DeviceMemory | None = None,
     ):
-        """`prefetch_workers`: None chooses from the device and the cores
-        (`default_prefetch_workers`). `decode_on_device`: decode JPEGs and preprocess on the
+        """`batch_size`: the most images per model call; None: as many as fit in half the free
+        memory of a CUDA device, up to AUTO_BATCH_LIMIT (DEFAULT_BATCH_SIZE elsewhere).
+        `memory`: the device's memory figures (default: CUDA's, none elsewhere); with them the
+        batch is what fits of the limit. `prefetch_workers`: None chooses from the device and the
+        cores (`default_prefetch_workers`). `decode_on_device`: decode JPEGs and preprocess on the
         model's device; None does so on CUDA where the processor allows (`DevicePreprocessing`).
         """
         import transformers
 
-        if batch_size < 1:
+        if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if prefetch_workers is not None and prefetch_workers < 0:
             raise ValueError(f"prefetch_workers must not be negative, got {prefetch_workers}")
-        self.batch_size = batch_size
         # The PIL image processors reproduce the preprocessing of the reference system, and are
         # faster on the CPU than the torchvision ones, whose threads compete with the model.
         self.loaded: LoadedModel = load_pretrained(
@@ -285,6 +300,26 @@ class ImageEmbedder:
                 decodes_on_device=self.device_preprocessing is not None,
             )
         self.prefetch_workers = prefetch_workers
+        if memory is None and self.device.type == "cuda":
+            memory = CudaMemory(self.device)
+        limit = batch_size or (AUTO_BATCH_LIMIT if memory is not None else DEFAULT_BATCH_SIZE)
+        plan = DevicePlan(self.device, self.loaded.dtype, False, 0, memory)
+        self.batch_size = plan_batch_size(plan, limit, self._forward_blank)
+
+    def _forward_blank(self, images: int) -> None:
+        """The model's forward pass on `images` blank inputs of its size (batch sizing)."""
+        import torch
+
+        size = self.image_processor.size  # a dict, or transformers' SizeDict
+
+        def side(name: str) -> int:
+            value = size.get(name) if isinstance(size, dict) else getattr(size, name, None)
+            return int(value or 224)  # processors sized by their shortest edge: DINO's crop
+
+        height, width = side("height"), side("width")
+        with torch.inference_mode():
+            pixels = torch.zeros((images, 3, height, width), dtype=self.loaded.dtype)
+            self._image_features({"pixel_values": pixels.to(self.device)})
 
     def _device_preprocessing(self, decode_on_device: bool | None) -> DevicePreprocessing | None:
         wanted = decode_on_device or (decode_on_device is None and self.device.type == "cuda")

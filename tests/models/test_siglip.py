@@ -235,3 +235,30 @@ def test_auto_device():
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert resolve_device("auto").type == expected
     assert resolve_device("CPU").type == "cpu"
+
+
+def test_the_filter_batch_is_sized_from_the_devices_free_memory(siglip_dir, tmp_path):
+    """The CUDA code path with a CPU stand-in for the memory figures: the batch is what fits in
+    half the free memory, measured once with a real forward pass, capped by the limit."""
+    from dataminer_dagster.models.siglip import AUTO_BATCH_LIMIT, DEFAULT_BATCH_SIZE
+    from tests.models.cuda_stand_ins import StandInMemory
+
+    plenty = StandInMemory(free=10**12, per_item=1000)
+    assert SiglipScorer(siglip_dir, device="cpu", memory=plenty).batch_size == AUTO_BATCH_LIMIT
+    assert plenty.measured == [1]
+    tight = StandInMemory(free=10_000, per_item=1000)  # half of it holds 5 images
+    assert SiglipScorer(siglip_dir, device="cpu", memory=tight).batch_size == 5
+    capped = StandInMemory(free=10**12, per_item=1000)
+    assert SiglipScorer(siglip_dir, device="cpu", batch_size=7, memory=capped).batch_size == 7
+    nothing_known = SiglipScorer(siglip_dir, device="cpu")  # no memory figures: as configured
+    assert nothing_known.batch_size == DEFAULT_BATCH_SIZE
+
+    # The sized scorer scores like the configured one.
+    pictures = []
+    for i in range(6):
+        path = tmp_path / f"f{i}.jpg"
+        cv2.imwrite(str(path), np.full((40, 60, 3), 40 * i, np.uint8))
+        pictures.append(path)
+    sized = SiglipScorer(siglip_dir, device="cpu", memory=tight).embed_all(pictures)
+    plain = SiglipScorer(siglip_dir, device="cpu", batch_size=2).embed_all(pictures)
+    np.testing.assert_allclose(sized.embeddings, plain.embeddings, atol=1e-5)
