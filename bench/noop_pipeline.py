@@ -25,21 +25,16 @@ def _timed(function):
 
 def build_noop_stages():
     from dataminer_dagster.assets.stage import ItemResult, stage_asset
-    from dataminer_dagster.assets.partitions import (
-        project_videos_partitions,
-        projects_partitions,
-        videos_partitions,
-    )
     from dataminer_dagster.stages import DATASET, DEDUP, DETECT, DOWNLOAD, FILTER, FRAMES
 
-    @stage_asset(stage=DOWNLOAD, partitions_def=videos_partitions)
+    @stage_asset(stage=DOWNLOAD)
     @_timed
     def downloads(item, ctx):
         """No-op: the video is already there."""
         catalog = ctx.catalog
         return ItemResult(commit=lambda conn: catalog.advance_videos(conn, [item.video_id]))
 
-    @stage_asset(stage=FRAMES, partitions_def=videos_partitions)
+    @stage_asset(stage=FRAMES)
     @_timed
     def frames(item, ctx):
         """No-op: an empty frames directory for each profile."""
@@ -56,20 +51,20 @@ def build_noop_stages():
 
         return ItemResult(commit=commit)
 
-    def noop(name, stage, partitions):
+    def noop(name, stage):
         def asset(item, ctx):
             return ItemResult()
 
         asset.__name__ = name
-        return stage_asset(stage=stage, partitions_def=partitions)(_timed(asset))
+        return stage_asset(stage=stage)(_timed(asset))
 
     return {
         DOWNLOAD: downloads,
         FRAMES: frames,
-        FILTER: noop("filtered_frames", FILTER, project_videos_partitions),
-        DEDUP: noop("deduped_set", DEDUP, projects_partitions),
-        DETECT: noop("detections", DETECT, projects_partitions),
-        DATASET: noop("dataset", DATASET, projects_partitions),
+        FILTER: noop("filtered_frames", FILTER),
+        DEDUP: noop("deduped_set", DEDUP),
+        DETECT: noop("detections", DETECT),
+        DATASET: noop("dataset", DATASET),
     }
 
 

