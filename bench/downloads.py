@@ -72,33 +72,20 @@ def _project(url: str, data_dir: Path, video_urls: list[str]) -> list[str]:
 
 def _download(url: str, data_dir: Path, keys: list[str], tmp: Path) -> float:
     """Three download runs at once, each in its own process; seconds until all ended."""
-    import dagster as dg
-
     from dataminer_dagster.assets.partitions import videos_partitions
     from dataminer_dagster.stages import DOWNLOAD
-    from tests.helpers.processes import StageRun, finish, start_stage_run
+    from tests.helpers.processes import run_batches_at_once
 
-    specs = []
-    for n in range(RUNS):
-        instance_dir = tmp / f"instance-{n}"
-        instance_dir.mkdir()
-        batch = keys[n::RUNS]
-        with dg.instance_for_test(temp_dir=str(instance_dir)) as instance:
-            instance.add_dynamic_partitions(videos_partitions.name, batch)
-        specs.append(
-            StageRun(
-                stage=DOWNLOAD,
-                keys=batch,
-                database_url=url,
-                data_dir=str(data_dir),
-                instance_dir=str(instance_dir),
-                result_path=str(tmp / f"result-{n}.json"),
-                by_sensor=False,
-            )
-        )
     started = time.monotonic()
-    processes = [start_stage_run(spec) for spec in specs]
-    ended = [finish(p, spec, timeout_s=3600) for p, spec in zip(processes, specs, strict=True)]
+    ended = run_batches_at_once(
+        DOWNLOAD,
+        videos_partitions.name,
+        [keys[n::RUNS] for n in range(RUNS)],
+        database_url=url,
+        data_dir=data_dir,
+        work_dir=tmp,
+        timeout_s=3600,
+    )
     for done in ended:
         if not (done.result and done.result["success"]):
             raise SystemExit(f"a download run failed:\n{done.output[-3000:]}")

@@ -32,7 +32,7 @@ from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.stages import DOWNLOAD
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import materialize_partitions, resources, work_items
-from tests.helpers.processes import StageRun, finish, start_stage_run
+from tests.helpers.processes import run_batches_at_once
 from tests.helpers.throttling_host import ThrottlingHost, write_videos
 
 pytestmark = pytest.mark.slow
@@ -61,29 +61,6 @@ def _register(catalog: Catalog, name: str, urls: list[str]):
         }
     )
     catalog.register_project(config)
-
-
-def _run_in_processes(batches, *, database_url, data_dir, tmp_path):
-    """One download run per batch, all at once, each in its own process and instance."""
-    specs = []
-    for n, batch in enumerate(batches):
-        instance_dir = tmp_path / f"instance-{n}"
-        instance_dir.mkdir()
-        with dg.instance_for_test(temp_dir=str(instance_dir)) as instance:
-            instance.add_dynamic_partitions(videos_partitions.name, batch)
-        specs.append(
-            StageRun(
-                stage=DOWNLOAD,
-                keys=batch,
-                database_url=database_url,
-                data_dir=str(data_dir),
-                instance_dir=str(instance_dir),
-                result_path=str(tmp_path / f"result-{n}.json"),
-                by_sensor=False,
-            )
-        )
-    processes = [start_stage_run(spec) for spec in specs]
-    return [finish(p, spec, timeout_s=240) for p, spec in zip(processes, specs, strict=True)]
 
 
 def test_fifty_videos_three_runs_one_polite_client(tmp_path, database_url, engine, dataminer_env):
@@ -121,8 +98,14 @@ def test_fifty_videos_three_runs_one_polite_client(tmp_path, database_url, engin
             )
 
         batches = [ids[n::RUNS] for n in range(RUNS)]
-        finished = _run_in_processes(
-            batches, database_url=database_url, data_dir=data_dir, tmp_path=tmp_path
+        finished = run_batches_at_once(
+            DOWNLOAD,
+            videos_partitions.name,
+            batches,
+            database_url=database_url,
+            data_dir=data_dir,
+            work_dir=tmp_path,
+            timeout_s=240,
         )
 
         assert all(f.result and f.result["success"] for f in finished), [

@@ -228,6 +228,39 @@ def finish(process: subprocess.Popen, spec: StageRun, timeout_s: float = 180) ->
     return Finished(process.returncode, output[-4000:], result)
 
 
+def run_batches_at_once(
+    stage: str,
+    partitions_name: str,
+    batches: Sequence[Sequence[str]],
+    *,
+    database_url: str,
+    data_dir: Path,
+    work_dir: Path,
+    timeout_s: float,
+) -> list[Finished]:
+    """One run of `stage` per batch, all at once, each in its own process with its own Dagster
+    instance (under `work_dir`); what each run left when it ended."""
+    specs = []
+    for n, batch in enumerate(batches):
+        instance_dir = work_dir / f"instance-{n}"
+        instance_dir.mkdir()
+        with dg.instance_for_test(temp_dir=str(instance_dir)) as instance:
+            instance.add_dynamic_partitions(partitions_name, list(batch))
+        specs.append(
+            StageRun(
+                stage=stage,
+                keys=list(batch),
+                database_url=database_url,
+                data_dir=str(data_dir),
+                instance_dir=str(instance_dir),
+                result_path=str(work_dir / f"result-{n}.json"),
+                by_sensor=False,
+            )
+        )
+    processes = [start_stage_run(spec) for spec in specs]
+    return [finish(p, spec, timeout_s=timeout_s) for p, spec in zip(processes, specs, strict=True)]
+
+
 def run_stage_job(spec: StageRun) -> None:
     from dataminer_dagster.assets import LANE_ASSETS, STAGES
     from tests.helpers.pipeline import CannedSearchClient
