@@ -308,6 +308,30 @@ def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
     return lane_fn
 
 
+class _VideoTitles:
+    """What names an item for a person: the video's title beside a video's partition key. The
+    titles of a run's videos are read once, when the run has claimed them; a video without one
+    yet (its download is this very item) is read again when asked."""
+
+    def __init__(self, catalog: Catalog, leases: Sequence[Lease]):
+        self._catalog = catalog
+        self._titles: dict[str, str] = {}
+        self._read([lease.video_id for lease in leases if lease.video_id is not None])
+
+    def _read(self, video_ids: list[str]) -> None:
+        if video_ids:
+            videos = self._catalog.videos(video_ids).values()
+            self._titles.update((v.video_id, v.title) for v in videos if v.title)
+
+    def about(self, lease: Lease) -> dict[str, Any]:
+        if lease.video_id is None:
+            return {}
+        if lease.video_id not in self._titles:
+            self._read([lease.video_id])
+        title = self._titles.get(lease.video_id)
+        return {"video_title": title} if title else {}
+
+
 def run_stage(
     context: dg.AssetExecutionContext,
     config: StageConfig,
@@ -327,6 +351,7 @@ def run_stage(
     deadline = float(tags[DEADLINE_TAG]) if DEADLINE_TAG in tags else None
 
     ctx = StageContext(context, db, following)
+    titles = _VideoTitles(ctx.catalog, leases)
     progress = Progress(f"{stage}", len(leases), context.log.info)
     failures: list[str] = []
     finished: list[str] = []
@@ -340,7 +365,7 @@ def run_stage(
                 )
                 break
             lease = pending.pop(0)
-            for event in _process_item(context, key, ctx, process, lease, failures):
+            for event in _process_item(context, key, ctx, process, lease, titles, failures):
                 if isinstance(event, dg.AssetMaterialization):
                     finished.append(lease.key)
                 yield event
@@ -368,6 +393,7 @@ def _process_item(
     ctx: StageContext,
     process: StageFunction,
     lease: Lease,
+    titles: _VideoTitles,
     failures: list[str],
 ) -> Iterator[dg.AssetMaterialization | dg.AssetObservation]:
     leases = ctx.db.leases
@@ -381,7 +407,7 @@ def _process_item(
         with leases.completing(lease, result.outcome) as conn:
             if result.commit is not None:
                 result.commit(conn)
-        about = _about_item(ctx, lease)  # after it: a download has just recorded the title
+        about = titles.about(lease)  # after it: a download has just recorded the title
         yield dg.AssetMaterialization(
             asset_key=asset_key,
             partition=lease.key,
@@ -398,7 +424,7 @@ def _process_item(
         reason = redact(str(blocked))
         leases.block(lease, reason)
         context.log.info(f"{lease.stage} {lease.key}: skipped: {reason}")
-        yield _observation(ctx, asset_key, lease, "blocked", reason)
+        yield _observation(titles, asset_key, lease, "blocked", reason)
     except Postponed as postponed:
         reason = redact(str(postponed))
         outcome = leases.postpone(lease, reason, not_before=postponed.not_before)
@@ -409,7 +435,7 @@ def _process_item(
             )
             context.log.warning(text)
             failures.append(text)
-            yield _observation(ctx, asset_key, lease, "postponed", reason)
+            yield _observation(titles, asset_key, lease, "postponed", reason)
     except Exception as error:  # one bad item must not stop the batch
         permanent = isinstance(error, PermanentFailure)
         message = redact(  # what the log, the run's failure and last_error show
@@ -432,18 +458,10 @@ def _process_item(
         text = f"{lease.stage} {lease.key} failed on attempt {lease.attempt}: {message}; {when}"
         context.log.error(text)
         failures.append(text)
-        yield _observation(ctx, asset_key, lease, outcome.status or "failed", message)
+        yield _observation(titles, asset_key, lease, outcome.status or "failed", message)
     finally:
         for path in result.staged if result else ():
             remove(path)
-
-
-def _about_item(ctx: StageContext, lease: Lease) -> dict[str, Any]:
-    """What names the item for a person: the video's title beside a video's partition key."""
-    if lease.video_id is None:
-        return {}
-    video = ctx.catalog.videos([lease.video_id]).get(lease.video_id)
-    return {"video_title": video.title} if video is not None and video.title else {}
 
 
 def _attempt(lease: Lease) -> dict[str, int]:
@@ -452,9 +470,9 @@ def _attempt(lease: Lease) -> dict[str, int]:
 
 
 def _observation(
-    ctx: StageContext, asset_key: dg.AssetKey, lease: Lease, outcome: str, reason: str
+    titles: _VideoTitles, asset_key: dg.AssetKey, lease: Lease, outcome: str, reason: str
 ) -> dg.AssetObservation:
-    about = {**_about_item(ctx, lease), "outcome": outcome, "reason": reason}
+    about = {**titles.about(lease), "outcome": outcome, "reason": reason}
     return dg.AssetObservation(
         asset_key=asset_key,
         partition=lease.key,
