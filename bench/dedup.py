@@ -35,12 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dataminer_dagster.core.dedup import (
-    SIMILARITY_TOLERANCE,
-    deduplicate,
-    search_device,
-    similar_pairs,
-)
+from dataminer_dagster.core.dedup import SIMILARITY_TOLERANCE, deduplicate, similar_pairs
+from dataminer_dagster.core.pair_search import search_engine
 
 SIZES = {"tiny": 10_000, "small": 100_000, "large": 1_100_000}  # random vectors; planted added
 GROUPS = 1000
@@ -140,8 +136,8 @@ def environment() -> list[str]:
     lines = [
         "environment: " + ", ".join(f"{k}={os.environ.get(k, '(unset)')}" for k in names),
         f"faiss {faiss.__version__}: omp_get_max_threads() = {faiss.omp_get_max_threads()}, "
-        f"compile options {faiss.get_compile_options().strip()}, search device "
-        f"{search_device()}; numpy {np.__version__}; {os.cpu_count()} CPUs",
+        f"compile options {faiss.get_compile_options().strip()}, search engine "
+        f"{search_engine()}; numpy {np.__version__}; {os.cpu_count()} CPUs",
     ]
     lines += [f"BLAS loaded: {line}" for line in _openblas_libraries()]
     return lines
@@ -172,8 +168,12 @@ def _openblas_libraries() -> list[str]:
 # --------------------------------------------------------------------------- whole grouping
 
 
-def run_ours(data: Data, args, *, exact_limit: int | None = None, module=None) -> Outcome:
+def run_ours(
+    data: Data, args, *, exact_limit: int | None = None, module=None, device: str | None = None
+) -> Outcome:
+    """`deduplicate` (or `module`'s) on the data; `device` as deduplicate takes it (default: its own)."""
     dedup = module.deduplicate if module is not None else deduplicate
+    where = {} if device is None else {"device": device}
     wall, cpu = time.perf_counter(), time.process_time()
     result = dedup(
         data.x,
@@ -185,12 +185,13 @@ def run_ours(data: Data, args, *, exact_limit: int | None = None, module=None) -
         exact_limit=exact_limit or args.exact_limit,
         nprobe=args.nprobe,
         recall_sample=args.recall_sample,
+        **where,
     )
     search = "exact" if result.exact else f"IVF, nprobe {args.nprobe}"
-    device = getattr(result, "device", "cpu")
+    engine = getattr(result, "engine", "faiss-cpu")
     name = "ours" if module is None else f"--compare-with {os.path.basename(args.compare_with)}"
     return Outcome(
-        method=f"{name} ({search}, {device})",
+        method=f"{name} ({search}, {engine})",
         seconds=time.perf_counter() - wall,
         cpu_seconds=time.process_time() - cpu,
         kept=result.is_representative,

@@ -17,6 +17,11 @@ Sections (each guarded: a failure prints one line and the run goes on; each has 
    data), exact cosine range search in tiles of torch matrix products: half-precision products
    with a margin, every candidate re-checked in float32 (cosine >= threshold - 1e-6, as
    core.dedup), and plain float32 products; vs the CPU product code (bench/dedup.py: 128 s).
+   Then the product's `core.dedup.deduplicate` itself at 110,500 and 1,110,500 vectors with the
+   engine it picks on this machine (faiss-gpu, or torch on CUDA when FAISS has no GPU support)
+   against `device="cpu"` (FAISS and NumPy on every core) in the same run: time, and whether both
+   keep the same frames, every planted group at one frame, no random frame removed. faiss-cpu
+   comes from .whl/ (k-means and the CPU engine need it).
 4. decode: torchvision.io.decode_jpeg on the GPU (nvjpeg, batched) vs core.images.decode_image
    (OpenCV) on one thread per core, same files.
 
@@ -111,9 +116,13 @@ SIZES = {
         owl_images=128,
         dedup_random=1_100_000,
         dedup_tile=32_768,
+        # The product's deduplicate: random vectors (planted ones come on top), exact up to
+        # the stage's default limit.
+        product_dedup=[100_000, 1_100_000],
+        product_exact_limit=20_000,
         decode_batch=128,
         rounds=4,
-        caps=dict(filter=120, yolo=45, owlv2=40, dedup=100, decode=20),
+        caps=dict(filter=120, yolo=45, owlv2=40, dedup=100, product_dedup=150, decode=20),
     ),
     "smoke": dict(
         frames=48,
@@ -126,9 +135,11 @@ SIZES = {
         owl_images=8,
         dedup_random=4_000,
         dedup_tile=4_096,
+        product_dedup=[4_000],
+        product_exact_limit=2_000,  # the approximate path too
         decode_batch=16,
         rounds=2,
-        caps=dict(filter=30, yolo=20, owlv2=20, dedup=30, decode=10),
+        caps=dict(filter=30, yolo=20, owlv2=20, dedup=30, product_dedup=30, decode=10),
     ),
     # --dry-run: every section once, as small as still exercises its code
     "dry": dict(
@@ -142,9 +153,11 @@ SIZES = {
         owl_images=4,
         dedup_random=1_000,
         dedup_tile=2_048,
+        product_dedup=[1_000],
+        product_exact_limit=2_000,  # the approximate path too
         decode_batch=4,
         rounds=1,
-        caps=dict(filter=10, yolo=10, owlv2=10, dedup=10, decode=5),
+        caps=dict(filter=10, yolo=10, owlv2=10, dedup=10, product_dedup=20, decode=5),
     ),
 }
 # Confidence of the YOLO agreement check: a random-weight YOLO scores every class near its
@@ -972,6 +985,81 @@ def _dedup_row(bench, label, data, pairs, seconds, share, expected) -> Row:
     return row
 
 
+def product_dedup_section(bench: Bench) -> list[Row]:
+    """The product's deduplicate with the engine it picks here, against device="cpu"."""
+    import dedup as dedup_bench  # bench/dedup.py: the CPU benchmark's data and checks
+
+    from dataminer_dagster.core.pair_search import search_engine
+
+    engine = search_engine("auto")
+    options = argparse.Namespace(
+        threshold=DEDUP_THRESHOLD,
+        exact_limit=bench.sizes["product_exact_limit"],
+        nprobe=16,
+        recall_sample=1000,
+    )
+    started = time.perf_counter()
+    rows, cpu_per_auto = [], None
+    for random_count in bench.sizes["product_dedup"]:
+        data = dedup_bench.make_data(random_count, 768, 100, seed=0)
+        bench.reset_peak()
+        ours = dedup_bench.run_ours(data, options, device="auto")
+        peak = bench.peak_mib()
+        # The CPU takes about cpu_per_auto times as long; skip it when it would overrun the cap.
+        estimate = None if cpu_per_auto is None else cpu_per_auto * ours.seconds
+        spent = time.perf_counter() - started
+        cpu = None
+        if estimate is None or spent + estimate <= bench.cap("product_dedup"):
+            cpu = dedup_bench.run_ours(data, options, device="cpu")
+            cpu_per_auto = cpu.seconds / ours.seconds
+        rows.append(_product_dedup_row(engine, data, ours, cpu, estimate, peak))
+        bench.log(f"  {len(data.x):,} vectors: {rows[-1].ours}; CPU {rows[-1].baseline}")
+    return rows
+
+
+def _product_dedup_row(engine, data, ours, cpu, estimate, peak) -> Row:
+    import dedup as dedup_bench
+
+    n = len(data.x)
+    summary = dedup_bench.summarise(data, ours)
+    groups = dedup_bench.GROUPS + 1  # the near-duplicate groups and the identical copies
+    at_one = (
+        summary["in-video groups at 1"]
+        + summary["spread groups at 1"]
+        + int(summary["identical kept"] == 1)
+    )
+    same = None if cpu is None else bool((ours.kept == cpu.kept).all())
+    row = Row(
+        f"dedup {n:,} x 768: product deduplicate, engine {engine}",
+        ours=f"{ours.seconds:.1f} s",
+        baseline=f"skipped: about {estimate:.0f} s, past the section's cap"
+        if cpu is None
+        else f"{cpu.seconds:.1f} s (device cpu, {os.cpu_count()} CPUs)",
+        ratio="" if cpu is None else f"{cpu.seconds / ours.seconds:.2f}x (CPU s / ours)",
+        goal="same frames as the CPU, every planted group to 1, no random frame removed",
+        peak_mib=peak,
+        values=dict(
+            vectors=n,
+            engine=engine,
+            seconds=ours.seconds,
+            cpu_seconds=None if cpu is None else cpu.seconds,
+            kept=summary["kept"],
+            planted_groups_at_one=at_one,
+            planted_groups=groups,
+            random_removed=summary["random removed"],
+            recall=ours.recall,
+            same_frames_as_cpu=same,
+        ),
+    )
+    row.notes.append(
+        f"product dedup {n:,}: {ours.method}, {summary['kept']:,} kept, {at_one} of {groups} "
+        f"planted groups at one frame, {summary['random removed']} random frames removed, "
+        f"recall estimate {ours.recall}; "
+        + ("the CPU run was skipped" if same is None else f"same frames as device cpu: {same}")
+    )
+    return row
+
+
 # --------------------------------------------------------------------------------------- decode
 
 
@@ -1074,7 +1162,7 @@ def report(bench: Bench, env: dict[str, Any]) -> str:
 SECTIONS: dict[str, list[tuple[str, Callable[[Bench], list[Row]]]]] = {
     "filter": [("filter", filter_section)],
     "detect": [("detect yolo", yolo_section), ("detect owlv2", owlv2_section)],
-    "dedup": [("dedup", dedup_section)],
+    "dedup": [("dedup", dedup_section), ("dedup product", product_dedup_section)],
     "decode": [("decode", decode_section)],
 }
 
@@ -1209,7 +1297,7 @@ def dry_run(budget_s: float) -> int:
 
 def _check_sections() -> str:
     for mode, sizes in SIZES.items():
-        sections = {"filter", "yolo", "owlv2", "dedup", "decode"}
+        sections = {"filter", "yolo", "owlv2", "dedup", "product_dedup", "decode"}
         missing = sections - set(sizes["caps"])
         if missing:
             raise KeyError(f"size preset {mode} has no time cap for {sorted(missing)}")
@@ -1218,6 +1306,7 @@ def _check_sections() -> str:
 
 
 def _check_environment() -> str:
+    import faiss  # the product's dedup needs it; gpu.sh installs faiss-cpu from .whl there
     import torch
     import torchvision
     import transformers
@@ -1226,7 +1315,8 @@ def _check_environment() -> str:
 
     return (
         f"torch {torch.__version__}, torchvision {torchvision.__version__}, transformers "
-        f"{transformers.__version__}, ultralytics {ultralytics.__version__}"
+        f"{transformers.__version__}, ultralytics {ultralytics.__version__}, faiss "
+        f"{faiss.__version__}"
     )
 
 

@@ -7,10 +7,12 @@
 #   bash bench/gpu.sh --dry-run   # on the CPU, under a minute: checks that the script is complete
 #                                 # (sections, full-size architectures, report, wheels); exit 1 if not
 #
-# Wheels for what the machine lacks (ultralytics) travel in .whl/ at the repository root (or the
-# folder $WHEELS names) and are installed into /tmp/site without any index; a dry run installs
-# them into a temporary folder and checks that they import from there. Results go to $OUT/gpu.md
-# and $OUT/gpu.json when $OUT is set.
+# Wheels for what the machine lacks (ultralytics, faiss-cpu) travel in .whl/ at the repository
+# root (or the folder $WHEELS names) and are installed into /tmp/site without any index; a dry run
+# installs them into a temporary folder and checks that they import from there. Fetch them once:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl \
+#       ultralytics==8.4.190 faiss-cpu==1.15.1
+# Results go to $OUT/gpu.md and $OUT/gpu.json when $OUT is set.
 set -u
 cd "$(dirname "$0")/.."
 if [ -z "${PYTHON:-}" ]; then

@@ -166,7 +166,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
             "pairs": result.pairs_found,
             "exact": result.exact,
             "recall": result.recall,
-            "device": result.device,
+            "engine": result.engine,
         }
     else:
         frames = frames.assign(
@@ -174,7 +174,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
             group_size=pd.Series(dtype="int64"),
             kept=pd.Series(dtype=bool),
         )
-        stats = {"pairs": 0, "exact": True, "recall": None, "device": "cpu"}
+        stats = {"pairs": 0, "exact": True, "recall": None, "engine": "faiss-cpu"}
     for index, message in list(unreadable.items())[:5]:
         ctx.log.warning(f"dedup {project.name}: frame {frames['file'][index]} skipped: {message}")
 
@@ -205,8 +205,15 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     )
 
 
+_ENGINE_WORDS = {
+    "faiss-cpu": "FAISS on the CPU",
+    "faiss-gpu": "FAISS on the GPU",
+    "torch-cuda": "torch on the GPU",
+}
+
+
 def _search_summary(stats: dict) -> str:
-    where = f"FAISS on the {stats['device'].upper()}"
+    where = _ENGINE_WORDS[stats["engine"]]
     if stats["exact"]:
         return f"exact, {where}"
     if stats["recall"] is None:

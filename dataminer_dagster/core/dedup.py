@@ -23,13 +23,12 @@ long at 110,500 vectors and 8x at 1.1M. It only misses pairs, it never invents o
 reported pair is an exact product above the threshold); `measure_recall` says how many it missed
 on a sample. HNSW was measured and not chosen: at 110,500 vectors its build alone took over 3x
 this whole search, its k-NN search (k 50) left 28 of the 1,001 planted groups split, and
-faiss-cpu 1.15's HNSW range search aborts the process. Blocks of products up to one tile are NumPy matrix
-products (`_NUMPY_CELLS`). Measurements: bench/dedup.md.
+faiss-cpu 1.15's HNSW range search aborts the process. Measurements: bench/dedup.md.
 
-The searches run on a GPU when FAISS is built with GPU support and sees one (faiss-gpu on a CUDA
-machine; `search_device`): the same lists (k-means is trained on the CPU either way) and the same
-products, computed by FAISS's GPU kernels, so results differ from the CPU only where a product's
-float rounding crosses the threshold. Otherwise, and with faiss-cpu, everything runs on the CPU.
+The products themselves are computed by a search engine (`core/pair_search.py`): FAISS and NumPy
+on the CPU, and on a GPU when there is one, FAISS's GPU kernels (faiss-gpu) or torch. Every engine
+searches the same lists (k-means is trained on the CPU either way) with float32 products, so
+results differ from the CPU only where a product's rounding crosses the threshold.
 
 All work happens in frame-id order, so permuting the input changes nothing, not even in the
 approximate search (its k-means sample and seed follow frame ids too).
@@ -44,28 +43,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dataminer_dagster.core.pair_search import TILE, bind, load_faiss, search_engine
+
 # Similarities are float32 dot products whose rounding depends on the kernel and the tiling; a
 # pair within this distance below the threshold still counts, so that identical frames meet a
 # threshold of 1.0 and a pair exactly at the threshold is a duplicate on every path.
 SIMILARITY_TOLERANCE = 1e-6
 
-DEVICES = ("auto", "cpu", "gpu")
-
-_TILE = 2048  # base vectors of one range search: a column tile of the upper triangle
-# Query vectors of one range search. FAISS's range search pays off with many queries per call
-# (bench/dedup.md); this bounds the pairs one call can return (a static shot: every pair).
-_QUERY_BLOCK = 8192
-# Blocks of at most one tile of products run as a NumPy matrix product, larger ones as a FAISS
-# range search. Side by side in one run of `bench/dedup.py --products` on the quiet 2-core machine
-# (ms per block, NumPy vs FAISS): 100 x 100 (a video's frames) 0.17 vs 0.61, 1,280 x 80 (an IVF
-# list at 110,500 vectors) 0.96 vs 2.16, 4,200 x 264 (a list at 1.1M) 8.5 vs 14.2, 1,000 x 2,048
-# (recall sample) 14.2 vs 23.0, but 8,192 x 2,048 (exact search) 113 vs 101 (bench/dedup.md).
-_NUMPY_CELLS = _TILE * _TILE
 # k-means only needs lists of similar size whose members are near each other; a small sample and
 # few iterations do that, and training cost stays below the search's own.
 _TRAIN_POINTS_PER_LIST = 16
 _KMEANS_ITERATIONS = 5
-_ASSIGN_CHUNK = 16384  # vectors per block when assigning vectors to their nearest lists
 _NORM_CHUNK = 8192  # rows per block when computing norms in float64
 _NORM_TOLERANCE = 1e-4  # rows whose norm is this close to 1 count as normalised
 
@@ -93,11 +81,16 @@ class DedupResult:
     recall: float | None  # pooled recall of the approximate searches; None when all were exact
     recall_pairs: int  # true pairs the recall estimate is based on
     seconds: float
-    device: str  # where the searches ran: "cpu" or "gpu"
+    engine: str  # the search engine: "faiss-cpu", "faiss-gpu" or "torch-cuda" (core/pair_search)
 
     @property
     def kept(self) -> int:
         return int(np.count_nonzero(self.is_representative))
+
+    @property
+    def device(self) -> str:
+        """Where the searches ran: "cpu" or "gpu"."""
+        return "cpu" if self.engine == "faiss-cpu" else "gpu"
 
 
 def deduplicate(
@@ -117,7 +110,7 @@ def deduplicate(
     """Group near-duplicate frames within each video, then across videos, and pick each group's best.
 
     `recall_sample` queries per approximate search are checked against exact search (0: skip).
-    `device`: "auto" (a GPU when FAISS can use one), "cpu" or "gpu"; see `search_device`.
+    `device`: "auto" (a GPU when there is one), "cpu" or "gpu"; see `pair_search.search_engine`.
     """
     started = time.perf_counter()
     ids, by_id = _frame_order(frame_ids)
@@ -128,7 +121,7 @@ def deduplicate(
     id_rank[by_id] = np.arange(n)
     quality = _quality_rank(ids, id_rank, scores, sharpness)
     _check_search_parameters(threshold, exact_limit, nprobe)
-    products = _products(search_device(device))
+    products = bind(search_engine(device), x)
     search = _Search(threshold, exact_limit, nprobe, recall_sample, seed, products)
 
     within = _within_video_representative(x, by_id, videos, quality, search)
@@ -153,7 +146,7 @@ def deduplicate(
         recall=search.recall,
         recall_pairs=search.true_pairs,
         seconds=time.perf_counter() - started,
-        device=products.device,
+        engine=products.engine,
     )
 
 
@@ -172,7 +165,7 @@ def similar_pairs(
     """
     x = normalized(embeddings)
     _check_search_parameters(threshold, exact_limit, nprobe)
-    search = _Search(threshold, exact_limit, nprobe, 0, seed, _products(search_device(device)))
+    search = _Search(threshold, exact_limit, nprobe, 0, seed, bind(search_engine(device), x))
     chunks = list(search.pairs(x, np.arange(len(x))))
     i = np.concatenate([c[0] for c in chunks]) if chunks else np.empty(0, dtype=np.int64)
     j = np.concatenate([c[1] for c in chunks]) if chunks else np.empty(0, dtype=np.int64)
@@ -194,8 +187,8 @@ def measure_recall(
     _check_threshold(threshold)
     queries = _recall_queries(len(x), sample, seed)
     cut = threshold - SIMILARITY_TOLERANCE
-    products = _products(search_device(device))
-    return _recall(x, np.arange(len(x)), cut, queries, found[0], found[1], products)
+    products = bind(search_engine(device), x)
+    return _recall(np.arange(len(x)), cut, queries, found[0], found[1], products)
 
 
 def normalized(embeddings: np.ndarray, *, frame_ids: Sequence[str] | None = None) -> np.ndarray:
@@ -226,80 +219,6 @@ def normalized(embeddings: np.ndarray, *, frame_ids: Sequence[str] | None = None
     return (x / norms[:, None]).astype(np.float32)
 
 
-def search_device(
-    requested: str = "auto", *, gpu_build: bool | None = None, gpus: int | None = None
-) -> str:
-    """The device the searches run on, "gpu" or "cpu".
-
-    "auto" is the GPU when the installed FAISS has GPU support (`gpu_build`: faiss-gpu, not
-    faiss-cpu) and sees at least one GPU (`gpus`), else the CPU; "gpu" insists on one. Both facts
-    default to what the installed FAISS reports.
-    """
-    if requested not in DEVICES:
-        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {requested!r}")
-    if requested == "cpu":
-        return "cpu"
-    if gpu_build is None or gpus is None:
-        faiss = _faiss()
-        gpu_build = hasattr(faiss, "StandardGpuResources") if gpu_build is None else gpu_build
-        gpus = (faiss.get_num_gpus() if gpu_build else 0) if gpus is None else gpus
-    if gpu_build and gpus > 0:
-        return "gpu"
-    if requested == "gpu":
-        why = "sees no GPU" if gpu_build else "has no GPU support (faiss-cpu is installed)"
-        raise ValueError(
-            f"device 'gpu' was asked for, but FAISS {why}; install faiss-gpu on a CUDA machine "
-            "or use device 'auto' or 'cpu'"
-        )
-    return "cpu"
-
-
-class _CpuProducts:
-    """Thresholded inner products on the CPU: FAISS flat range search, NumPy for small blocks."""
-
-    device = "cpu"
-
-    def pairs(self, queries: np.ndarray, base: np.ndarray, cut: float):
-        """(a, b) with queries[a] . base[b] >= cut."""
-        if len(queries) * len(base) < _NUMPY_CELLS:
-            return np.nonzero(queries @ base.T >= cut)
-        faiss = _faiss()
-        index = faiss.IndexFlatIP(base.shape[1])
-        index.add(base)
-        lims, _, ids = index.range_search(queries, _below(cut))
-        return np.repeat(np.arange(len(queries)), np.diff(lims).astype(np.int64)), ids
-
-    def nearest(self, queries: np.ndarray, base: np.ndarray, k: int) -> np.ndarray:
-        """Per query, the positions of its k most similar base vectors, most similar first."""
-        faiss = _faiss()
-        return faiss.knn(queries, base, k, metric=faiss.METRIC_INNER_PRODUCT)[1]
-
-
-class _GpuProducts:
-    """The same products on the GPU, through FAISS's GPU brute-force kernels (no range search on
-    the GPU: the block's products come back and are thresholded here, as NumPy's are)."""
-
-    device = "gpu"
-
-    def __init__(self):
-        self._faiss = _faiss()
-        self._resources = self._faiss.StandardGpuResources()
-
-    def pairs(self, queries: np.ndarray, base: np.ndarray, cut: float):
-        sims = self._faiss.pairwise_distance_gpu(
-            self._resources, queries, base, metric=self._faiss.METRIC_INNER_PRODUCT
-        )
-        return np.nonzero(sims >= cut)
-
-    def nearest(self, queries: np.ndarray, base: np.ndarray, k: int) -> np.ndarray:
-        metric = self._faiss.METRIC_INNER_PRODUCT
-        return self._faiss.knn_gpu(self._resources, queries, base, k, metric=metric)[1]
-
-
-def _products(device: str) -> _CpuProducts | _GpuProducts:
-    return _GpuProducts() if device == "gpu" else _CpuProducts()
-
-
 class _Search:
     """Neighbour search with fixed parameters; pools pair counts and recall over its calls."""
 
@@ -324,7 +243,7 @@ class _Search:
     def pairs(self, x: np.ndarray, rows: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Pairs (a, b), a < b, of positions in `rows` whose vectors x[rows] are duplicates."""
         if len(rows) <= self.exact_limit:
-            chunks = _exact_pairs(x, rows, self.cut, self.products)
+            chunks = _exact_pairs(rows, self.cut, self.products)
             yield from self._counted(chunks)
             return
         self.all_exact = False
@@ -341,9 +260,7 @@ class _Search:
             seen_i.append(i[touches])
             seen_j.append(j[touches])
             yield i, j
-        estimate = _recall(
-            x, rows, self.cut, queries, _concat(seen_i), _concat(seen_j), self.products
-        )
+        estimate = _recall(rows, self.cut, queries, _concat(seen_i), _concat(seen_j), self.products)
         self.true_pairs += estimate.true_pairs
         self.found_true_pairs += estimate.found_pairs
 
@@ -373,13 +290,13 @@ def _within_video_representative(
     return best[label]
 
 
-def _exact_pairs(x: np.ndarray, rows: np.ndarray, cut: float, products):
+def _exact_pairs(rows: np.ndarray, cut: float, products):
     """Every pair of x[rows] at >= cut, a column tile of the upper triangle at a time: positions
     (a, b), a < b."""
     n = len(rows)
-    for b0 in range(0, n, _TILE):
-        stop = min(n, b0 + _TILE)
-        for a, b in _cross_pairs(x, rows, np.arange(stop), np.arange(b0, stop), cut, products):
+    for b0 in range(0, n, TILE):
+        stop = min(n, b0 + TILE)
+        for a, b in _cross_pairs(rows, np.arange(stop), np.arange(b0, stop), cut, products):
             upper = a < b
             if upper.any():
                 yield a[upper], b[upper]
@@ -398,7 +315,7 @@ def _approximate_pairs(x: np.ndarray, rows: np.ndarray, cut: float, nprobe: int,
     lists = max(1, min(n, round(math.sqrt(nprobe * n))))
     nprobe = min(nprobe, lists)
     centroids = _train_centroids(x, rows, lists, seed)
-    probes = _nearest_lists(x, rows, centroids, nprobe, products)
+    probes = products.nearest(rows, centroids, nprobe)
     flat = probes.ravel()
     entries = np.argsort(flat, kind="stable")  # grouped by list, vector order within a list
     bounds = np.searchsorted(flat[entries], np.arange(lists + 1))
@@ -408,7 +325,7 @@ def _approximate_pairs(x: np.ndarray, rows: np.ndarray, cut: float, nprobe: int,
         members = probers[entry % nprobe == 0]
         if len(members) == 0:
             continue
-        for p, m in _cross_pairs(x, rows, probers, members, cut, products):
+        for p, m in _cross_pairs(rows, probers, members, cut, products):
             mirrored = (probes[m] == probes[p, :1]).any(axis=1)
             keep = (p != m) & (~mirrored | (p < m))
             if keep.any():
@@ -416,16 +333,10 @@ def _approximate_pairs(x: np.ndarray, rows: np.ndarray, cut: float, nprobe: int,
                 yield np.minimum(p, m), np.maximum(p, m)
 
 
-def _cross_pairs(x, rows, left: np.ndarray, right: np.ndarray, cut: float, products):
+def _cross_pairs(rows, left: np.ndarray, right: np.ndarray, cut: float, products):
     """Pairs (left[a], right[b]) with x[rows[left[a]]] . x[rows[right[b]]] >= cut, in blocks."""
-    for b0 in range(0, len(right), _TILE):
-        cols = right[b0 : b0 + _TILE]
-        base = x[rows[cols]]
-        for a0 in range(0, len(left), _QUERY_BLOCK):
-            lines = left[a0 : a0 + _QUERY_BLOCK]
-            a, b = products.pairs(x[rows[lines]], base, cut)
-            if len(a):
-                yield lines[a], cols[b]
+    for a, b in products.pairs(rows[left], rows[right], cut):
+        yield left[a], right[b]
 
 
 def _train_centroids(x: np.ndarray, rows: np.ndarray, lists: int, seed: int) -> np.ndarray:
@@ -433,7 +344,7 @@ def _train_centroids(x: np.ndarray, rows: np.ndarray, lists: int, seed: int) -> 
 
     Always on the CPU, so that a GPU run searches the same lists.
     """
-    faiss = _faiss()
+    faiss = load_faiss()
     rng = np.random.default_rng(seed)
     count = min(len(rows), lists * _TRAIN_POINTS_PER_LIST)
     sample = x[rows[np.sort(rng.choice(len(rows), size=count, replace=False))]]
@@ -450,25 +361,16 @@ def _train_centroids(x: np.ndarray, rows: np.ndarray, lists: int, seed: int) -> 
     return kmeans.centroids
 
 
-def _nearest_lists(x, rows, centroids: np.ndarray, nprobe: int, products) -> np.ndarray:
-    """Per vector, its `nprobe` most similar centroids, most similar first (int32, n x nprobe)."""
-    probes = np.empty((len(rows), nprobe), dtype=np.int32)
-    for start in range(0, len(rows), _ASSIGN_CHUNK):
-        chunk = x[rows[start : start + _ASSIGN_CHUNK]]
-        probes[start : start + _ASSIGN_CHUNK] = products.nearest(chunk, centroids, nprobe)
-    return probes
-
-
 def _recall_queries(n: int, sample: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed + 1)
     return np.sort(rng.choice(n, size=min(n, max(sample, 0)), replace=False))
 
 
-def _recall(x, rows, cut: float, queries, found_i, found_j, products) -> Recall:
+def _recall(rows, cut: float, queries, found_i, found_j, products) -> Recall:
     """Exact true pairs of x[rows[queries]] against x[rows], and how many (found_i, found_j) has."""
     true_keys = []
     everything = np.arange(len(rows))
-    for q, other in _cross_pairs(x, rows, queries, everything, cut, products):
+    for q, other in _cross_pairs(rows, queries, everything, cut, products):
         distinct = q != other
         true_keys.append(q[distinct].astype(np.int64) * len(rows) + other[distinct])
     true_keys = np.unique(_concat(true_keys))
@@ -490,19 +392,6 @@ def _recall(x, rows, cut: float, queries, found_i, found_j, products) -> Recall:
         found_pairs=found,
         queries=len(queries),
     )
-
-
-def _faiss():
-    """FAISS, imported on first search: a large library that loading the pipeline's definitions
-    should not pay for."""
-    import faiss
-
-    return faiss
-
-
-def _below(cut: float) -> float:
-    """The radius whose strict FAISS inner-product range search (> radius) keeps >= cut."""
-    return float(np.nextafter(np.float32(cut), np.float32(-np.inf)))
 
 
 def _components(

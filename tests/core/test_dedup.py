@@ -7,23 +7,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dataminer_dagster.core import dedup
 from dataminer_dagster.core.dedup import (
-    _NUMPY_CELLS,
     SIMILARITY_TOLERANCE,
     _components,
-    _CpuProducts,
     deduplicate,
     measure_recall,
     normalized,
-    search_device,
     similar_pairs,
 )
-
-
-def faiss_sees_a_gpu() -> bool:
-    import faiss
-
-    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+from dataminer_dagster.core.pair_search import (
+    _NUMPY_CELLS,
+    _FaissCpu,
+    _Torch,
+    search_engine,
+)
 
 
 def unit(rows) -> np.ndarray:
@@ -376,45 +374,52 @@ def test_approximate_search_does_not_depend_on_the_input_order(seed):
 
 
 @pytest.mark.parametrize(
-    ("requested", "gpu_build", "gpus", "device"),
+    ("requested", "faiss_gpu_build", "faiss_gpus", "torch_gpus", "engine"),
     [
-        ("auto", True, 1, "gpu"),  # faiss-gpu on a CUDA machine
-        ("auto", True, 0, "cpu"),  # faiss-gpu, no GPU visible
-        ("auto", False, 0, "cpu"),  # faiss-cpu
-        ("auto", False, 2, "cpu"),  # GPUs, but a FAISS without GPU support
-        ("cpu", True, 1, "cpu"),
-        ("gpu", True, 1, "gpu"),
+        ("auto", True, 1, 1, "faiss-gpu"),  # faiss-gpu on a CUDA machine
+        ("auto", True, 0, 0, "faiss-cpu"),  # faiss-gpu, no GPU visible
+        ("auto", False, 0, 0, "faiss-cpu"),  # faiss-cpu on a CPU machine
+        ("auto", False, 0, 2, "torch-cuda"),  # faiss-cpu on a CUDA machine (no faiss-gpu wheel)
+        ("auto", True, 0, 1, "torch-cuda"),  # a faiss-gpu that sees no GPU, torch sees one
+        ("cpu", True, 1, 1, "faiss-cpu"),
+        ("gpu", True, 1, 1, "faiss-gpu"),
+        ("gpu", False, 0, 1, "torch-cuda"),
     ],
 )
-def test_search_device_is_the_gpu_only_when_faiss_can_use_one(requested, gpu_build, gpus, device):
-    assert search_device(requested, gpu_build=gpu_build, gpus=gpus) == device
+def test_the_search_engine_is_a_gpu_one_when_a_gpu_can_be_used(
+    requested, faiss_gpu_build, faiss_gpus, torch_gpus, engine
+):
+    facts = dict(faiss_gpu_build=faiss_gpu_build, faiss_gpus=faiss_gpus, torch_gpus=torch_gpus)
+    assert search_engine(requested, **facts) == engine
 
 
 @pytest.mark.parametrize(
-    ("requested", "gpu_build", "gpus", "message"),
+    ("requested", "faiss_gpu_build", "faiss_gpus", "message"),
     [
-        ("gpu", False, 0, "has no GPU support"),
-        ("gpu", True, 0, "sees no GPU"),
+        ("gpu", False, 0, "has no GPU support .* and torch sees no CUDA device"),
+        ("gpu", True, 0, "sees no GPU and torch sees no CUDA device"),
         ("cuda:0", True, 1, "device must be one of auto, cpu, gpu"),
     ],
 )
-def test_search_device_errors_say_what_to_do(requested, gpu_build, gpus, message):
+def test_search_engine_errors_say_what_to_do(requested, faiss_gpu_build, faiss_gpus, message):
     with pytest.raises(ValueError, match=message):
-        search_device(requested, gpu_build=gpu_build, gpus=gpus)
+        search_engine(
+            requested, faiss_gpu_build=faiss_gpu_build, faiss_gpus=faiss_gpus, torch_gpus=0
+        )
 
 
-def test_the_installed_faiss_decides_the_device_and_the_result_says_which():
-    expected = "gpu" if faiss_sees_a_gpu() else "cpu"
-    assert search_device() == expected
+def test_the_installed_libraries_decide_the_engine_and_the_result_says_which():
+    engine = search_engine()
     x, _ = planted(8, groups=5, size=3, singles=20)
-    assert run(x).device == expected
-    assert run(x, device="cpu").device == "cpu"
-    if expected == "cpu":
+    assert run(x).engine == engine
+    assert run(x).device == ("cpu" if engine == "faiss-cpu" else "gpu")
+    assert run(x, device="cpu").engine == "faiss-cpu"
+    if engine == "faiss-cpu":
         with pytest.raises(ValueError, match="device 'gpu' was asked for"):
             run(x, device="gpu")
 
 
-@pytest.mark.skipif(not faiss_sees_a_gpu(), reason="needs faiss-gpu and a CUDA GPU")
+@pytest.mark.skipif(search_engine() == "faiss-cpu", reason="needs a CUDA GPU")
 def test_gpu_search_finds_what_the_cpu_search_finds():
     x, label = planted(12, groups=60, size=8, singles=3000, dim=96)
     videos = [f"v{k % 41}" for k in range(len(x))]
@@ -429,22 +434,57 @@ def test_gpu_search_finds_what_the_cpu_search_finds():
     assert [p.tolist() for p in gpu_pairs] == [p.tolist() for p in cpu_pairs]
 
 
-def test_faiss_range_search_and_numpy_blocks_find_the_same_pairs():
-    # A block above _NUMPY_CELLS goes to a FAISS range search, one below to NumPy: same pairs,
-    # a product exactly at the cut included (FAISS keeps only products above its radius).
+@pytest.mark.parametrize("resident", [True, False], ids=["vectors-on-device", "blocks-copied"])
+def test_the_torch_engine_finds_what_faiss_finds(monkeypatch, resident):
+    # The torch engine is what a CUDA machine without faiss-gpu uses; here it runs on torch's CPU
+    # device through the same code, in small blocks so that every block loop turns, with the
+    # vectors either kept on the device or gathered on the host and copied block by block.
+    x, _ = planted(12, groups=60, size=8, singles=3000, dim=96)
+    videos = [f"v{k % 41}" for k in range(len(x))]
+    monkeypatch.setattr(_Torch, "tile", 700)
+    monkeypatch.setattr(_Torch, "query_block", 300)
+    engines = []
+
+    def torch_on_the_cpu(engine, vectors):
+        bound = _Torch(vectors, "cpu", free_bytes=4 * vectors.nbytes if resident else 1)
+        engines.append(bound)
+        return bound
+
+    for exact_limit in (20_000, 300):  # exact, then the IVF path (k-means and lists alike)
+        cpu = run(x, videos=videos, exact_limit=exact_limit, device="cpu")
+        with monkeypatch.context() as patched:
+            patched.setattr(dedup, "bind", torch_on_the_cpu)
+            other = run(x, videos=videos, exact_limit=exact_limit)
+        assert other.engine == "torch-cuda"
+        assert (other.group == cpu.group).all()
+        assert (other.is_representative == cpu.is_representative).all()
+        assert other.pairs_found == cpu.pairs_found
+        assert other.recall == cpu.recall
+    assert {bound.resident for bound in engines} == {resident}
+
+
+@pytest.mark.parametrize("engine", ["faiss-cpu", "torch"])
+def test_every_engine_keeps_a_product_exactly_at_the_cut(engine):
+    # A block above _NUMPY_CELLS goes to a FAISS range search, one below to NumPy, and torch
+    # compares on its device: the same pairs, a product exactly at the cut included (FAISS keeps
+    # only products above its radius).
     x, _ = planted(9, groups=40, size=5, singles=4000, dim=48, spread=0.25)
-    queries, base = x[:2100].copy(), x[2100:].copy()
-    assert len(queries) * len(base) >= _NUMPY_CELLS
-    queries[3], base[7] = 0, 0
-    queries[3, 0], base[7, :2] = 1.0, (0.6, 0.8)  # a product of exactly float32(0.6) on any BLAS
+    x[3], x[2107] = 0, 0
+    x[3, 0], x[2107, :2] = 1.0, (0.6, 0.8)  # a product of exactly float32(0.6) on any BLAS
     cut = float(np.float32(0.6))
-    want = np.nonzero(queries.astype(np.float64) @ base.T.astype(np.float64) >= cut)
-    products = _CpuProducts()
-    for q, b in ((queries, base), (queries[:100], base[:100])):
-        a, c = products.pairs(q, b, cut)
-        got = sorted(zip(a.tolist(), c.tolist(), strict=True))
-        inside = (want[0] < len(q)) & (want[1] < len(b))
-        assert got == sorted(zip(want[0][inside].tolist(), want[1][inside].tolist(), strict=True))
+    bound = _FaissCpu(x) if engine == "faiss-cpu" else _Torch(x, "cpu", free_bytes=2**40)
+    assert _NUMPY_CELLS <= 2100 * 2048  # the first block below is FAISS's on the CPU
+    for left, right in (
+        (np.arange(2100), np.arange(2100, 4200)),
+        (np.arange(100), np.arange(2100, 2200)),
+    ):
+        want = np.nonzero(x[left].astype(np.float64) @ x[right].T.astype(np.float64) >= cut)
+        got = sorted(
+            (a, b)
+            for block_a, block_b in bound.pairs(left, right, cut)
+            for a, b in zip(block_a.tolist(), block_b.tolist(), strict=True)
+        )
+        assert got == sorted(zip(want[0].tolist(), want[1].tolist(), strict=True))
         assert (3, 7) in got
 
 

@@ -77,8 +77,13 @@ def test_dry_run_checks_the_whole_script(tmp_path):
     sections = [row["section"] for row in rows]
     assert [s.split(":")[0] for s in sections] == ["filter"] * 2 + ["detect"] * 2 + [
         "dedup 11,500 x 768"
-    ] * 2 + ["decode"]
+    ] * 3 + ["decode"]
     assert all(row["ours"] and not row["ours"].startswith("failed") for row in rows)
+    # the product's deduplicate (here on the CPU engine, the IVF path) against device="cpu"
+    product = next(row["values"] for row in rows if "product deduplicate" in row["section"])
+    assert product["same_frames_as_cpu"] is True
+    assert product["planted_groups_at_one"] == product["planted_groups"] == 1001
+    assert product["random_removed"] == 0 and product["recall"] is not None
     detect = {row["section"]: row for row in rows if row["section"].startswith("detect")}
     assert all({"predict_per_s", "prepare_per_s"} & set(row["values"]) for row in detect.values())
     table = (out / "gpu.md").read_text()
@@ -120,7 +125,7 @@ def test_a_failing_section_is_a_problem_of_the_dry_run(gpu_bench, tmp_path):
 
 
 def test_every_size_preset_caps_every_section(gpu_bench, monkeypatch):
-    assert "5 sections" in gpu_bench._check_sections()
+    assert "6 sections" in gpu_bench._check_sections()
     monkeypatch.delitem(gpu_bench.SIZES["full"]["caps"], "owlv2")
     with pytest.raises(KeyError, match=r"size preset full has no time cap for \['owlv2'\]"):
         gpu_bench._check_sections()
