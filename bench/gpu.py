@@ -24,6 +24,9 @@ Sections (each guarded: a failure prints one line and the run goes on; each has 
    comes from .whl/ (k-means and the CPU engine need it).
 4. decode: torchvision.io.decode_jpeg on the GPU (nvjpeg, batched) vs core.images.decode_image
    (OpenCV) on one thread per core, same files.
+5. decode video: which GPU video decoder (NVDEC) the installed stack offers (torchcodec,
+   torchaudio.io, OpenCV cudacodec), and why each other one is not usable; decoding through one is
+   not built or measured.
 
 Models are built from configs written here with random weights, saved with save_pretrained and
 loaded through models.loading, as real weights would be; nothing is downloaded. The last lines are
@@ -1109,6 +1112,60 @@ def decode_section(bench: Bench) -> list[Row]:
     return [row]
 
 
+def nvdec_section(bench: Bench) -> list[Row]:
+    """Which GPU video decoder (NVDEC) this stack offers; measuring one is not built yet."""
+    found, missing = video_decoders_on_gpu()
+    row = Row(
+        "decode video: NVDEC",
+        ours=f"available: {', '.join(found)}" if found else "not available in this stack",
+        baseline="OpenCV on the CPU (the extract stage's decoder)",
+        goal="(information: measure when available)",
+        values=dict(available=found, missing=missing),
+    )
+    row.notes.append(
+        "NVDEC: "
+        + (f"available through {', '.join(found)}; " if found else "")
+        + "; ".join(missing)
+        + (
+            "; decoding through it is not built or measured yet"
+            if found
+            else "; the extract stage decodes with OpenCV on the CPU"
+        )
+    )
+    return [row]
+
+
+def video_decoders_on_gpu() -> tuple[list[str], list[str]]:
+    """(the GPU video decoders this Python can use, why each other one cannot be used)."""
+    found, missing = [], []
+
+    def why(name: str, error: Exception) -> str:
+        return f"{name}: {type(error).__name__}: {(str(error).splitlines() or [''])[0][:120]}"
+
+    try:
+        from torchcodec.decoders import VideoDecoder  # noqa: F401
+
+        found.append("torchcodec")
+    except Exception as error:  # ImportError, or its FFmpeg libraries missing
+        missing.append(why("torchcodec", error))
+    try:
+        from torchaudio.io import StreamReader  # noqa: F401 (torchaudio 2.9 dropped torchaudio.io)
+
+        found.append("torchaudio.io StreamReader (h264_cuvid)")
+    except Exception as error:
+        missing.append(why("torchaudio.io", error))
+    try:
+        import cv2
+
+        if hasattr(cv2, "cudacodec") and cv2.cuda.getCudaEnabledDeviceCount() > 0:
+            found.append("OpenCV cudacodec")
+        else:
+            missing.append(f"OpenCV {cv2.__version__}: no cudacodec or no CUDA device")
+    except Exception as error:
+        missing.append(why("OpenCV", error))
+    return found, missing
+
+
 # ---------------------------------------------------------------------------------------- report
 
 
@@ -1163,7 +1220,7 @@ SECTIONS: dict[str, list[tuple[str, Callable[[Bench], list[Row]]]]] = {
     "filter": [("filter", filter_section)],
     "detect": [("detect yolo", yolo_section), ("detect owlv2", owlv2_section)],
     "dedup": [("dedup", dedup_section), ("dedup product", product_dedup_section)],
-    "decode": [("decode", decode_section)],
+    "decode": [("decode", decode_section), ("decode video", nvdec_section)],
 }
 
 

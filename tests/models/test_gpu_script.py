@@ -77,7 +77,7 @@ def test_dry_run_checks_the_whole_script(tmp_path):
     sections = [row["section"] for row in rows]
     assert [s.split(":")[0] for s in sections] == ["filter"] * 2 + ["detect"] * 2 + [
         "dedup 11,500 x 768"
-    ] * 3 + ["decode"]
+    ] * 3 + ["decode", "decode video"]
     assert all(row["ours"] and not row["ours"].startswith("failed") for row in rows)
     # the product's deduplicate (here on the CPU engine, the IVF path) against device="cpu"
     product = next(row["values"] for row in rows if "product deduplicate" in row["section"])
@@ -125,7 +125,7 @@ def test_a_failing_section_is_a_problem_of_the_dry_run(gpu_bench, tmp_path):
 
 
 def test_every_size_preset_caps_every_section(gpu_bench, monkeypatch):
-    assert "6 sections" in gpu_bench._check_sections()
+    assert "7 sections" in gpu_bench._check_sections()
     monkeypatch.delitem(gpu_bench.SIZES["full"]["caps"], "owlv2")
     with pytest.raises(KeyError, match=r"size preset full has no time cap for \['owlv2'\]"):
         gpu_bench._check_sections()
