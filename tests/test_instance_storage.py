@@ -3,6 +3,7 @@ no external service, and its history kept across a restart of that server."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -92,3 +93,63 @@ def test_dagster_tables_and_claim_tables_share_the_server_in_their_own_schemas(e
         )
     engine.dispose()
     assert schemas == {"runs": "public", "event_logs": "public", "work_items": "dataminer"}
+
+
+@dg.asset
+def counted() -> int:
+    return 1
+
+
+def _backend_pid(engine: sa.Engine) -> int:
+    with engine.connect() as c:
+        return c.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+
+
+def _server_backends(engine: sa.Engine) -> set[int]:
+    """Backend pids of the server's client connections (this one included)."""
+    with engine.connect() as c:
+        query = "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend'"
+        return set(c.execute(sa.text(query)).scalars())
+
+
+def test_dagster_storages_share_one_pool_that_survives_a_restart_and_a_fork(embedded_home):
+    # dagster-postgres alone opens a connection per storage operation; ours pool them per process.
+    instance = dg.DagsterInstance.from_config(str(embedded_home))
+    try:
+        engine = instance.run_storage._engine
+        assert instance.event_log_storage._engine is engine
+        assert instance.schedule_storage._engine is engine
+        connects = []
+        sa.event.listen(engine, "connect", lambda *_: connects.append(1))
+        for _ in range(3):
+            assert dg.materialize([counted], instance=instance).success
+        # three runs write dozens of events and run records: about one connection per operation
+        # before, now only what the run's threads hold at once
+        assert len(connects) <= 4, len(connects)
+
+        # a restart of the database costs no failed operation: the pool checks before use
+        settings = load_settings()
+        assert stop_embedded(settings)
+        from dataminer_dagster.db.server import dagster_database_url
+
+        assert dagster_database_url(settings) == instance.run_storage.postgres_url  # started again
+        assert dg.materialize([counted], instance=instance).success
+        assert len(instance.get_runs()) == 4
+
+        # a forked child does not share the parent's pooled connections (their sockets)
+        parent_backends = _server_backends(engine)  # this server serves this process alone
+        assert _backend_pid(engine) in parent_backends
+        child = os.fork()
+        if child == 0:  # pragma: no cover (the child's result is its exit status)
+            code = 1
+            try:
+                runs = len(instance.get_runs())
+                code = 0 if _backend_pid(engine) not in parent_backends and runs == 4 else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child reused the parent's connection"
+        assert _backend_pid(engine) in parent_backends  # the parent's pool is intact
+        assert len(instance.get_runs()) == 4
+    finally:
+        instance.dispose()

@@ -35,3 +35,14 @@ def dispose_engines() -> None:
         for engine in _engines.values():
             engine.dispose()
         _engines.clear()
+
+
+def _drop_inherited_connections() -> None:
+    """In a forked child: forget the parent's pooled connections without closing them (they are
+    the parent's), so an engine the child still holds (Dagster's storages keep theirs) connects
+    anew instead of sharing a socket with the parent."""
+    for engine in _engines.values():
+        engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_drop_inherited_connections)
