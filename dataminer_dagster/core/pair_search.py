@@ -27,6 +27,7 @@ choice is tested on a CPU.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -95,7 +96,7 @@ def bind(engine: str, x: np.ndarray):
     raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
 
 
-class _Blocks:
+class _Blocks(ABC):
     """Searches as blocks of rows of x: gather a block, compute it, give back positions."""
 
     engine: str
@@ -124,14 +125,17 @@ class _Blocks:
             found[start : start + _ASSIGN_CHUNK] = self._block_nearest(chunk, centroids, k)
         return found
 
+    @abstractmethod
     def _gather(self, rows: np.ndarray):
-        raise NotImplementedError
+        """The rows x[rows], where this engine computes."""
 
+    @abstractmethod
     def _block_pairs(self, queries, base, cut: float) -> tuple[np.ndarray, np.ndarray]:
-        raise NotImplementedError
+        """Positions (a, b) with queries[a] . base[b] >= cut, on the host."""
 
+    @abstractmethod
     def _block_nearest(self, queries, centroids: np.ndarray, k: int) -> np.ndarray:
-        raise NotImplementedError
+        """Per query, its k most similar centroids, most similar first, on the host."""
 
 
 class _FaissCpu(_Blocks):
