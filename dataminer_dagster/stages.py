@@ -245,6 +245,20 @@ class Lane:
         return keys
 
 
+# What a lane's first item imports, named down to the modules that do the work: `transformers`
+# and `ultralytics` import lazily, so importing only them warms little. Measured on the demo's
+# tiny models (2 cores, imports done first): the filter's first batch 3.2 s after importing torch
+# and transformers, 0.4 s after these; YOLO's first detection 1.5-1.7 s after torch and
+# ultralytics, 0.2 s after these.
+_TORCH_AT_FIRST_USE = ("torch", "torchvision", "torch._dynamo")
+_SIGLIP = (
+    "transformers.modeling_utils",
+    "transformers.models.siglip.modeling_siglip",
+    "transformers.models.siglip2.modeling_siglip2",
+    "dataminer_dagster.models.siglip",
+)
+_YOLO = ("ultralytics.nn.tasks", "dataminer_dagster.models.detectors")
+
 LANES = (
     Lane(
         "catalog",
@@ -261,14 +275,14 @@ LANES = (
         LanePolicy(batch=200, max_runs=1),
         "Score a batch of project videos' frames against the project's prompts (SigLIP2).",
         ahead=True,
-        warm_up=("torch", "transformers"),
+        warm_up=(*_TORCH_AT_FIRST_USE, *_SIGLIP),
     ),
     Lane(
         "project",
         LanePolicy(batch=1, max_runs=2),
         "Deduplicate a finished project's frames, detect objects, export the dataset.",
         ahead=True,
-        warm_up=("torch", "faiss", "ultralytics"),
+        warm_up=(*_TORCH_AT_FIRST_USE, "faiss", *_YOLO),
     ),
     Lane(
         "backup",

@@ -19,7 +19,7 @@ from dataminer_dagster.db.schema import DONE
 from dataminer_dagster.resources.ahead import wait_for_input
 from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_discovery
-from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
+from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES, LANES
 from dataminer_dagster.tags import AHEAD_TAG, LANE_TAG, RANGE_END, RANGE_START
 from tests.helpers.pipeline import work_items
 
@@ -160,3 +160,15 @@ def test_a_run_gives_up_waiting_after_its_limit(instance, store, catalog):
     waited = wait_for_input(store, instance, run, max_wait_s=1.0, log=said.append)
     assert waited >= 1.0
     assert said[-1] == "gave up waiting at the limit of 1 s; 1 partitions are still coming"
+
+
+@pytest.mark.parametrize(
+    "lane", [lane for lane in LANES if lane.warm_up], ids=lambda lane: lane.name
+)
+def test_every_module_a_lane_warms_up_exists(lane):
+    # The warm-up skips a module that fails to import (an optional library), so a misspelt name
+    # would warm nothing, silently: every name must import where the extras are installed.
+    import importlib
+
+    for name in lane.warm_up:
+        assert importlib.import_module(name).__name__ == name
