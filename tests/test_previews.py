@@ -18,8 +18,8 @@ from dataminer_dagster.assets.previews import (
     INLINE_MARKDOWN_LIMIT,
     inline_thumbnail,
     jpeg_within,
-    make_preview,
     megabytes,
+    preview_metadata,
     readable,
     ui_metadata,
 )
@@ -76,8 +76,8 @@ def test_ui_metadata_puts_previews_first_and_their_pictures_side_by_side(tmp_pat
     chart = histogram([0.2, 0.4, 0.9], thresholds={"positive threshold": 0.5})
     metadata = {
         "frames": 12,
-        **{"kept_frames": make_preview("kept_frames", sheet, tmp_path, budget=40_000)},
-        **{"scores": make_preview("scores", chart, tmp_path, chart=True)},
+        **preview_metadata("kept_frames", sheet, tmp_path, budget=40_000),
+        **preview_metadata("scores", chart, tmp_path, chart=True),
     }
     shown, description = ui_metadata(metadata)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +29,7 @@ from dataminer_dagster.assets.stage import (
     StageItem,
     stage_asset,
 )
+from dataminer_dagster.core.coco import Detection
 from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE, place_images
 from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.images import read_image
@@ -118,27 +118,17 @@ def check_dataset(root: Path, *, with_coco: bool) -> CheckResult:
     )
 
 
-@dataclass(frozen=True)
-class _Annotation:
-    x: float
-    y: float
-    w: float
-    h: float
-    score: float
-    label: str
-
-
 def _sample_preview(staging: Path, manifest: pd.DataFrame, with_coco: bool, previews: Path) -> dict:
     """A sample of the dataset's images with their COCO annotations drawn (the images with the
     most annotations first)."""
-    boxes: dict[str, list[_Annotation]] = {name: [] for name in manifest["file_name"]}
+    boxes: dict[str, list[Detection]] = {name: [] for name in manifest["file_name"]}
     if with_coco:
         coco = json.loads((staging / COCO_FILE).read_text())
         names = {image["id"]: image["file_name"] for image in coco["images"]}
         labels = {c["id"]: c["name"] for c in coco["categories"]}
         for a in coco["annotations"]:
             boxes[names[a["image_id"]]].append(
-                _Annotation(*a["bbox"], a.get("score", 1.0), labels[a["category_id"]])
+                Detection(*a["bbox"], a.get("score", 1.0), labels[a["category_id"]])
             )
     sample = sorted(boxes, key=lambda name: (-len(boxes[name]), name))[:SAMPLE_SIZE]
     pictures = [

@@ -62,28 +62,6 @@ class Preview:
         return _markdown_image(self.name, jpeg_within(image, self.budget), "jpeg")
 
 
-def make_preview(
-    name: str,
-    picture: np.ndarray,
-    directory: Path,
-    *,
-    budget: int = PREVIEW_BUDGET,
-    cover: np.ndarray | None = None,
-    chart: bool = False,
-) -> Preview:
-    """Write `picture` (RGB) as `<directory>/<name>.png` and fit it to the UI's limits. The
-    thumbnail is made from `cover` when given (e.g. the best frame rather than a whole sheet
-    shrunk to a few pixels per tile); a `chart` (flat colours) may get a few-colour PNG one."""
-    path = write_png(directory / f"{name}.png", picture)
-    return Preview(
-        name=name,
-        file=path,
-        thumbnail_markdown=inline_thumbnail(name, picture if cover is None else cover, chart=chart),
-        picture=resize_to(picture, DESCRIPTION_WIDTH, DESCRIPTION_HEIGHT),
-        budget=budget,
-    )
-
-
 def preview_metadata(
     name: str,
     picture: np.ndarray,
@@ -93,8 +71,19 @@ def preview_metadata(
     cover: np.ndarray | None = None,
     chart: bool = False,
 ) -> dict[str, Preview]:
-    """`{name: Preview}`, ready to merge into an ItemResult's metadata."""
-    return {name: make_preview(name, picture, directory, budget=budget, cover=cover, chart=chart)}
+    """`{name: Preview}`, ready to merge into an ItemResult's metadata: `picture` (RGB) written as
+    `<directory>/<name>.png` and fitted to the UI's limits. The thumbnail is made from `cover`
+    when given (e.g. the best frame rather than a whole sheet shrunk to a few pixels per tile); a
+    `chart` (flat colours) may get a few-colour PNG one."""
+    path = write_png(directory / f"{name}.png", picture)
+    preview = Preview(
+        name=name,
+        file=path,
+        thumbnail_markdown=inline_thumbnail(name, picture if cover is None else cover, chart=chart),
+        picture=resize_to(picture, DESCRIPTION_WIDTH, DESCRIPTION_HEIGHT),
+        budget=budget,
+    )
+    return {name: preview}
 
 
 def jpeg_within(picture: np.ndarray, budget: int) -> bytes:

@@ -7,7 +7,7 @@ images are numbered in file-name order, categories in the order the caller gives
 project config's prompts or classes), annotations in image order then detection order, all from 1.
 
 Pure Python: no torch, no Dagster. Detections are anything with `x, y, w, h, score, label`
-attributes, such as `models.detectors.Detection`.
+attributes (`Box`), such as `Detection`, which the detectors return.
 """
 
 from __future__ import annotations
@@ -29,6 +29,18 @@ SCORE_DECIMALS = 5
 # image border; the validator allows that much.
 EDGE_TOLERANCE = 0.5 * 10**-BOX_DECIMALS
 MAX_REPORTED_PROBLEMS = 20
+
+
+@dataclass(frozen=True)
+class Detection:
+    """One detected object: box in pixels (top-left corner + size, as COCO), score, category."""
+
+    x: float
+    y: float
+    w: float
+    h: float
+    score: float
+    label: str
 
 
 class Box(Protocol):

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
+from dataminer_dagster.core.coco import Detection
 from dataminer_dagster.models.device import (
     DevicePlan,
     finish_stream,
@@ -69,18 +70,6 @@ OPEN_VOCABULARY_NMS_IOU = 0.5
 # batch sized from the free memory takes (the batch of YOLO's H200 measurement, bench/gpu.md).
 DEFAULT_BATCH_SIZE = 8
 AUTO_BATCH_LIMIT = 32
-
-
-@dataclass(frozen=True)
-class Detection:
-    """One detected object: box in pixels (top-left corner + size, as COCO), score, category."""
-
-    x: float
-    y: float
-    w: float
-    h: float
-    score: float
-    label: str
 
 
 class Detector(Protocol):

@@ -1,6 +1,5 @@
 import copy
 import json
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
@@ -8,6 +7,7 @@ from hypothesis import strategies as st
 
 from dataminer_dagster.core.coco import (
     CocoFormatError,
+    Detection,
     ImageDetections,
     build_coco,
     clip_box,
@@ -16,17 +16,6 @@ from dataminer_dagster.core.coco import (
     validate_coco,
     write_coco,
 )
-
-
-@dataclass(frozen=True)
-class Det:
-    x: float
-    y: float
-    w: float
-    h: float
-    score: float
-    label: str
-
 
 CATEGORIES = ["person", "red car", "dog"]
 
@@ -38,13 +27,15 @@ def sample_images() -> list[ImageDetections]:
             320,
             240,
             [
-                Det(10, 20, 30, 40, 0.9, "dog"),
-                Det(300, 200, 50, 60, 0.8, "person"),  # clipped to 20 x 40
-                Det(400, 10, 10, 10, 0.7, "person"),  # entirely outside: dropped
-                Det(5, 5, 0, 10, 0.6, "dog"),  # no width: dropped
+                Detection(10, 20, 30, 40, 0.9, "dog"),
+                Detection(300, 200, 50, 60, 0.8, "person"),  # clipped to 20 x 40
+                Detection(400, 10, 10, 10, 0.7, "person"),  # entirely outside: dropped
+                Detection(5, 5, 0, 10, 0.6, "dog"),  # no width: dropped
             ],
         ),
-        ImageDetections("vid_a/frame_000001.jpg", 640, 480, [Det(-5, -5, 25, 15, 0.5, "red car")]),
+        ImageDetections(
+            "vid_a/frame_000001.jpg", 640, 480, [Detection(-5, -5, 25, 15, 0.5, "red car")]
+        ),
         ImageDetections("vid_c/frame_000003.jpg", 100, 100, []),
     ]
 
@@ -82,7 +73,7 @@ def test_info_is_kept_and_input_order_does_not_matter():
 @pytest.mark.parametrize(
     "images, categories, message",
     [
-        ([ImageDetections("a.jpg", 10, 10, [Det(1, 1, 2, 2, 0.5, "cat")])], ["dog"], "'cat' on image 'a.jpg' is not a category"),
+        ([ImageDetections("a.jpg", 10, 10, [Detection(1, 1, 2, 2, 0.5, "cat")])], ["dog"], "'cat' on image 'a.jpg' is not a category"),
         ([ImageDetections("a.jpg", 10, 10), ImageDetections("a.jpg", 10, 10)], ["dog"], "repeated: ['a.jpg']"),
         ([], ["dog", "dog"], "repeated: ['dog']"),
         ([], [], "must not be empty"),
@@ -225,7 +216,7 @@ boxes = st.tuples(
 )
 def test_any_detections_make_a_valid_document(raw):
     images = [
-        ImageDetections(f"frame_{i:03d}.jpg", w, h, [Det(*b) for b in dets])
+        ImageDetections(f"frame_{i:03d}.jpg", w, h, [Detection(*b) for b in dets])
         for i, (w, h, dets) in enumerate(raw)
     ]
     doc = build_coco(images, CATEGORIES)

@@ -1,9 +1,8 @@
-from dataclasses import dataclass
-
 import cv2
 import numpy as np
 import pytest
 
+from dataminer_dagster.core.coco import Detection
 from dataminer_dagster.core.visualize import (
     AXIS,
     BACKGROUND,
@@ -21,23 +20,13 @@ from dataminer_dagster.core.visualize import (
 )
 
 
-@dataclass(frozen=True)
-class Det:
-    x: float
-    y: float
-    w: float
-    h: float
-    score: float
-    label: str
-
-
 def frame(height=120, width=160, value=90) -> np.ndarray:
     return np.full((height, width, 3), value, np.uint8)
 
 
 def test_draw_detections_draws_box_and_tag_without_touching_the_input():
     image = frame()
-    det = Det(40, 50, 60, 30, 0.87, "red car")
+    det = Detection(40, 50, 60, 30, 0.87, "red car")
     drawn = draw_detections(image, [det])
 
     assert drawn.shape == image.shape and drawn.dtype == np.uint8
@@ -52,8 +41,8 @@ def test_draw_detections_draws_box_and_tag_without_touching_the_input():
 def test_draw_detections_handles_boxes_at_and_beyond_the_border_and_odd_labels():
     image = frame()
     dets = [
-        Det(-20, -10, 50, 40, 0.5, "chat noir \u00e9t\u00e9"),
-        Det(150, 110, 100, 100, 1.0, "x"),
+        Detection(-20, -10, 50, 40, 0.5, "chat noir \u00e9t\u00e9"),
+        Detection(150, 110, 100, 100, 1.0, "x"),
     ]
     drawn = draw_detections(image, dets)
     assert drawn.shape == image.shape
