@@ -19,7 +19,7 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_discovery
 from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
-from tests.helpers.pipeline import materialize_partitions, resources, work_items
+from tests.helpers.pipeline import keep_every_frame, materialize_partitions, resources, work_items
 
 pytestmark = pytest.mark.slow
 
@@ -51,14 +51,7 @@ def test_an_unreadable_frame_without_a_cached_embedding_is_recorded_and_skipped(
             "output_dir": str(tmp_path / "out"),
             "inputs": {"files": [str(video)]},
             "extract": {"strategy": "time", "every_seconds": 0.5},
-            "filter": {
-                "model": str(tiny_siglip),
-                "device": "cpu",
-                "positive_prompts": ["a shape"],
-                "positive_threshold": 0.0,
-                "negative_threshold": 1.0,
-                "junk_threshold": 1.0,
-            },
+            "filter": keep_every_frame(tiny_siglip),
             "dedup": {"threshold": 0.999},
         }
     )

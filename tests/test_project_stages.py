@@ -17,7 +17,13 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.status import stage_counts
 from dataminer_dagster.paths import DataPaths
-from tests.helpers.pipeline import drive_quietly, pipeline_definitions, resources, write_videos
+from tests.helpers.pipeline import (
+    drive_quietly,
+    keep_every_frame,
+    pipeline_definitions,
+    resources,
+    write_videos,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -50,14 +56,7 @@ def _config(
             "output_dir": str(out / name),
             "inputs": {"files": files},
             "extract": {"strategy": "time", "every_seconds": 0.5},
-            "filter": {
-                "model": str(models["siglip"]),
-                "device": "cpu",
-                "positive_prompts": prompts,
-                "positive_threshold": 0.0,
-                "negative_threshold": 1.0,
-                "junk_threshold": 1.0,
-            },
+            "filter": keep_every_frame(models["siglip"], prompts),
             "dedup": {"threshold": 0.99},
             "detect": {**detect, "device": "cpu", "confidence": 0.01},
         }

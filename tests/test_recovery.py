@@ -43,6 +43,7 @@ from dataminer_dagster.settings import load_settings
 from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES, LANES
 from tests.helpers.pipeline import (
     CannedSearchClient,
+    keep_every_frame,
     materialize_partitions,
     one_stage_lanes,
     pipeline_definitions,
@@ -101,14 +102,7 @@ class Pipeline:
                 "output_dir": str(root / "out"),
                 "inputs": {"files": [str(f) for f in files]},
                 "extract": {"strategy": "time", "every_seconds": 0.5},
-                "filter": {
-                    "model": str(siglip),
-                    "device": "cpu",
-                    "positive_prompts": ["a shape"],
-                    "positive_threshold": 0.0,
-                    "negative_threshold": 1.0,
-                    "junk_threshold": 1.0,
-                },
+                "filter": keep_every_frame(siglip),
                 "dedup": {"threshold": 0.999},
             }
         )

@@ -21,7 +21,13 @@ from dataminer_dagster.db.project_lifecycle import force_stage
 from dataminer_dagster.db.status import stage_counts
 from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.stages import DATASET, LANES, PROJECTS, REGISTRY, StageSpec
-from tests.helpers.pipeline import drive_quietly, resources, work_items, write_videos
+from tests.helpers.pipeline import (
+    drive_quietly,
+    keep_every_frame,
+    resources,
+    work_items,
+    write_videos,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -106,14 +112,7 @@ def test_a_stage_added_in_one_entry_runs_in_the_project_chain(
             "output_dir": str(tmp_path / "out" / "p"),
             "inputs": {"files": [str(p) for p in clips.values()]},
             "extract": {"strategy": "time", "every_seconds": 0.5},
-            "filter": {
-                "model": str(tiny_siglip),
-                "device": "cpu",
-                "positive_prompts": ["a"],
-                "positive_threshold": 0.0,
-                "negative_threshold": 1.0,
-                "junk_threshold": 1.0,
-            },
+            "filter": keep_every_frame(tiny_siglip, ["a"]),
         }
     )
     catalog.register_project(config)
