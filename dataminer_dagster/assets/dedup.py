@@ -30,6 +30,7 @@ from dataminer_dagster.core.dedup import deduplicate
 from dataminer_dagster.core.embedding_cache import EmbeddingCache
 from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.images import read_image
+from dataminer_dagster.core.pair_search import ENGINES
 from dataminer_dagster.core.visualize import PALETTE, contact_sheet
 from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.stages import DEDUP
@@ -205,15 +206,8 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     )
 
 
-_ENGINE_WORDS = {
-    "faiss-cpu": "FAISS on the CPU",
-    "faiss-gpu": "FAISS on the GPU",
-    "torch-cuda": "torch on the GPU",
-}
-
-
 def _search_summary(stats: dict) -> str:
-    where = _ENGINE_WORDS[stats["engine"]]
+    where = ENGINES[stats["engine"]]
     if stats["exact"]:
         return f"exact, {where}"
     if stats["recall"] is None:

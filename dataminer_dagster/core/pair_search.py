@@ -34,7 +34,12 @@ from contextlib import contextmanager
 import numpy as np
 
 DEVICES = ("auto", "cpu", "gpu")
-ENGINES = ("faiss-cpu", "faiss-gpu", "torch-cuda")
+# The engines, as the dedup node's metadata names them.
+ENGINES = {
+    "faiss-cpu": "FAISS on the CPU",
+    "faiss-gpu": "FAISS on the GPU",
+    "torch-cuda": "torch on the GPU",
+}
 
 TILE = 2048  # right-hand rows of one block
 _QUERY_BLOCK = 8192  # left-hand rows of one block: a FAISS range search pays off with many

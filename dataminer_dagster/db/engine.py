@@ -1,4 +1,8 @@
-"""One SQLAlchemy engine per (database URL, process), created on first use, never at import."""
+"""One SQLAlchemy engine per (database URL, process), created on first use, never at import.
+
+A forked child keeps the engines but not their pooled connections (`_drop_inherited_connections`):
+those sockets are the parent's.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,13 @@ import threading
 import sqlalchemy as sa
 
 _lock = threading.Lock()
-_engines: dict[tuple[str, int, bool], sa.Engine] = {}
+_engines: dict[tuple[str, bool], sa.Engine] = {}
 
 
 def get_engine(url: str, *, autocommit: bool = False) -> sa.Engine:
     """The process's engine for `url`. `autocommit`: a separate pool whose connections run each
     statement on its own (one round trip, no BEGIN/COMMIT), for single-statement operations."""
-    key = (url, os.getpid(), autocommit)  # a forked child must not reuse its parent's connections
+    key = (url, autocommit)
     with _lock:
         engine = _engines.get(key)
         if engine is None:
@@ -39,8 +43,10 @@ def dispose_engines() -> None:
 
 def _drop_inherited_connections() -> None:
     """In a forked child: forget the parent's pooled connections without closing them (they are
-    the parent's), so an engine the child still holds (Dagster's storages keep theirs) connects
-    anew instead of sharing a socket with the parent."""
+    the parent's), so every engine, ours or one Dagster's storages hold, connects anew instead of
+    sharing a socket with the parent. The lock is new too: a parent thread may have held it."""
+    global _lock
+    _lock = threading.Lock()
     for engine in _engines.values():
         engine.dispose(close=False)
 
