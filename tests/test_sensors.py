@@ -338,6 +338,36 @@ def test_discovery_removes_the_partitions_of_deleted_rows_once_caught_up(instanc
     assert isinstance(tick("work", instance, db, third.cursor), dg.SkipReason)
 
 
+def test_rows_committed_out_of_id_order_still_become_partitions(instance, db, catalog):
+    """Two transactions linking videos: the one holding the lower ids commits last, after a tick
+    whose cursor passed its ids. The next tick that finds nothing new adds them."""
+    project = add_project(catalog, "alpha")
+    first = tick("work", instance, db)
+    launch(instance, first)
+    early = [Candidate(v, "url", url=f"https://example.com/{v}.mp4") for v in ("v0", "v1")]
+    with catalog.engine.begin() as slow:
+        catalog.link_videos(slow, project, early)  # takes the lower ids, commits last
+        link(catalog, project, ["v2"])
+        second = tick("work", instance, db, first.cursor)
+        launch(instance, second)
+    assert instance.get_dynamic_partitions("videos") == ["v2"]
+
+    third = tick("work", instance, db, second.cursor)
+    added = {
+        r.partitions_def_name: list(r.partition_keys)
+        for r in third.dynamic_partitions_requests
+        if isinstance(r, dg.AddDynamicPartitionsRequest)
+    }
+    assert added == {"videos": ["v0", "v1"], "project_videos": ["alpha.v0", "alpha.v1"]}
+    launch(instance, third)
+    assert sorted(instance.get_dynamic_partitions("project_videos")) == [
+        "alpha.v0",
+        "alpha.v1",
+        "alpha.v2",
+    ]
+    assert third.cursor == second.cursor, "the cursor does not go back"
+
+
 # --- work ----------------------------------------------------------------------------------------
 
 

@@ -110,8 +110,13 @@ def plan_discovery(
     instance: dg.DagsterInstance | None = None,
 ) -> Discovery:
     """New catalog rows become partitions: projects, videos, project videos (in that order, in
-    discovery order, at most `budget` per call). With the `instance`, once nothing is new, the
-    partitions whose row was deleted are to be removed."""
+    discovery order, at most `budget` per call).
+
+    The cursor (the last id seen) finds new rows cheaply, but ids are taken when rows are
+    inserted, not when their transactions commit: a row committed after a row with a higher id
+    (two catalog runs, `add-video` during one) is passed by it. So, with the `instance`, once the
+    cursor finds nothing new, the catalog's keys are compared with Dagster's: rows the cursor
+    passed are added, and partitions whose row was deleted are to be removed."""
     result = Discovery(cursor=DiscoveryCursor(**cursor.__dict__))
     with engine.connect() as c:
         for partitions_name, field_name, query in _DISCOVERED:
@@ -126,25 +131,30 @@ def plan_discovery(
                 result.additions[partitions_name] = [r.key for r in rows]
                 setattr(result.cursor, field_name, rows[-1].id)
     if instance is not None and not result.count:
-        result.removals = _partitions_of_deleted_rows(instance, engine)
+        result.additions, result.removals = _compare_with_dagster(instance, engine, budget)
     return result
 
 
-def _partitions_of_deleted_rows(
-    instance: dg.DagsterInstance, engine: sa.Engine
-) -> dict[str, list[str]]:
-    """Partitions whose catalog row is gone (a project or videos deleted with the CLI), by
-    partitions name. Dagster's keys are read before the catalog's, so that a row created meanwhile
-    can only be missing from the first list, never wrongly pruned."""
+def _compare_with_dagster(
+    instance: dg.DagsterInstance, engine: sa.Engine, budget: int
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """(rows without a partition, at most `budget` in id order; partitions whose row is gone),
+    by partitions name. Dagster's keys are read before the catalog's, so that a row created
+    meanwhile can only be missing from the first list (and is added: adding is idempotent),
+    never wrongly pruned."""
     listed = {name: instance.get_dynamic_partitions(name) for name, _, _ in _DISCOVERED}
+    missed: dict[str, list[str]] = {}
     gone: dict[str, list[str]] = {}
     with engine.connect() as c:
         for name, _, query in _DISCOVERED:
-            if listed[name]:
-                current = set(c.execute(sa.text(f"SELECT key FROM ({query}) q")).scalars())
-                if keys := [k for k in listed[name] if k not in current]:
-                    gone[name] = keys
-    return gone
+            current = list(c.execute(sa.text(f"SELECT key FROM ({query}) q ORDER BY id")).scalars())
+            known, present = set(listed[name]), set(current)
+            left = budget - sum(len(keys) for keys in missed.values())
+            if left > 0 and (keys := [k for k in current if k not in known][:left]):
+                missed[name] = keys
+            if keys := [k for k in listed[name] if k not in present]:
+                gone[name] = keys
+    return missed, gone
 
 
 # --- runs ---------------------------------------------------------------------------------------
