@@ -35,21 +35,28 @@ def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
     catalog = ctx.catalog
     projects = catalog.linked_projects([item.video_id]).get(item.video_id, [])
     destinations = sorted({p.config.backup.dest for p in projects if p.config.backup})
-    frames_root = ctx.db.paths.root / "frames" / item.video_id
     if not destinations:
         return ItemResult(metadata=NO_BACKUP)
-    if not frames_root.is_dir():
+    recorded = catalog.frame_profiles([item.video_id]).get(item.video_id, {})
+    frames = {profile: path for profile, (path, _) in recorded.items() if path.is_dir()}
+    if not frames:  # released before a project named this destination, or deleted by hand
         return ItemResult(
-            metadata={"outcome": "nothing to do: the frames are not on disk (released already)"}
+            metadata={
+                "outcome": "nothing copied yet: the frames are not on disk; they are extracted "
+                "again, and backed up after that"
+            },
+            commit=lambda conn: catalog.advance_videos(conn, [item.video_id]),
         )
     checked = {}
     for dest in destinations:
         if not is_remote(dest):  # registered before registration checked it
             check_backup_dest(Path(dest), ctx.db.paths.root)
-        target = f"{dest.rstrip('/')}/{item.video_id}"
-        copy_tree(frames_root, target)
-        checked[dest] = verify_tree(frames_root, target)
-        ctx.check_lease(item)
+        checked[dest] = 0
+        for profile, path in sorted(frames.items()):  # not a profile being extracted meanwhile
+            target = f"{dest.rstrip('/')}/{item.video_id}/{profile}"
+            copy_tree(path, target)
+            checked[dest] += verify_tree(path, target)
+            ctx.check_lease(item)
 
     def commit(conn) -> None:
         catalog.record_backup(conn, item.video_id, destinations)

@@ -44,15 +44,21 @@ def staging_path(final: Path) -> Path:
 def publish(staged: Path, final: Path) -> None:
     """Move `staged` (file or directory) to `final`, replacing what is there."""
     if staged.is_dir():
-        old = None
-        if final.exists():
-            old = final.parent / f".replaced-{final.name}-{uuid.uuid4().hex[:8]}"
-            os.replace(final, old)
+        old = set_aside(final) if final.exists() else None
         os.replace(staged, final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(staged, final)
+
+
+def set_aside(path: Path) -> Path:
+    """Rename `path` to a hidden sibling, in one step, and return the new name: a directory that is
+    to be deleted is gone from its place at once, never left half-deleted there by a crash. The
+    next `staging_path` for the same place removes a sibling a crash left behind."""
+    aside = path.parent / f".replaced-{path.name}-{uuid.uuid4().hex[:8]}"
+    os.replace(path, aside)
+    return aside
 
 
 def remove(path: Path) -> None:

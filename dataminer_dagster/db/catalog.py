@@ -7,6 +7,7 @@ called after any change: new links, a finished download or extraction, files tha
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections import defaultdict
@@ -155,8 +156,10 @@ class Catalog:
     def projects(self) -> list[ProjectRow]:
         return self._projects("ORDER BY name", {})
 
-    def _projects(self, clause: str, params: dict) -> list[ProjectRow]:
-        with self.engine.connect() as c:
+    def _projects(
+        self, clause: str, params: dict, conn: sa.Connection | None = None
+    ) -> list[ProjectRow]:
+        with self._reading(conn) as c:
             rows = c.execute(sa.text(f"SELECT * FROM {S}.projects {clause}"), params).all()
         return [
             ProjectRow(
@@ -236,8 +239,15 @@ class Catalog:
             for r in rows
         }
 
-    def linked_projects(self, video_ids: Iterable[str]) -> dict[str, list[ProjectRow]]:
-        with self.engine.connect() as c:
+    def _reading(self, conn: sa.Connection | None) -> contextlib.AbstractContextManager:
+        """`conn` itself (its transaction goes on), or a connection of its own."""
+        return contextlib.nullcontext(conn) if conn is not None else self.engine.connect()
+
+    def linked_projects(
+        self, video_ids: Iterable[str], conn: sa.Connection | None = None
+    ) -> dict[str, list[ProjectRow]]:
+        """The projects each video is linked to; read in `conn`'s transaction when given."""
+        with self._reading(conn) as c:
             links = c.execute(
                 sa.text(f"""SELECT pv.video_id, p.name FROM {S}.project_videos pv JOIN {S}.projects p
                             ON p.id = pv.project_id WHERE pv.video_id = ANY(CAST(:ids AS text[]))
@@ -247,7 +257,7 @@ class Catalog:
         projects = {
             p.name: p
             for p in self._projects(
-                "WHERE name = ANY(CAST(:n AS text[]))", {"n": [r.name for r in links]}
+                "WHERE name = ANY(CAST(:n AS text[]))", {"n": [r.name for r in links]}, conn
             )
         }
         result: dict[str, list[ProjectRow]] = defaultdict(list)

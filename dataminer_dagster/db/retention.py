@@ -3,8 +3,13 @@
 * A downloaded video file goes once its frames exist, when every project using the video asks for
   it (`cleanup.delete_videos_after_extraction`). Local source files are never deleted.
 * Raw frames of a video go once every project using the video is complete and each of them asks
-  for it (`cleanup.delete_frames_when_done`, or `backup.delete_after_backup` with a verified backup
-  to that project's destination).
+  for it (`cleanup.delete_frames_when_done`, or `backup.delete_after_backup`), and each project that
+  names a backup destination has a verified backup there: never before, whatever else it asks.
+
+The videos' rows are locked while their frames are released, so a project linking one of them
+meanwhile waits and then finds the frames gone (and has them extracted again). A released
+directory is renamed aside in the transaction and deleted once it commits, or put back if it
+rolls back: a crash never leaves a half-deleted directory that looks present.
 
 Nothing is lost for good: the catalog forgets the deleted files, and a project that needs them
 again re-extracts the frames, re-downloading the video first if it is gone (Catalog.advance_videos).
@@ -12,11 +17,13 @@ again re-extracts the frames, re-downloading the video first if it is gone (Cata
 
 from __future__ import annotations
 
-import shutil
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import sqlalchemy as sa
 
+from dataminer_dagster.core.files import remove, set_aside
 from dataminer_dagster.db.catalog import Catalog, ProjectRow
 
 COMPLETE = "complete"
@@ -45,15 +52,14 @@ def release_finished_frames(
 ) -> list[str]:
     """Delete the raw frames of these videos where every linked project is complete (or is
     `completing` now) and allows it. Returns the videos whose frames were deleted."""
+    backups = _lock_videos(conn, video_ids)
     released = []
-    backups = _verified_backups(conn, video_ids)
-    for video_id, projects in catalog.linked_projects(video_ids).items():
+    for video_id, projects in catalog.linked_projects(video_ids, conn).items():
         done = all(p.stage == COMPLETE or p.name == completing for p in projects)
         if not done or not all(_allows_deletion(p, backups.get(video_id, set())) for p in projects):
             continue
         frames = catalog.frame_profiles([video_id]).get(video_id, {})
-        for directory, _ in frames.values():
-            shutil.rmtree(directory, ignore_errors=True)
+        _delete_when_committed(conn, [directory for directory, _ in frames.values()])
         if frames:
             catalog.forget_frames(conn, video_id)
             released.append(video_id)
@@ -62,17 +68,43 @@ def release_finished_frames(
 
 def _allows_deletion(project: ProjectRow, backed_up_to: set[str]) -> bool:
     config = project.config
-    if config.cleanup.delete_frames_when_done:
-        return True
     backup = config.backup
-    return bool(backup and backup.delete_after_backup and backup.dest in backed_up_to)
+    if backup and backup.dest not in backed_up_to:
+        return False  # the only copy must not go before the backup is verified
+    return config.cleanup.delete_frames_when_done or bool(backup and backup.delete_after_backup)
 
 
-def _verified_backups(conn: sa.Connection, video_ids: Sequence[str]) -> dict[str, set[str]]:
+def _lock_videos(conn: sa.Connection, video_ids: Sequence[str]) -> dict[str, set[str]]:
+    """Lock the videos' rows until `conn` commits (a link to one, whose foreign key needs a share
+    of the row, waits) and return the destinations each was verified at."""
     rows = conn.execute(
         sa.text(
-            "SELECT video_id, backup_dest FROM dataminer.videos WHERE video_id = ANY(CAST(:ids AS text[]))"
+            "SELECT video_id, backup_dest FROM dataminer.videos "
+            "WHERE video_id = ANY(CAST(:ids AS text[])) ORDER BY video_id FOR UPDATE"
         ),
         {"ids": list(video_ids)},
     ).all()
     return {r.video_id: set((r.backup_dest or "").splitlines()) for r in rows}
+
+
+def _delete_when_committed(conn: sa.Connection, directories: Sequence[Path]) -> None:
+    """Move the directories aside now; delete them as `conn`'s transaction commits, put them back
+    if it rolls back. (Should the commit itself fail after that, the catalog still lists frames
+    that are gone: the next project needing them has them extracted again.)"""
+    moved = [(directory, set_aside(directory)) for directory in directories if directory.is_dir()]
+    settled = False
+
+    def settle(committed: bool) -> None:
+        nonlocal settled
+        if settled:  # the other event's listener stays on the connection, and does nothing
+            return
+        settled = True
+        for directory, aside in moved:
+            if committed:
+                remove(aside)
+            else:
+                os.replace(aside, directory)
+
+    if moved:
+        sa.event.listen(conn, "commit", lambda _conn: settle(True), once=True)
+        sa.event.listen(conn, "rollback", lambda _conn: settle(False), once=True)

@@ -1,0 +1,128 @@
+"""Releasing raw frames (db/retention.py): never before a named backup is verified, in one step on
+disk that a rollback undoes, and never under a project that is linking the video meanwhile."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from dataminer_dagster.config import parse_project_config
+from dataminer_dagster.db.catalog import Candidate, Catalog, ProjectRow
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.retention import release_finished_frames
+from dataminer_dagster.paths import DataPaths
+
+
+@pytest.fixture
+def catalog(engine, tmp_path) -> Catalog:
+    return Catalog(engine, LeaseStore(engine), DataPaths(tmp_path / "data"))
+
+
+def _project(catalog: Catalog, name: str, tmp_path: Path, **sections) -> ProjectRow:
+    config = parse_project_config(
+        {
+            "name": name,
+            "output_dir": str(tmp_path / "out" / name),
+            "inputs": {"urls": ["https://example.com/placeholder.mp4"]},
+            "filter": {"positive_prompts": ["a thing"]},
+            **sections,
+        }
+    )
+    return catalog.register_project(config).project
+
+
+def _link(catalog: Catalog, conn: sa.Connection, project: ProjectRow, video_id: str) -> None:
+    candidate = Candidate(video_id, "url", url=f"https://example.com/{video_id}.mp4")
+    catalog.link_videos(conn, project, [candidate])
+    catalog.advance_videos(conn, [video_id])
+
+
+def _extracted(catalog: Catalog, project: ProjectRow, video_id: str) -> Path:
+    """The video linked to the project, its frames on disk and recorded, the project complete."""
+    profile = project.config.extract.options().profile_id()
+    frames = catalog.paths.frames_dir(video_id, profile)
+    frames.mkdir(parents=True)
+    (frames / "000001.jpg").write_bytes(b"a frame")
+    with catalog.engine.begin() as conn:
+        _link(catalog, conn, project, video_id)
+        catalog.record_frames(conn, video_id, profile, {}, frames, 1)
+        conn.execute(
+            sa.text("UPDATE dataminer.projects SET stage = 'complete' WHERE id = :p"),
+            {"p": project.id},
+        )
+    return frames
+
+
+def _release(catalog: Catalog, video_id: str) -> list[str]:
+    with catalog.engine.begin() as conn:
+        return release_finished_frames(catalog, conn, [video_id])
+
+
+@pytest.mark.parametrize(
+    "cleanup, backup",
+    [
+        ({"delete_frames_when_done": True}, {}),
+        ({}, {"delete_after_backup": True}),
+    ],
+    ids=["cleanup", "delete_after_backup"],
+)
+def test_frames_with_a_named_backup_go_only_once_it_is_verified(catalog, tmp_path, cleanup, backup):
+    dest = str(tmp_path / "backup")
+    project = _project(catalog, "alpha", tmp_path, cleanup=cleanup, backup={"dest": dest, **backup})
+    frames = _extracted(catalog, project, "v0")
+
+    assert _release(catalog, "v0") == [], "not backed up yet"
+    assert frames.is_dir() and catalog.frame_profiles(["v0"])
+
+    with catalog.engine.begin() as conn:
+        catalog.record_backup(conn, "v0", [str(tmp_path / "elsewhere")])
+    assert _release(catalog, "v0") == [], "backed up, but not to this project's destination"
+
+    with catalog.engine.begin() as conn:
+        catalog.record_backup(conn, "v0", [dest])
+    assert _release(catalog, "v0") == ["v0"]
+    assert not frames.exists() and catalog.frame_profiles(["v0"]) == {}
+    assert list(frames.parent.iterdir()) == [], "nothing left aside"
+
+
+def test_a_release_rolled_back_puts_the_frames_back(catalog, tmp_path):
+    project = _project(catalog, "alpha", tmp_path, cleanup={"delete_frames_when_done": True})
+    frames = _extracted(catalog, project, "v0")
+    with catalog.engine.connect() as conn:
+        transaction = conn.begin()
+        assert release_finished_frames(catalog, conn, ["v0"]) == ["v0"]
+        assert not frames.exists(), "moved out of its place at once"
+        transaction.rollback()
+    assert (frames / "000001.jpg").read_bytes() == b"a frame"
+    assert list(frames.parent.iterdir()) == [frames]
+    assert catalog.frame_profiles(["v0"]) == {"v0": {frames.name: (frames, 1)}}
+
+
+def test_a_project_linking_the_video_during_a_release_waits_for_it(catalog, tmp_path):
+    alpha = _project(catalog, "alpha", tmp_path, cleanup={"delete_frames_when_done": True})
+    frames = _extracted(catalog, alpha, "v0")
+    beta = _project(catalog, "beta", tmp_path)
+    linked = threading.Event()
+
+    def link_beta() -> None:
+        with catalog.engine.begin() as conn:
+            _link(catalog, conn, beta, "v0")
+        linked.set()
+
+    with catalog.engine.begin() as conn:
+        assert release_finished_frames(catalog, conn, ["v0"]) == ["v0"]
+        linker = threading.Thread(target=link_beta)
+        linker.start()
+        assert not linked.wait(1.0), "the link waits for the release to commit"
+    linker.join(10)
+    assert linked.is_set() and not frames.exists()
+    assert [p.name for p in catalog.linked_projects(["v0"])["v0"]] == ["alpha", "beta"]
+
+    # Linked first, beta (not complete) keeps the frames of a video it shares.
+    _extracted(catalog, alpha, "v1")
+    with catalog.engine.begin() as conn:
+        _link(catalog, conn, beta, "v1")
+    assert _release(catalog, "v1") == []
