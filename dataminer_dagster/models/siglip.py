@@ -246,6 +246,9 @@ def device_input_path(
 
 DEFAULT_BATCH_SIZE = 32  # images per model call without memory figures (the CPU)
 AUTO_BATCH_LIMIT = 64  # the most images per call that free memory may give on a GPU
+# Side of the blank frames that size the batch: the processors resize (naflex: and pad) every
+# frame to the model's input, so any size gives the same batch.
+BLANK_FRAME_SIDE = 224
 
 
 class ImageEmbedder:
@@ -304,22 +307,15 @@ class ImageEmbedder:
             memory = CudaMemory(self.device)
         limit = batch_size or (AUTO_BATCH_LIMIT if memory is not None else DEFAULT_BATCH_SIZE)
         plan = DevicePlan(self.device, self.loaded.dtype, False, 0, memory)
-        self.batch_size = plan_batch_size(plan, limit, self._forward_blank)
+        self.batch_size = plan_batch_size(plan, limit, self._embed_blank)
 
-    def _forward_blank(self, images: int) -> None:
-        """The model's forward pass on `images` blank inputs of its size (batch sizing)."""
-        import torch
-
-        size = self.image_processor.size  # a dict, or transformers' SizeDict
-
-        def side(name: str) -> int:
-            value = size.get(name) if isinstance(size, dict) else getattr(size, name, None)
-            return int(value or 224)  # processors sized by their shortest edge: DINO's crop
-
-        height, width = side("height"), side("width")
-        with torch.inference_mode():
-            pixels = torch.zeros((images, 3, height, width), dtype=self.loaded.dtype)
-            self._image_features({"pixel_values": pixels.to(self.device)})
+    def _embed_blank(self, images: int) -> None:
+        """Embed `images` blank frames as a real batch is (batch sizing): the model's own image
+        processor gives every input it takes at its size (naflex: the patch mask and shapes;
+        DINO: the crop), staged and moved to the device in the model's dtype."""
+        frames = [np.zeros((BLANK_FRAME_SIDE, BLANK_FRAME_SIDE, 3), np.uint8)] * images
+        inputs = self._stage(dict(self.image_processor(frames, return_tensors="pt")))
+        self._embed(_PreparedBatch(list(range(images)), inputs, {}), wait_s=0.0)
 
     def _device_preprocessing(self, decode_on_device: bool | None) -> DevicePreprocessing | None:
         wanted = decode_on_device or (decode_on_device is None and self.device.type == "cuda")

@@ -6,6 +6,7 @@ directory, through the same code path as hub weights. No test reaches the networ
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import cv2
@@ -237,28 +238,42 @@ def test_auto_device():
     assert resolve_device("CPU").type == "cpu"
 
 
-def test_the_filter_batch_is_sized_from_the_devices_free_memory(siglip_dir, tmp_path):
+TINY_IMAGE_MODELS = {
+    "siglip": (SiglipScorer, build_tiny_siglip),
+    "siglip2-naflex": (SiglipScorer, partial(build_tiny_siglip, naflex=True)),
+    "dinov2": (ImageEmbedder, build_tiny_dinov2),
+}
+
+
+@pytest.mark.parametrize("name", TINY_IMAGE_MODELS)
+def test_the_batch_is_sized_from_the_devices_free_memory(name, tmp_path):
     """The CUDA code path with a CPU stand-in for the memory figures: the batch is what fits in
-    half the free memory, measured once with a real forward pass, capped by the limit."""
+    half the free memory, measured once with a real batch of the model's inputs (naflex: with
+    its patch mask and shapes), capped by the limit."""
     from dataminer_dagster.models.siglip import AUTO_BATCH_LIMIT, DEFAULT_BATCH_SIZE
     from tests.models.cuda_stand_ins import StandInMemory
 
+    embedder_class, build = TINY_IMAGE_MODELS[name]
+    model_dir = build(tmp_path / name)
+
+    def embedder(**options) -> ImageEmbedder:
+        return embedder_class(model_dir, device="cpu", **options)
+
     plenty = StandInMemory(free=10**12, per_item=1000)
-    assert SiglipScorer(siglip_dir, device="cpu", memory=plenty).batch_size == AUTO_BATCH_LIMIT
+    assert embedder(memory=plenty).batch_size == AUTO_BATCH_LIMIT
     assert plenty.measured == [1]
     tight = StandInMemory(free=10_000, per_item=1000)  # half of it holds 5 images
-    assert SiglipScorer(siglip_dir, device="cpu", memory=tight).batch_size == 5
+    assert embedder(memory=tight).batch_size == 5
     capped = StandInMemory(free=10**12, per_item=1000)
-    assert SiglipScorer(siglip_dir, device="cpu", batch_size=7, memory=capped).batch_size == 7
-    nothing_known = SiglipScorer(siglip_dir, device="cpu")  # no memory figures: as configured
-    assert nothing_known.batch_size == DEFAULT_BATCH_SIZE
+    assert embedder(batch_size=7, memory=capped).batch_size == 7
+    assert embedder().batch_size == DEFAULT_BATCH_SIZE  # no memory figures: as configured
 
-    # The sized scorer scores like the configured one.
+    # The sized embedder embeds like the configured one.
     pictures = []
     for i in range(6):
         path = tmp_path / f"f{i}.jpg"
         cv2.imwrite(str(path), np.full((40, 60, 3), 40 * i, np.uint8))
         pictures.append(path)
-    sized = SiglipScorer(siglip_dir, device="cpu", memory=tight).embed_all(pictures)
-    plain = SiglipScorer(siglip_dir, device="cpu", batch_size=2).embed_all(pictures)
+    sized = embedder(memory=tight).embed_all(pictures)
+    plain = embedder(batch_size=2).embed_all(pictures)
     np.testing.assert_allclose(sized.embeddings, plain.embeddings, atol=1e-5)
