@@ -329,7 +329,7 @@ class CleanupConfig(_Section):
     )
     delete_frames_when_done: bool = Field(
         False,
-        description="Delete raw frames of a video once every project using it is complete (they are re-extracted if needed again).",
+        description="Delete raw frames of a video once every project using it is complete, and backed up where a backup is named (they are re-extracted if needed again).",
     )
 
 
