@@ -182,6 +182,32 @@ def test_a_run_worker_killed_mid_stage_is_failed_and_its_work_done_again(
     assert len(run_failure_messages(instance, run_id)) == 1
 
 
+def test_a_run_cancelled_mid_stage_gives_its_items_back_without_counting_an_attempt(
+    deployment, media, reference
+):
+    """As the UI's Terminate does: the run launcher interrupts the run worker, whose step ends
+    with an item in hand. A person stopped the run; the item did nothing wrong."""
+    deployment.start_daemon()
+    deployment.add_project(media.project("alpha", 6))
+    row = running_filter_item(deployment)
+    instance = dagster_instance(deployment)
+    assert instance.run_coordinator.cancel_run(row.lease_owner)
+    deployment.wait_until(
+        lambda: instance.get_run_by_id(row.lease_owner).status == dg.DagsterRunStatus.CANCELED,
+        60,
+        "the run cancelled",
+        "alpha",
+    )
+
+    deployment.wait_for_stage("alpha", "complete", COMPLETE_WITHIN_S)
+    pd.testing.assert_frame_equal(deployment.dataset("alpha"), reference["alpha"])
+    [item] = deployment.query(
+        "SELECT attempts FROM dataminer.work_items WHERE stage = 'filter' AND item_key = :k",
+        k=row.item_key,
+    )
+    assert item.attempts == 1, "only the attempt that finished it counts"
+
+
 def test_the_daemon_killed_with_its_runs_then_restarted_finishes_the_project(
     deployment, media, reference
 ):

@@ -61,12 +61,18 @@ class DatabaseResource(dg.ConfigurableResource):
         if leases is None:
             return
         leases.stop()
-        for lease in leases.held:  # only left when the step ended without finishing an item
-            leases.fail(lease, "the step ended before finishing this item")
+        held = leases.held  # only left when the step ended without finishing an item
+        if held and _being_cancelled(context):
+            # A person stopped the run: the items did nothing wrong, so no attempt is counted.
+            leases.release_many(held)
+            outcome = "released uncounted: the run was cancelled"
+        else:
+            for lease in held:
+                leases.fail(lease, "the step ended before finishing this item")
+            outcome = "released after the step ended early"
+        for lease in held:
             if context.log:
-                context.log.warning(
-                    f"{lease.stage} {lease.key}: released after the step ended early"
-                )
+                context.log.warning(f"{lease.stage} {lease.key}: {outcome}")
 
     @property
     def settings(self) -> Settings:
@@ -120,6 +126,14 @@ class DatabaseResource(dg.ConfigurableResource):
 
     def catalog_for(self, *, requested_stages: frozenset[str] = frozenset()) -> Catalog:
         return Catalog(self.store.engine, self.store, self.paths, requested_stages=requested_stages)
+
+
+def _being_cancelled(context: dg.InitResourceContext) -> bool:
+    run = context.instance.get_run_by_id(context.run_id) if context.instance else None
+    return run is not None and run.status in (
+        dg.DagsterRunStatus.CANCELING,
+        dg.DagsterRunStatus.CANCELED,
+    )
 
 
 def _migrated_engine(url: str):
