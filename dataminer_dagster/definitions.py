@@ -6,7 +6,8 @@ Cross-cutting policy lives here only.
   worker, so a run costs one process start, and resources (the run's heartbeat, its claims) are
   set up once, before any step. `DATAMINER_EXECUTOR=multiprocess` gives each step its own process
   (with at most one GPU step at a time within a run); `celery` sends steps to dagster-celery
-  workers through their queues (docs/deployment.md).
+  workers through their queues (docs/deployment.md). Under both the run worker keeps the run's
+  heartbeat (hosting/run_heartbeat.py): its steps' resources start only once a step runs.
 * GPU use is bounded by the `gpu` pool (dagster.yaml): filter, dedup and detect take a slot of it
   for the length of their step, across all runs. The op tag `dataminer/device: gpu` only routes
   (the `gpu` celery queue) and, under the multiprocess executor, limits steps within one run.
@@ -19,6 +20,7 @@ import os
 import dagster as dg
 
 from dataminer_dagster.assets import LANE_ASSETS, STAGES
+from dataminer_dagster.hosting.run_heartbeat import with_run_heartbeat
 from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.resources.download_client import YtDlpClient
 from dataminer_dagster.sensors.pipeline_sensors import build_sensors, lane_jobs
@@ -38,9 +40,13 @@ def _executor() -> dg.ExecutorDefinition:
         from dagster_celery import celery_executor
 
         broker = os.environ.get("DATAMINER_CELERY_BROKER")
-        return celery_executor.configured({"broker": broker}) if broker else celery_executor
+        return with_run_heartbeat(
+            celery_executor.configured({"broker": broker}) if broker else celery_executor
+        )
     if choice == "multiprocess":
-        return dg.multiprocess_executor.configured({"tag_concurrency_limits": GPU_LIMIT})
+        return with_run_heartbeat(
+            dg.multiprocess_executor.configured({"tag_concurrency_limits": GPU_LIMIT})
+        )
     if choice == "in_process":
         return dg.in_process_executor
     raise ValueError(f"DATAMINER_EXECUTOR={choice!r}: expected one of {', '.join(EXECUTORS)}")

@@ -24,7 +24,8 @@ import yaml
 from dagster._core.events import DagsterEventType
 
 from dataminer_dagster.demo import serve_directory, write_sample_videos
-from tests.helpers.daemon import REPO_ROOT, DaemonHome, demo_project
+from dataminer_dagster.tags import LANE_TAG
+from tests.helpers.daemon import FAST_RECOVERY, REPO_ROOT, DaemonHome, demo_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("daemon"), pytest.mark.timeout(600)]
 
@@ -72,8 +73,13 @@ def reference(media) -> dict[str, pd.DataFrame]:
 
 
 @pytest.fixture
-def deployment(monkeypatch):
-    home = DaemonHome()
+def deployment(monkeypatch, request):
+    """A DATAMINER_HOME and DAGSTER_HOME for a daemon; `indirect` parametrization gives the
+    settings file and the executor: (settings or None, executor or None)."""
+    settings, executor = getattr(request, "param", (None, None))
+    home = DaemonHome(settings)
+    if executor:
+        home.env["DATAMINER_EXECUTOR"] = executor
     # This process reads the same instance and database as the daemon.
     monkeypatch.setenv("DATAMINER_HOME", str(home.home))
     monkeypatch.setenv("DAGSTER_HOME", str(home.dagster_home))
@@ -206,6 +212,41 @@ def test_a_run_cancelled_mid_stage_gives_its_items_back_without_counting_an_atte
         k=row.item_key,
     )
     assert item.attempts == 1, "only the attempt that finished it counts"
+
+
+@pytest.mark.parametrize(
+    "deployment",
+    [({**FAST_RECOVERY, "runs": {"start_grace_s": 5, "queued_timeout_s": 600}}, "multiprocess")],
+    indirect=True,
+)
+def test_a_multiprocess_run_waiting_for_the_gpu_slot_is_not_judged_dead(
+    deployment, media, reference
+):
+    """Under the multiprocess executor a step's process (and its database resource) starts only
+    once the step has its `gpu` slot; the run worker beats for the run while it waits."""
+    instance = dagster_instance(deployment)
+    instance.event_log_storage.set_concurrency_slots("gpu", 0)
+    deployment.start_daemon()
+    deployment.add_project(media.project("alpha", 6))
+    found = {}
+
+    def a_filter_run_started() -> bool:
+        runs = instance.get_runs(
+            dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={LANE_TAG: "filter"})
+        )
+        found["run"] = runs[0] if runs else None
+        return bool(runs)
+
+    deployment.wait_until(a_filter_run_started, COMPLETE_WITHIN_S, "a filter run", "alpha")
+    time.sleep(15)  # three times the grace; the reaper ticks every second
+    waiting = instance.get_run_by_id(found["run"].run_id)
+    assert waiting.status == dg.DagsterRunStatus.STARTED, run_failure_messages(
+        instance, waiting.run_id
+    )
+
+    instance.event_log_storage.set_concurrency_slots("gpu", 1)
+    deployment.wait_for_stage("alpha", "complete", COMPLETE_WITHIN_S)
+    pd.testing.assert_frame_equal(deployment.dataset("alpha"), reference["alpha"])
 
 
 def test_the_daemon_killed_with_its_runs_then_restarted_finishes_the_project(

@@ -40,9 +40,8 @@ class DatabaseResource(dg.ConfigurableResource):
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         settings = load_settings()
-        url = self.database_url or claims_database_url(settings)
         self._settings = settings
-        self._store = LeaseStore(_migrated_engine(url), settings.retry)
+        self._store = claims_store(settings, self.database_url)
         if context.run_id:
             heartbeat = self.heartbeat_seconds or settings.lease.heartbeat_s
             self._run_leases = RunLeases(self._store, context.run_id, heartbeat_s=heartbeat)
@@ -83,9 +82,7 @@ class DatabaseResource(dg.ConfigurableResource):
     @property
     def store(self) -> LeaseStore:
         if self._store is None:  # used outside a run (sensors, CLI)
-            settings = self.settings
-            url = self.database_url or claims_database_url(settings)
-            self._store = LeaseStore(_migrated_engine(url), settings.retry)
+            self._store = claims_store(self.settings, self.database_url)
         return self._store
 
     @property
@@ -136,11 +133,12 @@ def _being_cancelled(context: dg.InitResourceContext) -> bool:
     )
 
 
-def _migrated_engine(url: str):
-    """The engine of `url`, its schema created or upgraded on first use in this process (so a fresh
-    `dagster dev` works without a separate `dataminer db upgrade`)."""
+def claims_store(settings: Settings, url: str | None = None) -> LeaseStore:
+    """The claim tables at `url` (default: the settings' database), their schema created or
+    upgraded on first use in this process (so a fresh `dagster dev` works without a separate
+    `dataminer db upgrade`)."""
     from dataminer_dagster.db.migrate import ensure_schema
 
-    engine = get_engine(url)
+    engine = get_engine(url or claims_database_url(settings))
     ensure_schema(engine)
-    return engine
+    return LeaseStore(engine, settings.retry)
