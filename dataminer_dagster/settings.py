@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ENV_HOME = "DATAMINER_HOME"
 ENV_DATABASE_URL = "DATAMINER_DATABASE_URL"
@@ -45,6 +45,15 @@ class LeasePolicy(_Section):
     stale_after_s: float = Field(
         120.0, gt=0, description="a run silent this long loses its leases and is failed"
     )
+
+    @model_validator(mode="after")
+    def _stale_after_some_beats(self) -> LeasePolicy:
+        if self.stale_after_s < 2 * self.heartbeat_s:
+            raise ValueError(
+                f"stale_after_s ({self.stale_after_s:g}) must be at least twice heartbeat_s "
+                f"({self.heartbeat_s:g}): a live run would be failed between two heartbeats"
+            )
+        return self
 
 
 class RunPolicy(_Section):

@@ -61,6 +61,10 @@ def test_dataminer_settings_names_another_file(home, monkeypatch, tmp_path_facto
         ({"lease": {}}, "lease: unknown key; allowed: lanes, leases, long_running, retry, runs"),
         ({"lanes": {"video": {"size": 3}}}, "lanes.video.size: unknown key; allowed: batch, max"),
         ({"runs": {"start_grace_s": -1}}, "runs.start_grace_s: Input should be greater than 0"),
+        (
+            {"leases": {"heartbeat_s": 150}},
+            "leases: .*stale_after_s \\(120\\) must be at least twice heartbeat_s \\(150\\)",
+        ),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_key(home, sections, message):
