@@ -34,6 +34,7 @@ from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.sensors.pipeline_sensors import build_sensors, lane_jobs
 from dataminer_dagster.sensors.planning import (
     MAX_PARTITION_ADDS_PER_TICK,
+    REREQUEST_UNCOVERED_S,
     DiscoveryCursor,
     plan_discovery,
 )
@@ -391,6 +392,36 @@ def test_a_new_project_gets_its_partitions_and_its_runs_in_one_tick(instance, db
     downloads = work_items(engine, DOWNLOAD)
     assert batch_ids(video_run) == (downloads["v0"].id, downloads["v2"].id)
     assert all(r.requested_at is not None for r in downloads.values())
+
+
+def test_items_whose_requested_run_never_came_are_requested_again_within_a_minute(
+    instance, db, catalog, engine
+):
+    """The tick noted its requests, then its result was lost (the daemon killed before it
+    created the runs): no live run covers the items, so they do not wait REREQUEST_AFTER_S."""
+    add_project(catalog, "alpha", ["v0", "v1"])
+    apply_partition_requests(instance, tick("work", instance, db))  # no run is created
+    assert not ready_requests(tick("work", instance, db), "video"), "not at once"
+
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE dataminer.work_items SET requested_at = now() - make_interval(secs => :s)"
+            ),
+            {"s": REREQUEST_UNCOVERED_S + 1},
+        )
+    result = tick("work", instance, db)
+    [again] = ready_requests(result, "video")
+    assert (again.tags[RANGE_START], again.tags[RANGE_END]) == ("v0", "v1")
+    launch(instance, result)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE dataminer.work_items SET requested_at = now() - make_interval(secs => :s)"
+            ),
+            {"s": REREQUEST_UNCOVERED_S + 1},
+        )
+    assert not ready_requests(tick("work", instance, db), "video"), "a live run covers them"
 
 
 def test_work_requests_only_items_whose_partitions_exist_or_are_being_added(

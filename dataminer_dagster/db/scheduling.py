@@ -2,7 +2,9 @@
 
 `requested_at` keeps a sensor from asking twice for the same item while the run it requested is
 queued or starting; after `rerequest_after_s` without a claim (the run never started, or was lost)
-the item is asked for again. A duplicate run is harmless: it finds the items claimed and leaves.
+the item is asked for again; the work sensor, which knows the live runs, asks again sooner for an
+item that no live run covers (sensors/planning.py). A duplicate run is harmless: it finds the items
+claimed and leaves.
 
 Work is *in flight* when its item is running, or claimable and requested. A lane whose input is
 produced by work in flight may be requested ahead (`coming`): its run starts meanwhile and waits

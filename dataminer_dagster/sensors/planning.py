@@ -44,6 +44,10 @@ from dataminer_dagster.tags import (
 )
 
 MAX_PARTITION_ADDS_PER_TICK = 25_000
+# With the live runs known, a requested item that no live run covers was requested by a run that
+# never came to be: the tick's result was lost after the request was noted (the daemon killed, a
+# gRPC deadline passed). It is asked for again after this, not after REREQUEST_AFTER_S.
+REREQUEST_UNCOVERED_S = 60.0
 
 
 # --- discovery --------------------------------------------------------------------------------
@@ -240,7 +244,8 @@ def plan_runs(
         if slots <= 0:
             continue
         covered = {position for record in live for position in _covered(record, order)}
-        ready = _ready_batches(engine, lane, order, covered, slots, rerequest_after_s, projects)
+        again = min(rerequest_after_s, REREQUEST_UNCOVERED_S) if limits else rerequest_after_s
+        ready = _ready_batches(engine, lane, order, covered, slots, again, projects)
         for keys, items in ready:
             first = min(lane.stages.index(i.stage) for i in items)
             item_ids = [i.id for i in items]
