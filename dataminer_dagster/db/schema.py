@@ -168,6 +168,13 @@ work_items = sa.Table(
         postgresql_where=sa.text("project_id IS NOT NULL"),
     ),
     sa.Index("work_items_video", "video_id", postgresql_where=sa.text("video_id IS NOT NULL")),
+    # The lease reaper's "usual time" of a stage: its last finished items, whatever the history.
+    sa.Index(
+        "work_items_finished",
+        "stage",
+        sa.text("finished_at DESC"),
+        postgresql_where=sa.text("status = 'done'"),
+    ),
 )
 
 run_heartbeats = sa.Table(
