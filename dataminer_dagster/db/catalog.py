@@ -395,6 +395,8 @@ class Catalog:
         dead items included (a project that links a video again wants it): what the catalog
         stage, `populate` and `add-video` do."""
         linked = self.link_videos(conn, project, candidates)
+        if linked.new_links:  # the project reopens, and its later stages read the frames again
+            self.refilter_released(conn, project)
         queued = self.advance_videos(conn, [c.video_id for c in candidates], reset_failed=True)
         return dataclasses.replace(linked, queued=queued)
 
@@ -496,6 +498,19 @@ class Catalog:
         profile = project.config.extract.options().profile_id()
         present = self._profiles_on_disk(conn, filtered)
         return [v for v in filtered if profile not in present.get(v, set())]
+
+    def refilter_released(self, conn: sa.Connection, project: ProjectRow) -> list[str]:
+        """Drop the project's filter items of `filtered_without_frames` and queue their frames
+        again (their download first if the file is gone): the project waits for them to be
+        extracted and filtered anew before its dedup and detection read them. Returns them."""
+        released = self.filtered_without_frames(conn, project)
+        conn.execute(
+            sa.text(f"""DELETE FROM {S}.work_items WHERE project_id = :p AND stage = '{FILTER}'
+                           AND video_id = ANY(CAST(:ids AS text[]))"""),
+            {"p": project.id, "ids": released},
+        )
+        self.advance_videos(conn, released)
+        return released
 
     def _profiles_on_disk(
         self, conn: sa.Connection, video_ids: Sequence[str]

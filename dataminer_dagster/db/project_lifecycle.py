@@ -29,7 +29,7 @@ from dataminer_dagster.db.project_flow import (
     PROJECT_FAILED,
 )
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, PENDING, SCHEMA
-from dataminer_dagster.stages import CATALOG, FILTER, REGISTRY
+from dataminer_dagster.stages import CATALOG, REGISTRY
 
 S = SCHEMA
 W = f"{S}.work_items"
@@ -60,13 +60,7 @@ def force_stage(catalog: Catalog, name: str, stage: str) -> ForcedStage:
     following = list(chain[chain.index(stage) :])
     with store.engine.begin() as conn:
         project = lock_project(conn, name)
-        released = catalog.filtered_without_frames(conn, catalog.project(name))
-        conn.execute(
-            sa.text(f"""DELETE FROM {W} WHERE project_id = :p AND stage = '{FILTER}'
-                           AND video_id = ANY(CAST(:ids AS text[]))"""),
-            {"p": project.id, "ids": released},
-        )
-        catalog.advance_videos(conn, released)
+        released = catalog.refilter_released(conn, catalog.project(name))
         items = lock_items(
             conn,
             "project_id = :p AND stage = ANY(CAST(:stages AS text[]))",

@@ -14,6 +14,7 @@ from dataminer_dagster.db.catalog import Candidate, Catalog, ProjectRow
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.retention import release_finished_frames
 from dataminer_dagster.paths import DataPaths
+from tests.helpers.pipeline import work_items
 
 
 @pytest.fixture
@@ -126,3 +127,28 @@ def test_a_project_linking_the_video_during_a_release_waits_for_it(catalog, tmp_
     with catalog.engine.begin() as conn:
         _link(catalog, conn, beta, "v1")
     assert _release(catalog, "v1") == []
+
+
+def test_a_project_reopened_by_new_videos_filters_its_released_ones_again(catalog, tmp_path):
+    """Its dedup and detection run again and read the frames: the members whose frames went
+    are extracted and filtered anew first, not read from files that are gone."""
+    alpha = _project(catalog, "alpha", tmp_path, cleanup={"delete_frames_when_done": True})
+    _extracted(catalog, alpha, "v0")
+    catalog.store.enqueue("filter", ["alpha.v0"], project_ids=[alpha.id], video_ids=["v0"])
+    with catalog.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE dataminer.work_items SET status = 'done'"))
+    assert _release(catalog, "v0") == ["v0"]
+
+    def link(*video_ids: str) -> None:
+        candidates = [Candidate(v, "url", url=f"https://example.com/{v}.mp4") for v in video_ids]
+        with catalog.engine.begin() as conn:
+            catalog.link_and_queue(conn, alpha, candidates)
+
+    link("v0")  # found again, nothing new: the finished project stays as it is
+    assert work_items(catalog.engine, "filter")["alpha.v0"].status == "done"
+
+    link("v0", "v1")
+    assert "alpha.v0" not in work_items(catalog.engine, "filter")
+    assert work_items(catalog.engine, "download")["v0"].status == "pending", (
+        "v0 is fetched (its file is not on disk) and extracted again"
+    )
