@@ -112,6 +112,8 @@ def run_in_process(videos: int, root: Path) -> dict:
     from noop_pipeline import build_definitions
 
     from dataminer_dagster.hosting.driver import drive
+    from dataminer_dagster.sensors.planning import RunLimits
+    from dataminer_dagster.settings import LeasePolicy, RunPolicy
 
     name, store = setup_project(videos, root)
     stages, defs = build_definitions(with_sensors=False)
@@ -122,7 +124,7 @@ def run_in_process(videos: int, root: Path) -> dict:
         instance=instance,
         defs=defs,
         store=store,
-        stale_after_s=600,
+        limits=RunLimits(LeasePolicy(stale_after_s=600), RunPolicy()),
         log=lambda m: None,
         stages=stages,
     )

@@ -25,7 +25,7 @@ from dagster._core.events import DagsterEventType
 
 from dataminer_dagster.demo import serve_directory, write_sample_videos
 from dataminer_dagster.tags import LANE_TAG
-from tests.helpers.daemon import FAST_RECOVERY, REPO_ROOT, DaemonHome, demo_project
+from tests.helpers.daemon import BIN, FAST_RECOVERY, REPO_ROOT, DaemonHome, demo_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("daemon"), pytest.mark.timeout(600)]
 
@@ -270,6 +270,42 @@ def test_the_daemon_killed_with_its_runs_then_restarted_finishes_the_project(
         "not left STARTED for ever"
     )
     [message] = run_failure_messages(instance, zombie)
+    assert message.startswith("Failed by dataminer: no heartbeat for"), message
+
+
+def test_dataminer_run_killed_mid_stage_then_run_again_finishes_the_project(
+    deployment, media, reference
+):
+    """`dataminer run` with DAGSTER_HOME set and no daemon: its run, killed while it held the
+    `gpu` slot, would stay STARTED in Dagster for ever, its slot with it, and the next command's
+    filter step would wait for that slot."""
+    import subprocess
+
+    config = deployment.root / "alpha.yaml"
+    config.write_text(yaml.safe_dump(media.project("alpha", 6)))
+    assert deployment.dataminer("db", "upgrade").returncode == 0  # the tables to watch
+    command = [str(BIN / "dataminer"), "run", str(config), "--no-progress"]
+    first = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=deployment.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        row = running_filter_item(deployment)
+        assert row.pid == first.pid
+    finally:
+        first.kill()
+        first.wait(30)
+
+    again = deployment.dataminer(
+        "run", str(config), "--no-progress", "--timeout", "240", timeout_s=300
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    pd.testing.assert_frame_equal(deployment.dataset("alpha"), reference["alpha"])
+    instance = dagster_instance(deployment)
+    [message] = run_failure_messages(instance, row.lease_owner)
     assert message.startswith("Failed by dataminer: no heartbeat for"), message
 
 

@@ -38,8 +38,8 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import CLAIMABLE, DEAD, DONE, FAILED, PENDING
 from dataminer_dagster.hosting.driver import DriveResult, drive
 from dataminer_dagster.paths import FRAMES_MANIFEST, DataPaths, ProjectPaths
-from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_discovery
-from dataminer_dagster.settings import load_settings
+from dataminer_dagster.sensors.planning import DiscoveryCursor, RunLimits, plan_discovery
+from dataminer_dagster.settings import LeasePolicy, RunPolicy, load_settings
 from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES, LANES
 from tests.helpers.pipeline import (
     CannedSearchClient,
@@ -219,7 +219,9 @@ class Pipeline:
             instance=instance,
             defs=defs,
             store=self.store,
-            stale_after_s=STALE_S,
+            limits=RunLimits(
+                LeasePolicy(heartbeat_s=HEARTBEAT_S, stale_after_s=STALE_S), RunPolicy()
+            ),
             log=lambda message: None,
             idle_poll_s=0.2,
             timeout_s=300,

@@ -29,6 +29,7 @@ def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> i
     from dataminer_dagster.cli.progress import ProgressBoard
     from dataminer_dagster.definitions import LANES, defs
     from dataminer_dagster.hosting.driver import drive
+    from dataminer_dagster.sensors.planning import RunLimits
 
     settings, store, catalog = context()
     projects = [
@@ -47,7 +48,7 @@ def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> i
             instance=instance,
             defs=defs,
             store=store,
-            stale_after_s=settings.lease.stale_after_s,
+            limits=RunLimits(settings.lease, settings.runs),
             on_tick=board.update if board else (lambda: None),
             log=say,
             timeout_s=timeout,

@@ -16,7 +16,13 @@ import dagster as dg
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_flow import COMPLETE, PROJECT_FAILED
 from dataminer_dagster.db.scheduling import next_due
-from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_cycle, record_requests
+from dataminer_dagster.sensors.planning import (
+    DiscoveryCursor,
+    RunLimits,
+    plan_cycle,
+    record_requests,
+)
+from dataminer_dagster.sensors.run_health import dead_runs, end_dead_runs
 from dataminer_dagster.stages import LANES, Lane
 from dataminer_dagster.tags import DEADLINE_TAG
 
@@ -38,7 +44,7 @@ def drive(
     instance: dg.DagsterInstance,
     defs: dg.Definitions,
     store: LeaseStore,
-    stale_after_s: float,
+    limits: RunLimits,
     on_tick: Callable[[], None] = lambda: None,
     log: Callable[[str], None] = print,
     idle_poll_s: float = 1.0,
@@ -50,7 +56,12 @@ def drive(
     """Drive `projects` to complete or failed, working only on their items (other projects'
     work waits for its own command or the sensors). `defs` holds the lane jobs of `stages`
     (default: the pipeline's) and `lanes`. Past `timeout_s` the runs start no new item and
-    TimeoutError is raised."""
+    TimeoutError is raised.
+
+    Each cycle first does the lease reaper's work (`limits`): Dagster runs that died (an earlier
+    command killed while its run held the `gpu` slot, with DAGSTER_HOME set and no daemon) are
+    failed and their slots freed, or this command's GPU steps would wait for those slots for
+    ever; stale leases are taken back."""
     if stages is None:  # the registry's stages as they are now
         from dataminer_dagster.assets import stage_assets
 
@@ -67,7 +78,11 @@ def drive(
     deadline = None if timeout_s is None else started + timeout_s
     runs = failed = 0
     while True:
-        for reaped in store.reap(stale_after_s):
+        dead = dead_runs(instance, store, lease=limits.lease, runs=limits.runs)
+        end_dead_runs(instance, dead)
+        for d in dead:
+            log(f"run {d.run_id} {'cancelled' if d.cancel else 'failed'}: {d.reason}")
+        for reaped in store.reap(limits.lease.stale_after_s):
             log(
                 f"{reaped.stage} {reaped.key}: lease of run {reaped.owner} taken back ({reaped.status})"
             )

@@ -17,6 +17,8 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.hosting.driver import DriveResult, drive
 from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.resources.download_client import YtDlpClient
+from dataminer_dagster.sensors.planning import RunLimits
+from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.stages import LANES, Lane, lane_of
 from dataminer_dagster.tags import RANGE_END, RANGE_START, REQUESTED_BY_TAG
 
@@ -82,7 +84,7 @@ def drive_quietly(
         instance=instance,
         defs=defs,
         store=store,
-        stale_after_s=60,
+        limits=RunLimits(LeasePolicy(heartbeat_s=1, stale_after_s=60), RunPolicy()),
         timeout_s=timeout_s,
         log=lambda message: None,
     )
