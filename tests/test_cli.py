@@ -595,21 +595,35 @@ def test_delete_videos_without_files_leaves_orphans(world):
 
 def test_cleanup_orphans(world):
     assert "no orphan videos to delete" in invoke("cleanup-orphans").output
-    world.project("p1", ["a", "b", "c", "kept"])
-    files = world.files_of("a")
+    world.project("p1", ["gone", "b", "c", "kept"])
+    files = world.files_of("gone")
     world.set(DOWNLOAD, "c", RUNNING)
     with world.engine.begin() as c:
-        c.execute(sa.text("DELETE FROM dataminer.project_videos WHERE video_id IN ('a', 'b', 'c')"))
+        c.execute(
+            sa.text("DELETE FROM dataminer.project_videos WHERE video_id IN ('gone', 'b', 'c')")
+        )
 
     asked = invoke("cleanup-orphans", "--files", input="n\n", code=1).output
     assert "Delete 2 videos that no project uses and 3 of their files and directories?" in asked
-    assert world.videos() == {"a", "b", "c", "kept"}
+    assert world.videos() == {"gone", "b", "c", "kept"}
 
-    out = invoke("cleanup-orphans", "--files", "--yes").output
+    out = invoke("cleanup-orphans", "--yes").output
     assert "1 orphan videos have a running item; left alone" in out
-    assert "deleted 2 orphan videos" in out
+    assert "1 orphan videos have files on disk; they stay until" in out
+    assert "deleted 1 orphan videos" in out
+    assert world.videos() == {"gone", "c", "kept"}, "its row is how --files finds its files"
+    assert all(f.exists() for f in files)
+    assert "no orphan videos to delete without --files" in invoke("cleanup-orphans").output
+
+    # What a deletion killed between renaming a directory aside and removing it leaves behind.
+    crashed = world.paths.root / "frames" / ".replaced-gone-0123abcd"
+    crashed.mkdir()
+    out = invoke("cleanup-orphans", "--files", "--yes").output
+    assert "deleted 1 orphan videos" in out
+    assert "removed 4 files and directories" in out
     assert world.videos() == {"c", "kept"}
     assert not any(f.exists() for f in files)
+    assert not list(world.paths.root.rglob("*gone*"))
 
 
 # --- retrying and forcing -----------------------------------------------------------------------

@@ -170,31 +170,41 @@ def delete_videos(project_name: str, status_name: str, files: bool, yes: bool) -
 
 
 @main.command("cleanup-orphans")
-@click.option("--files", is_flag=True, help="Also delete " + FILES_HELP + ".")
+@click.option(
+    "--files",
+    is_flag=True,
+    help="Also delete " + FILES_HELP + ". Without it, the videos with files on disk stay.",
+)
 @YES_OPTION
 def cleanup_orphans(files: bool, yes: bool) -> None:
     """Delete the videos that no project uses (left by `project delete` and `delete-videos`),
-    with their work items. Without --files their files stay on disk. Videos with a running item
-    are left for a later cleanup."""
+    with their work items. Without --files only those with nothing on disk are deleted: the
+    others stay in the catalog, so that `cleanup-orphans --files` can still find their files
+    and delete them too. Videos with a running item are left for a later cleanup."""
     from dataminer_dagster.db import admin
 
     _, store, catalog = context()
-    plan = admin.delete_orphan_videos(store.engine, catalog.paths, dry_run=True)
+    plan = admin.delete_orphan_videos(store.engine, catalog.paths, remove_files=files, dry_run=True)
     if plan.skipped_running:
         click.echo(f"{len(plan.skipped_running)} orphan videos have a running item; left alone")
+    if plan.kept_with_files:
+        click.echo(
+            f"{len(plan.kept_with_files)} orphan videos have files on disk; they stay until "
+            "dataminer cleanup-orphans --files deletes them with their files"
+        )
     if not plan.deleted_videos:
-        click.echo("no orphan videos to delete")
+        click.echo(
+            "no orphan videos to delete" + (" without --files" if plan.kept_with_files else "")
+        )
         return
     what = f"{len(plan.deleted_videos)} videos that no project uses"
     if files:
         what += f" and {len(plan.files)} of their files and directories"
     _confirm(f"Delete {what}?", yes)
-    done = admin.delete_orphan_videos(store.engine, catalog.paths)
+    done = admin.delete_orphan_videos(store.engine, catalog.paths, remove_files=files)
     click.echo(f"deleted {len(done.deleted_videos)} orphan videos")
-    if files:
-        _remove_files(done.files)
-    elif done.files:
-        click.echo(f"{len(done.files)} of their files and directories stay on disk (--files)")
+    if done.files:
+        click.echo(f"removed {len(done.files)} files and directories")
 
 
 @main.command("retry")

@@ -7,6 +7,7 @@ space first (`require_free_space`).
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import uuid
@@ -33,12 +34,16 @@ def staging_path(final: Path) -> Path:
     Leftovers of an earlier attempt at the same output (killed mid-way) are removed first: one
     output has one writer at a time, its work item's lease holder."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in [
-        *final.parent.glob(f".staging-{final.name}-*"),
-        *final.parent.glob(f".replaced-{final.name}-*"),
-    ]:
+    for leftover in leftovers(final):
         remove(leftover)
     return final.parent / f".staging-{final.name}-{uuid.uuid4().hex[:8]}"
+
+
+def leftovers(final: Path) -> list[Path]:
+    """The hidden siblings of `final` that an attempt or a deletion killed mid-way left behind
+    (`staging_path`, `set_aside`)."""
+    name = glob.escape(final.name)
+    return [*final.parent.glob(f".staging-{name}-*"), *final.parent.glob(f".replaced-{name}-*")]
 
 
 def publish(staged: Path, final: Path) -> None:

@@ -8,9 +8,10 @@ so no run can take an item between the check and the change, and running work is
 or reset behind its run's back. With `dry_run` the transaction is rolled back: the result says
 what would happen.
 
-Deletions return the files they free; the caller removes them. A video's files are listed only
-when the video itself is deleted, i.e. when no remaining project uses it, and a local source file
-(`source_path`) is never listed.
+Deletions return the files they free; the caller removes them (`delete_orphan_videos` removes
+them itself, before it commits). A video's files are listed only when the video itself is
+deleted, i.e. when no remaining project uses it, and a local source file (`source_path`) is never
+listed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from dataminer_dagster.core.files import leftovers, remove, set_aside
 from dataminer_dagster.db.schema import (
     DONE,
     RUNNING,
@@ -138,7 +140,9 @@ def _video_files(conn: sa.Connection, paths: DataPaths, video_ids: Sequence[str]
         found.append(paths.root / "frames" / video_id)  # profiles the database no longer lists
         found.extend(paths.videos_dir.glob(f"{video_id}.*"))  # partial downloads
         found.extend(paths.embeddings_dir().glob(f"*/{video_id}.npz"))
-    return _existing([f for f in found if f not in sources])
+    own = [f for f in found if f not in sources]
+    # with the hidden siblings a killed run or deletion left: no command would find them later
+    return _existing(own + [leftover for f in own for leftover in leftovers(f)])
 
 
 def _existing(candidates: Sequence[Path]) -> list[Path]:
@@ -433,17 +437,35 @@ def _orphan_videos(conn: sa.Connection) -> list[str]:
 class OrphanDeletion:
     deleted_videos: list[str]
     skipped_running: list[str]  # orphans with a running item: left for a later cleanup
-    files: list[Path]
+    kept_with_files: list[str]  # without remove_files: orphans with files on disk, kept
+    files: list[Path]  # the deleted videos' files, removed (unless dry_run)
 
 
 def delete_orphan_videos(
-    engine: sa.Engine, paths: DataPaths, *, dry_run: bool = False
+    engine: sa.Engine, paths: DataPaths, *, remove_files: bool = False, dry_run: bool = False
 ) -> OrphanDeletion:
     """Delete the videos that no project uses (with their work items and frame rows), except
-    those with a running item; returns their files."""
+    those with a running item. With `remove_files` their files go too; without, the orphans
+    that have files on disk are kept: their rows are how a later cleanup finds those files."""
     with _transaction(engine, dry_run) as conn:
         orphans = _lock_unused_videos(conn, _orphan_videos(conn))
         busy = {i.video_id for i in _lock_video_items(conn, orphans) if i.status == RUNNING}
         free = [v for v in orphans if v not in busy]
-        files = _delete_videos(conn, paths, free)
-    return OrphanDeletion(free, [v for v in orphans if v in busy], files)
+        kept = set() if remove_files else {v for v in free if _video_files(conn, paths, [v])}
+        deleted = [v for v in free if v not in kept]
+        files = _delete_videos(conn, paths, deleted)
+        if remove_files and not dry_run:
+            _remove_before_commit(files)
+    return OrphanDeletion(
+        deleted, [v for v in orphans if v in busy], [v for v in free if v in kept], files
+    )
+
+
+def _remove_before_commit(files: Sequence[Path]) -> None:
+    """Remove the files of rows that this transaction deletes, before it commits: a crash or a
+    failed commit then leaves rows whose files are gone (the next cleanup deletes them; a project
+    that links such a video again fetches it again), never files that no row names any more.
+    Each path is first renamed to a hidden sibling, in one step, so that it is never left
+    half-deleted in its place; a sibling that a crash leaves is found again by `_video_files`."""
+    for path in files:
+        remove(set_aside(path))
