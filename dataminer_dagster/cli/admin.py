@@ -27,21 +27,13 @@ def _report_left_videos(done, files: bool, subject: str) -> None:
     """After a deletion: the videos deleted with their files, or left over as orphans."""
     if files:
         click.echo(f"deleted {len(done.deleted_videos)} videos that no other project used")
-        _remove_files(done.files)
+        if done.files:
+            click.echo(f"removed {len(done.files)} files and directories")
     elif done.orphaned:
         click.echo(
             f"{len(done.orphaned)} {subject} are now used by no project; they and their files stay "
             "(dataminer cleanup-orphans --files removes them)"
         )
-
-
-def _remove_files(paths) -> None:
-    from dataminer_dagster.core.files import remove
-
-    for path in paths:
-        remove(path)
-    if paths:
-        click.echo(f"removed {len(paths)} files and directories")
 
 
 def _confirm(question: str, yes: bool) -> None:

@@ -8,8 +8,8 @@ so no run can take an item between the check and the change, and running work is
 or reset behind its run's back. With `dry_run` the transaction is rolled back: the result says
 what would happen.
 
-Deletions return the files they free; the caller removes them (`delete_orphan_videos` removes
-them itself, before it commits). A video's files are listed only when the video itself is
+Deletions return the files they free and, when asked to delete files, remove them before they
+commit (`_remove_before_commit`). A video's files are listed only when the video itself is
 deleted, i.e. when no remaining project uses it, and a local source file (`source_path`) is never
 listed.
 """
@@ -291,7 +291,10 @@ def delete_project(
                 conn, paths, orphaned, f"a video only project {name} uses is being processed"
             )
             deleted = orphaned
-    output = ProjectPaths(Path(project.output_dir))
+        output = ProjectPaths(Path(project.output_dir))
+        files = ([] if kept else _existing(output.own_entries())) + files
+        if delete_unused_videos and not dry_run:
+            _remove_before_commit(files)
     return ProjectDeletion(
         project=name,
         output_dir=output.root,
@@ -299,7 +302,7 @@ def delete_project(
         videos=len(members),
         orphaned=orphaned,
         deleted_videos=deleted,
-        files=([] if kept else _existing(output.own_entries())) + files,
+        files=files,
     )
 
 
@@ -407,7 +410,10 @@ def delete_project_videos(
                 conn, paths, orphaned, f"a {status} video of project {name} is being processed"
             )
             deleted = orphaned
-    tables = [ProjectPaths(Path(project.output_dir)).filter_table(v) for v in matched]
+        tables = [ProjectPaths(Path(project.output_dir)).filter_table(v) for v in matched]
+        files = _existing(tables) + video_files
+        if delete_unused_videos and not dry_run:
+            _remove_before_commit(files)
     return VideoDeletion(
         project=name,
         project_stage=project.stage,
@@ -416,7 +422,7 @@ def delete_project_videos(
         had_results=sum(1 for v in matched if v in filtered),
         orphaned=orphaned,
         deleted_videos=deleted,
-        files=_existing(tables) + video_files,
+        files=files,
     )
 
 
