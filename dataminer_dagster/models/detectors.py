@@ -42,6 +42,7 @@ import numpy as np
 from dataminer_dagster.core.coco import Detection
 from dataminer_dagster.models.device import (
     DevicePlan,
+    PrefetchThreads,
     finish_stream,
     plan_batch_size,
     prepared_ahead,
@@ -142,6 +143,7 @@ class BatchedDetector:
         self.plan = plan
         self.batch_limit = batch_size or (AUTO_BATCH_LIMIT if plan.memory else DEFAULT_BATCH_SIZE)
         self._batch_sizes: dict[tuple[int, ...], int] = {}
+        self._prefetch = PrefetchThreads(1, "batch-prefetch")
 
     def prepare(self, frames: Sequence[np.ndarray]) -> Any:
         raise NotImplementedError
@@ -156,7 +158,7 @@ class BatchedDetector:
             size = self.batch_size(shape)
             batches = [indices[start : start + size] for start in range(0, len(indices), size)]
             for batch, prepared in prepared_ahead(
-                batches, lambda b: self.prepare([images[i] for i in b]), self.plan
+                batches, lambda b: self.prepare([images[i] for i in b]), self.plan, self._prefetch
             ):
                 for i, found in zip(batch, self.run(prepared), strict=True):
                     results[i] = found

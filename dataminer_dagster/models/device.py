@@ -6,7 +6,7 @@ ones included, is tested on a machine without a GPU:
 * which device ``auto`` means, from the number of CUDA devices (`pick_device`);
 * which precision, from the GPU's compute capability (`compute_dtype`);
 * how host batches reach the device and how far ahead they are prepared (`DevicePlan`: pinned
-  memory, a prefetch thread with a CUDA stream of its own);
+  memory, a prefetch thread with a CUDA stream of its own, kept by the model: `PrefetchThreads`);
 * how many images a batch holds, from the free device memory and the measured peak use per image
   (`batch_size_for_memory`, `plan_batch_size`);
 * whether torchvision decodes JPEGs on the device (`decodes_jpeg`).
@@ -22,7 +22,7 @@ import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -239,15 +239,60 @@ def finish_stream(device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
+class PrefetchThreads:
+    """A model's threads that prepare its next batches while it runs one: started on its first
+    call, then kept for all later ones.
+
+    Kept because each thread prepares on a CUDA stream of its own (`side_stream`) and torch caches
+    freed device memory per stream: threads made afresh for every call would spread the model's
+    cached memory over another stream each call. The threads end when their owner is dropped, and
+    at interpreter exit (concurrent.futures joins its idle threads then).
+    """
+
+    def __init__(self, workers: int, name: str):
+        self._workers = workers
+        self._name = name
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def ahead(
+        self, items: Iterable[T], prepare: Callable[[T], R], lead: int
+    ) -> Iterator[tuple[T, Future[R]]]:
+        """Each item with the future of `prepare(item)`, in order, with up to `lead` items beyond
+        the one handed over submitted. A caller that stops early leaves nothing running: items not
+        started are cancelled and running ones waited for."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix=self._name)
+        pool = self._pool
+        remaining = iter(items)
+        pending: deque[tuple[T, Future[R]]] = deque()
+
+        def submit(count: int) -> None:
+            for item in itertools.islice(remaining, count):
+                pending.append((item, pool.submit(prepare, item)))
+
+        try:
+            submit(lead)
+            while pending:
+                submit(1)
+                yield pending[0]
+                pending.popleft()
+        finally:
+            for _, future in pending:
+                future.cancel()
+            wait([future for _, future in pending])
+
+
 def prepared_ahead(
-    items: Iterable[T], prepare: Callable[[T], R], plan: DevicePlan
+    items: Iterable[T], prepare: Callable[[T], R], plan: DevicePlan, threads: PrefetchThreads
 ) -> Iterator[tuple[T, R]]:
     """Each item with `prepare(item)`, in order.
 
-    With `plan.prefetch_batches` > 0 one thread prepares up to that many items while the caller
-    works on the current one. On CUDA its work runs on a stream of its own and is finished before
-    the item is handed over, so the caller's stream never waits on it. The caller must be done
-    with a prepared item's device tensors (`finish_stream` on its own stream) before it drops
+    With `plan.prefetch_batches` > 0 the `threads` prepare up to that many items while the caller
+    works on the current one. On CUDA their work runs on a stream of their own and is finished
+    before the item is handed over, so the caller's stream never waits on it. The caller must be
+    done with a prepared item's device tensors (`finish_stream` on its own stream) before it drops
     them: their memory belongs to the preparing stream, which may reuse it at once.
     """
     ahead = plan.prefetch_batches
@@ -262,22 +307,9 @@ def prepared_ahead(
             finish_stream(plan.device)
         return prepared
 
-    remaining = iter(items)
-    pool = ThreadPoolExecutor(1, thread_name_prefix="batch-prefetch")
-    pending: deque[tuple[T, Future[R]]] = deque()
-
-    def submit(count: int) -> None:
-        for item in itertools.islice(remaining, count):
-            pending.append((item, pool.submit(prepare_on_side_stream, item)))
-
-    try:
-        submit(ahead)
-        while pending:
-            item, future = pending.popleft()
-            submit(1)
+    with contextlib.closing(threads.ahead(items, prepare_on_side_stream, ahead)) as futures:
+        for item, future in futures:
             yield item, future.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def decodes_jpeg(device: torch.device) -> bool:

@@ -6,9 +6,9 @@ checkpoints) and turns them into per-prompt probabilities. `ImageEmbedder` does 
 for any transformers vision backbone whose output has a `pooler_output` (DINOv2, DINOv3), for the
 dedup stage.
 
-Frames are read, decoded and preprocessed by a thread pool a few batches ahead of the model
-(a bounded queue of futures consumed in input order), so the model does not wait on JPEG
-decoding. A frame that cannot be read is reported with its index and the reason and left out of
+Frames are read, decoded and preprocessed by the embedder's threads (kept across calls,
+`models.device.PrefetchThreads`) a few batches ahead of the model (a bounded queue of futures
+consumed in input order), so the model does not wait on JPEG decoding. A frame that cannot be read is reported with its index and the reason and left out of
 its batch; it never fails the batch (reference bug 24).
 
 On CUDA, with a fixed-size SigLIP processor, the threads only read the files: JPEGs are decoded
@@ -22,11 +22,10 @@ preprocessing stays on the CPU (`device_input_path` decides).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from dataminer_dagster.models.device import (
     CudaMemory,
     DeviceMemory,
     DevicePlan,
+    PrefetchThreads,
     decodes_jpeg,
     finish_stream,
     plan_batch_size,
@@ -303,6 +303,7 @@ class ImageEmbedder:
                 decodes_on_device=self.device_preprocessing is not None,
             )
         self.prefetch_workers = prefetch_workers
+        self._prefetch = PrefetchThreads(prefetch_workers, "image-prefetch")
         if memory is None and self.device.type == "cuda":
             memory = CudaMemory(self.device)
         limit = batch_size or (AUTO_BATCH_LIMIT if memory is not None else DEFAULT_BATCH_SIZE)
@@ -363,26 +364,14 @@ class ImageEmbedder:
             for chunk in chunks:
                 yield self._embed(self._prepare(paths, chunk), wait_s=0.0)
             return
-        pool = ThreadPoolExecutor(self.prefetch_workers, thread_name_prefix="image-prefetch")
-        pending: deque[Future[_PreparedBatch]] = deque()
-
-        def submit_next() -> None:
-            chunk = next(chunks, None)
-            if chunk is not None:
-                pending.append(pool.submit(self._prepare, paths, chunk))
-
-        try:
-            # One batch per worker in flight plus one ready and waiting: bounded memory.
-            for _ in range(self.prefetch_workers + 1):
-                submit_next()
-            while pending:
+        # One batch per worker in flight plus one ready and waiting: bounded memory.
+        lead = self.prefetch_workers + 1
+        prepare = functools.partial(self._prepare, paths)
+        with contextlib.closing(self._prefetch.ahead(chunks, prepare, lead)) as futures:
+            for _, future in futures:
                 started = time.perf_counter()
-                prepared = pending.popleft().result()
-                waited = time.perf_counter() - started
-                submit_next()
-                yield self._embed(prepared, wait_s=waited)
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+                prepared = future.result()
+                yield self._embed(prepared, wait_s=time.perf_counter() - started)
 
     def embed_all(self, paths: Sequence[Path | str]) -> ImageBatchResult:
         """`embed_images` gathered into one result."""

@@ -7,7 +7,11 @@ in; only what cannot exist here is a stand-in: the memory figures of a CUDA devi
 from __future__ import annotations
 
 import dataclasses
+import gc
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +22,7 @@ from dataminer_dagster.models.device import (
     PROBE_ITEMS,
     CudaMemory,
     DevicePlan,
+    PrefetchThreads,
     batch_size_for_memory,
     compute_dtype,
     decodes_jpeg,
@@ -149,7 +154,8 @@ def test_prepared_ahead_keeps_order_and_bounds_the_lead(ahead):
         return item * 10
 
     seen = []
-    for item, value in prepared_ahead(range(7), prepare, cpu_plan(prefetch_batches=ahead)):
+    plan, threads = cpu_plan(prefetch_batches=ahead), PrefetchThreads(1, "batch-prefetch")
+    for item, value in prepared_ahead(range(7), prepare, plan, threads):
         # at most `ahead` items beyond the current one are ever prepared
         assert len(prepared_by) <= item + 1 + ahead
         seen.append((item, value))
@@ -166,9 +172,50 @@ def test_prepared_ahead_passes_on_a_failure():
 
     got = []
     with pytest.raises(ValueError, match="frame 2 is broken"):
-        for item, _ in prepared_ahead(range(5), prepare, cpu_plan(prefetch_batches=2)):
+        plan = cpu_plan(prefetch_batches=2)
+        for item, _ in prepared_ahead(range(5), prepare, plan, PrefetchThreads(1, "prefetch")):
             got.append(item)
     assert got == [0, 1]
+
+
+def test_prefetch_threads_serve_every_call_and_end_with_their_owner():
+    # Each prefetch thread has its own CUDA stream (side_stream): one thread across calls keeps
+    # the cached device memory on one stream.
+    threads = PrefetchThreads(1, "prefetch")
+    served = [
+        future.result()
+        for _ in range(3)
+        for _, future in threads.ahead(range(2), lambda _: threading.current_thread(), 1)
+    ]
+    assert len(set(served)) == 1 and served[0] is not threading.current_thread()
+    del threads
+    gc.collect()
+    served[0].join(timeout=10)
+    assert not served[0].is_alive()
+
+
+def test_a_process_with_prefetch_threads_exits():
+    script = (
+        "from dataminer_dagster.models.device import PrefetchThreads\n"
+        "threads = PrefetchThreads(2, 'prefetch')\n"
+        "assert [f.result() for _, f in threads.ahead(range(3), abs, 1)] == [0, 1, 2]\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+
+def test_stopping_early_leaves_nothing_running():
+    done = []
+
+    def prepare(item: int) -> None:
+        time.sleep(0.05)
+        done.append(item)
+
+    futures = PrefetchThreads(1, "prefetch").ahead(range(10), prepare, 3)
+    next(futures)
+    futures.close()  # the running item is waited for, the three queued ones cancelled
+    finished = list(done)
+    time.sleep(0.2)
+    assert done == finished and 1 <= len(done) <= 4
 
 
 def test_jpeg_decoding_on_the_device_is_probed():

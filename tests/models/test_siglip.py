@@ -6,6 +6,7 @@ directory, through the same code path as hub weights. No test reaches the networ
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -277,3 +278,21 @@ def test_the_batch_is_sized_from_the_devices_free_memory(name, tmp_path):
     sized = embedder(memory=tight).embed_all(pictures)
     plain = embedder(batch_size=2).embed_all(pictures)
     np.testing.assert_allclose(sized.embeddings, plain.embeddings, atol=1e-5)
+
+
+def test_the_same_prefetch_threads_serve_every_call(siglip_dir, frames):
+    # Each prefetch thread prepares on its own CUDA stream: threads kept for the embedder's life
+    # keep its cached device memory on as many streams, however many calls it serves.
+    scorer = SiglipScorer(siglip_dir, device="cpu", batch_size=1, prefetch_workers=1)
+    prepared_on = []
+    prepare = scorer._prepare
+
+    def recording(paths, chunk):
+        prepared_on.append(threading.current_thread())
+        return prepare(paths, chunk)
+
+    scorer._prepare = recording
+    for _ in range(2):
+        scorer.embed_all([frames[i] for i in GOOD[:2]])
+    assert len(prepared_on) == 4 and len(set(prepared_on)) == 1
+    assert prepared_on[0] is not threading.current_thread()
