@@ -274,7 +274,10 @@ class DedupConfig(_Section):
     model: str | None = Field(
         None, description="Model for embeddings: dinov2 (e.g. facebook/dinov2-base)."
     )
-    device: str = Field("auto", description="Device for a dinov2 model.")
+    device: str = Field(
+        "auto",
+        description="auto, cpu, cuda, cuda:N or mps: for a dinov2 model and for the duplicate search (mps: the search on the CPU).",
+    )
     exact_limit: int = Field(
         20_000,
         ge=100,

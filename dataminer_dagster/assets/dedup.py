@@ -55,6 +55,7 @@ def _no_duplicates_kept(ctx: StageContext, project_name: str) -> CheckResult:
         np.delete(embeddings, list(unreadable), axis=0),
         threshold,
         exact_limit=project.config.dedup.exact_limit,
+        device=project.config.dedup.device,
     )
     metrics["pairs_above_threshold"] = len(left)
     if not len(left):
@@ -156,6 +157,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
             sharpness=usable["sharpness"].to_numpy(np.float64),
             threshold=config.threshold,
             exact_limit=config.exact_limit,
+            device=config.device,
         )
         frames["group"] = np.full(len(frames), -1, np.int64)
         frames["group_size"] = np.zeros(len(frames), np.int64)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dataminer_dagster.core.pair_search import TILE, bind, load_faiss, search_engine
+from dataminer_dagster.core.pair_search import TILE, bind, load_faiss
 
 # Similarities are float32 dot products whose rounding depends on the kernel and the tiling; a
 # pair within this distance below the threshold still counts, so that identical frames meet a
@@ -110,7 +110,8 @@ def deduplicate(
     """Group near-duplicate frames within each video, then across videos, and pick each group's best.
 
     `recall_sample` queries per approximate search are checked against exact search (0: skip).
-    `device`: "auto" (a GPU when there is one), "cpu" or "gpu"; see `pair_search.search_engine`.
+    `device`: "auto" (a GPU when there is one), "cpu" or "gpu", or a model's device setting
+    (cpu, cuda, cuda:N, mps; see `pair_search.search_request`).
     """
     started = time.perf_counter()
     ids, by_id = _frame_order(frame_ids)
@@ -121,7 +122,7 @@ def deduplicate(
     id_rank[by_id] = np.arange(n)
     quality = _quality_rank(ids, id_rank, scores, sharpness)
     _check_search_parameters(threshold, exact_limit, nprobe)
-    products = bind(search_engine(device), x)
+    products = bind(device, x)
     search = _Search(threshold, exact_limit, nprobe, recall_sample, seed, products)
 
     within = _within_video_representative(x, by_id, videos, quality, search)
@@ -165,7 +166,7 @@ def similar_pairs(
     """
     x = normalized(embeddings)
     _check_search_parameters(threshold, exact_limit, nprobe)
-    search = _Search(threshold, exact_limit, nprobe, 0, seed, bind(search_engine(device), x))
+    search = _Search(threshold, exact_limit, nprobe, 0, seed, bind(device, x))
     chunks = list(search.pairs(x, np.arange(len(x))))
     i = np.concatenate([c[0] for c in chunks]) if chunks else np.empty(0, dtype=np.int64)
     j = np.concatenate([c[1] for c in chunks]) if chunks else np.empty(0, dtype=np.int64)
@@ -187,7 +188,7 @@ def measure_recall(
     _check_threshold(threshold)
     queries = _recall_queries(len(x), sample, seed)
     cut = threshold - SIMILARITY_TOLERANCE
-    products = bind(search_engine(device), x)
+    products = bind(device, x)
     return _recall(np.arange(len(x)), cut, queries, found[0], found[1], products)
 
 

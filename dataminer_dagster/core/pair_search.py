@@ -21,7 +21,8 @@ are nearest to each of some rows. An engine, bound to x by `bind`, answers both:
 
 All three compute float32 products of the same rows and compare them with the cut rounded to
 float32, so they differ only where a product's rounding crosses the cut; the dedup tolerance covers
-that. `search_engine` picks one from what the machine has; each fact can be given instead, so the
+that. `search_engine` picks one from a device setting (`search_request`: the models' settings,
+such as dedup.device, and "gpu") and what the machine has; each fact can be given instead, so the
 choice is tested on a CPU.
 """
 
@@ -33,7 +34,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-DEVICES = ("auto", "cpu", "gpu")
+DEVICES = ("auto", "cpu", "gpu", "cuda", "cuda:N", "mps")
 # The engines, as the dedup node's metadata names them.
 ENGINES = {
     "faiss-cpu": "FAISS on the CPU",
@@ -52,8 +53,26 @@ _GPU_QUERY_BLOCK = 8192
 _GPU_RESIDENT_SHARE = 0.5  # x stays on the GPU when it takes at most this share of free memory
 
 
+def search_request(device: str) -> tuple[str, int | None]:
+    """What a device setting asks of the search: "auto", "cpu" or "gpu", and which GPU (None: the
+    current one).
+
+    The settings are the models' (auto, cpu, cuda, cuda:N, mps) and "gpu": cuda and cuda:N ask for
+    a GPU, mps for the CPU (FAISS and the torch engine do not search on Metal).
+    """
+    name = device.strip().lower()
+    kind, _, index = name.partition(":")
+    if name in ("auto", "cpu", "gpu"):
+        return name, None
+    if name == "mps":
+        return "cpu", None
+    if kind == "cuda" and (index.isdigit() or name == "cuda"):
+        return "gpu", int(index) if index else None
+    raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+
+
 def search_engine(
-    requested: str = "auto",
+    device: str = "auto",
     *,
     faiss_gpu_build: bool | None = None,
     faiss_gpus: int | None = None,
@@ -61,13 +80,12 @@ def search_engine(
 ) -> str:
     """The engine the searches run on: "faiss-cpu", "faiss-gpu" or "torch-cuda".
 
-    `requested`: "cpu"; "gpu" (an error when there is none); or "auto", a GPU when there is one.
-    A GPU is FAISS's when the installed FAISS has GPU support (`faiss_gpu_build`) and sees one
-    (`faiss_gpus`), else torch's when torch sees a CUDA device (`torch_gpus`). Each fact defaults
-    to what the installed libraries report.
+    `device` (see `search_request`) asks for the CPU; a GPU (an error when there is none); or
+    "auto", a GPU when there is one. A GPU is FAISS's when the installed FAISS has GPU support
+    (`faiss_gpu_build`) and sees one (`faiss_gpus`), else torch's when torch sees a CUDA device
+    (`torch_gpus`). Each fact defaults to what the installed libraries report.
     """
-    if requested not in DEVICES:
-        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {requested!r}")
+    requested, _ = search_request(device)
     if requested == "cpu":
         return "faiss-cpu"
     if faiss_gpu_build is None:
@@ -83,22 +101,23 @@ def search_engine(
     if requested == "gpu":
         why = "sees no GPU" if faiss_gpu_build else "has no GPU support (faiss-cpu is installed)"
         raise ValueError(
-            f"device 'gpu' was asked for, but FAISS {why} and torch sees no CUDA device; "
+            f"device {device!r} was asked for, but FAISS {why} and torch sees no CUDA device; "
             "run on a CUDA machine (with faiss-gpu or torch built for CUDA) or use device "
             "'auto' or 'cpu'"
         )
     return "faiss-cpu"
 
 
-def bind(engine: str, x: np.ndarray):
-    """The engine `engine` (see `search_engine`) bound to the float32 unit rows x."""
+def bind(device: str, x: np.ndarray):
+    """The float32 unit rows x bound to the engine `device` asks for (`search_engine`), on the
+    GPU it names."""
+    engine = search_engine(device)
+    _, gpu = search_request(device)
     if engine == "faiss-cpu":
         return _FaissCpu(x)
     if engine == "faiss-gpu":
-        return _FaissGpu(x)
-    if engine == "torch-cuda":
-        return _Torch(x, "cuda")
-    raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        return _FaissGpu(x, -1 if gpu is None else gpu)
+    return _Torch(x, "cuda" if gpu is None else f"cuda:{gpu}")
 
 
 class _Blocks(ABC):
@@ -167,25 +186,34 @@ class _FaissCpu(_Blocks):
 
 
 class _FaissGpu(_FaissCpu):
+    """FAISS's GPU kernels on GPU `gpu` (-1: the current one)."""
+
     engine, device = "faiss-gpu", "gpu"
 
-    def __init__(self, x: np.ndarray):
+    def __init__(self, x: np.ndarray, gpu: int):
         super().__init__(x)
         self._faiss = load_faiss()
         self._resources = self._faiss.StandardGpuResources()
+        self._gpu = gpu
 
     def _block_pairs(self, queries: np.ndarray, base: np.ndarray, cut: float):
         metric = self._faiss.METRIC_INNER_PRODUCT
-        sims = self._faiss.pairwise_distance_gpu(self._resources, queries, base, metric=metric)
+        sims = self._faiss.pairwise_distance_gpu(
+            self._resources, queries, base, metric=metric, device=self._gpu
+        )
         return np.nonzero(sims >= np.float32(cut))
 
     def _block_nearest(self, queries: np.ndarray, centroids: np.ndarray, k: int) -> np.ndarray:
         metric = self._faiss.METRIC_INNER_PRODUCT
-        return self._faiss.knn_gpu(self._resources, queries, centroids, k, metric=metric)[1]
+        found = self._faiss.knn_gpu(
+            self._resources, queries, centroids, k, metric=metric, device=self._gpu
+        )
+        return found[1]
 
 
 class _Torch(_Blocks):
-    """torch on `device` ("cuda", or "cpu" to test this path on a machine without a GPU)."""
+    """torch on `device` ("cuda", "cuda:N", or "cpu" to test this path on a machine without a
+    GPU)."""
 
     engine, device = "torch-cuda", "gpu"
     tile = _GPU_TILE
@@ -220,13 +248,27 @@ class _Torch(_Blocks):
 
 @contextmanager
 def _float32_products(torch):
-    """Full float32 matrix products (no TF32), whatever the process set, restored afterwards."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
+    """Full float32 matrix products (no TF32), whatever the process set, restored afterwards.
+
+    With torch's per-backend settings where it has them (newer than the 2.4 this project allows):
+    once anything in the process has used them, the legacy `get_float32_matmul_precision` raises.
+    """
+    if hasattr(torch.backends, "fp32_precision"):
+        matmuls = (torch.backends.cuda.matmul, torch.backends.mkldnn.matmul)  # GPU, CPU (tests)
+
+        def use(precisions):
+            for matmul, precision in zip(matmuls, precisions, strict=True):
+                matmul.fp32_precision = precision
+
+        before, full = [matmul.fp32_precision for matmul in matmuls], ["ieee"] * len(matmuls)
+    else:  # an older torch: the legacy setting only
+        use = torch.set_float32_matmul_precision
+        before, full = torch.get_float32_matmul_precision(), "highest"
+    use(full)
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(before)
+        use(before)
 
 
 def _below(cut: float) -> float:

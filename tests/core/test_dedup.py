@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import faiss
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataminer_dagster.core import dedup
+from dataminer_dagster.core import pair_search
 from dataminer_dagster.core.dedup import (
     SIMILARITY_TOLERANCE,
     _components,
@@ -18,10 +20,20 @@ from dataminer_dagster.core.dedup import (
 )
 from dataminer_dagster.core.pair_search import (
     _NUMPY_CELLS,
-    _FaissCpu,
+    _FaissGpu,
     _Torch,
+    bind,
     search_engine,
+    search_request,
 )
+
+# The engines of a GPU machine, run here on the CPU (`gpu_engine_on_the_cpu`): the engine, and for
+# torch whether it keeps the vectors on its device (else it copies them block by block).
+GPU_ENGINES = [
+    pytest.param("faiss-gpu", None, id="faiss-gpu"),
+    pytest.param("torch-cuda", True, id="torch-vectors-on-device"),
+    pytest.param("torch-cuda", False, id="torch-blocks-copied"),
+]
 
 
 def unit(rows) -> np.ndarray:
@@ -384,6 +396,8 @@ def test_approximate_search_does_not_depend_on_the_input_order(seed):
         ("cpu", True, 1, 1, "faiss-cpu"),
         ("gpu", True, 1, 1, "faiss-gpu"),
         ("gpu", False, 0, 1, "torch-cuda"),
+        ("cuda:1", False, 0, 2, "torch-cuda"),
+        ("mps", True, 1, 1, "faiss-cpu"),
     ],
 )
 def test_the_search_engine_is_a_gpu_one_when_a_gpu_can_be_used(
@@ -398,7 +412,9 @@ def test_the_search_engine_is_a_gpu_one_when_a_gpu_can_be_used(
     [
         ("gpu", False, 0, "has no GPU support .* and torch sees no CUDA device"),
         ("gpu", True, 0, "sees no GPU and torch sees no CUDA device"),
-        ("cuda:0", True, 1, "device must be one of auto, cpu, gpu"),
+        ("cuda:1", False, 0, "device 'cuda:1' was asked for, but FAISS has no GPU support"),
+        ("tpu", True, 1, "device must be one of auto, cpu, gpu, cuda, cuda:N, mps, got 'tpu'"),
+        ("cuda:", True, 1, "device must be one of"),
     ],
 )
 def test_search_engine_errors_say_what_to_do(requested, faiss_gpu_build, faiss_gpus, message):
@@ -406,6 +422,22 @@ def test_search_engine_errors_say_what_to_do(requested, faiss_gpu_build, faiss_g
         search_engine(
             requested, faiss_gpu_build=faiss_gpu_build, faiss_gpus=faiss_gpus, torch_gpus=0
         )
+
+
+@pytest.mark.parametrize(
+    ("device", "request_"),
+    [
+        ("auto", ("auto", None)),
+        ("cpu", ("cpu", None)),
+        ("mps", ("cpu", None)),  # FAISS and torch's engine have no Metal search
+        ("gpu", ("gpu", None)),
+        ("cuda", ("gpu", None)),  # the current GPU
+        ("cuda:1", ("gpu", 1)),
+        (" CUDA:0", ("gpu", 0)),
+    ],
+)
+def test_a_device_setting_asks_the_search_for_the_cpu_or_a_gpu(device, request_):
+    assert search_request(device) == request_
 
 
 def test_the_installed_libraries_decide_the_engine_and_the_result_says_which():
@@ -434,45 +466,92 @@ def test_gpu_search_finds_what_the_cpu_search_finds():
     assert [p.tolist() for p in gpu_pairs] == [p.tolist() for p in cpu_pairs]
 
 
-@pytest.mark.parametrize("resident", [True, False], ids=["vectors-on-device", "blocks-copied"])
-def test_the_torch_engine_finds_what_faiss_finds(monkeypatch, resident):
-    # The torch engine is what a CUDA machine without faiss-gpu uses; here it runs on torch's CPU
-    # device through the same code, in small blocks so that every block loop turns, with the
-    # vectors either kept on the device or gathered on the host and copied block by block.
+def gpu_engine_on_the_cpu(patched, engine: str, resident: bool | None) -> list:
+    """The machine as `pair_search` sees it made one whose GPU search is `engine` (GPU_ENGINES),
+    computing on the CPU through the same code: faiss-cpu dressed as faiss-gpu on two GPUs, FAISS's
+    CPU functions for its GPU kernels; or two CUDA devices for torch and none for FAISS, torch's
+    engine on torch's CPU device. Returns the GPUs the search was asked for: FAISS's per kernel
+    call, torch's per binding."""
+    asked = []
+    if engine == "faiss-gpu":
+
+        def pairwise_distance_gpu(res, xq, xb, metric, device=-1):
+            asked.append(device)
+            return faiss.pairwise_distances(xq, xb, metric=metric)
+
+        def knn_gpu(res, xq, xb, k, metric, device=-1):
+            asked.append(device)
+            return faiss.knn(xq, xb, k, metric=metric)
+
+        for name, stand_in in (
+            ("StandardGpuResources", lambda: None),
+            ("get_num_gpus", lambda: 2),
+            ("pairwise_distance_gpu", pairwise_distance_gpu),
+            ("knn_gpu", knn_gpu),
+        ):
+            patched.setattr(faiss, name, stand_in, raising=False)
+        return asked
+
+    def torch_on_the_cpu(x, device):
+        asked.append(device)
+        return _Torch(x, "cpu", free_bytes=4 * x.nbytes if resident else 1)
+
+    patched.setattr(faiss, "get_num_gpus", lambda: 0)  # none for FAISS, even under faiss-gpu
+    patched.setattr(pair_search, "_torch_cuda_devices", lambda: 2)
+    patched.setattr(pair_search, "_Torch", torch_on_the_cpu)
+    return asked
+
+
+@pytest.mark.parametrize(("engine", "resident"), GPU_ENGINES)
+def test_on_a_gpu_machine_the_device_setting_chooses_the_search(monkeypatch, engine, resident):
+    gpu_engine_on_the_cpu(monkeypatch, engine, resident)
+    x, _ = planted(8, groups=5, size=3, singles=20)
+    for device, chosen in [
+        ("auto", engine),
+        ("cuda", engine),
+        ("cpu", "faiss-cpu"),
+        ("mps", "faiss-cpu"),
+    ]:
+        assert run(x, device=device).engine == chosen
+
+
+@pytest.mark.parametrize(("engine", "resident"), GPU_ENGINES)
+def test_a_gpu_engine_finds_what_faiss_cpu_finds(monkeypatch, engine, resident):
+    # In small blocks so that every block loop turns, on the GPU dedup.device names.
     x, _ = planted(12, groups=60, size=8, singles=3000, dim=96)
     videos = [f"v{k % 41}" for k in range(len(x))]
-    monkeypatch.setattr(_Torch, "tile", 700)
-    monkeypatch.setattr(_Torch, "query_block", 300)
-    engines = []
-
-    def torch_on_the_cpu(engine, vectors):
-        bound = _Torch(vectors, "cpu", free_bytes=4 * vectors.nbytes if resident else 1)
-        engines.append(bound)
-        return bound
+    for blocks in (_FaissGpu, _Torch):
+        monkeypatch.setattr(blocks, "tile", 700)
+        monkeypatch.setattr(blocks, "query_block", 300)
 
     for exact_limit in (20_000, 300):  # exact, then the IVF path (k-means and lists alike)
         cpu = run(x, videos=videos, exact_limit=exact_limit, device="cpu")
         with monkeypatch.context() as patched:
-            patched.setattr(dedup, "bind", torch_on_the_cpu)
-            other = run(x, videos=videos, exact_limit=exact_limit)
-        assert other.engine == "torch-cuda"
+            asked = gpu_engine_on_the_cpu(patched, engine, resident)
+            other = run(x, videos=videos, exact_limit=exact_limit, device="cuda:1")
+        assert other.engine == engine
+        assert set(asked) == {1 if engine == "faiss-gpu" else "cuda:1"}
         assert (other.group == cpu.group).all()
         assert (other.is_representative == cpu.is_representative).all()
         assert other.pairs_found == cpu.pairs_found
         assert other.recall == cpu.recall
-    assert {bound.resident for bound in engines} == {resident}
 
 
-@pytest.mark.parametrize("engine", ["faiss-cpu", "torch"])
-def test_every_engine_keeps_a_product_exactly_at_the_cut(engine):
-    # A block above _NUMPY_CELLS goes to a FAISS range search, one below to NumPy, and torch
-    # compares on its device: the same pairs, a product exactly at the cut included (FAISS keeps
+@pytest.mark.parametrize(
+    ("engine", "resident"), [pytest.param("faiss-cpu", None, id="faiss-cpu"), *GPU_ENGINES]
+)
+def test_every_engine_keeps_a_product_exactly_at_the_cut(monkeypatch, engine, resident):
+    # A block above _NUMPY_CELLS goes to a FAISS range search, one below to NumPy; the GPU engines
+    # compare on their device: the same pairs, a product exactly at the cut included (FAISS keeps
     # only products above its radius).
     x, _ = planted(9, groups=40, size=5, singles=4000, dim=48, spread=0.25)
     x[3], x[2107] = 0, 0
     x[3, 0], x[2107, :2] = 1.0, (0.6, 0.8)  # a product of exactly float32(0.6) on any BLAS
     cut = float(np.float32(0.6))
-    bound = _FaissCpu(x) if engine == "faiss-cpu" else _Torch(x, "cpu", free_bytes=2**40)
+    if engine != "faiss-cpu":
+        gpu_engine_on_the_cpu(monkeypatch, engine, resident)
+    bound = bind("cpu" if engine == "faiss-cpu" else "gpu", x)
+    assert bound.engine == engine
     assert _NUMPY_CELLS <= 2100 * 2048  # the first block below is FAISS's on the CPU
     for left, right in (
         (np.arange(2100), np.arange(2100, 4200)),
@@ -486,6 +565,28 @@ def test_every_engine_keeps_a_product_exactly_at_the_cut(engine):
         )
         assert got == sorted(zip(want[0].tolist(), want[1].tolist(), strict=True))
         assert (3, 7) in got
+
+
+@pytest.fixture
+def tf32_by_the_new_api():
+    """The process asked for TF32 through torch's per-backend settings; the defaults come back
+    afterwards."""
+    torch.backends.fp32_precision = "tf32"
+    yield
+    torch.backends.fp32_precision = "none"
+    torch.backends.cuda.matmul.fp32_precision = torch.backends.mkldnn.matmul.fp32_precision = "none"
+
+
+def test_the_torch_engine_computes_in_float32_after_the_new_precision_api(tf32_by_the_new_api):
+    # Once the new API is used, torch refuses the legacy one ("mix of the legacy and new APIs").
+    x, _ = planted(4, groups=10, size=4, singles=100, dim=16)
+    bound = _Torch(x, "cpu", free_bytes=2**40)
+    rows = np.arange(len(x))
+    found = sum(len(a) for a, _ in bound.pairs(rows, rows, 0.9))
+    assert found == np.count_nonzero(x.astype(np.float64) @ x.T.astype(np.float64) >= 0.9)
+    assert bound.nearest(rows, x[:5], 1)[:5, 0].tolist() == list(range(5))
+    matmuls = (torch.backends.cuda.matmul, torch.backends.mkldnn.matmul)
+    assert [matmul.fp32_precision for matmul in matmuls] == ["tf32", "tf32"]
 
 
 def test_exact_search_through_faiss_matches_brute_force_beyond_one_tile():
