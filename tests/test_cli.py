@@ -582,6 +582,16 @@ def test_delete_videos_by_status(world):
     assert all(f.exists() for f in shared)
 
 
+def test_delete_videos_is_refused_while_a_project_stage_runs(world):
+    """Dedup reads the filter table of every member: removing one under it would fail it."""
+    project = world.project("p1", ["dead1", "ok"])
+    world.set(DOWNLOAD, "dead1", DEAD)
+    world.set(DEDUP, "p1", RUNNING, project=project)
+    out = invoke("delete-videos", "--project", "p1", "--status", "dead", "--yes", code=1).output
+    assert "dedup p1 (run run-p1) is running" in out
+    assert world.members("p1") == {"dead1", "ok"}
+
+
 def test_delete_videos_without_files_leaves_orphans(world):
     world.project("p1", ["a", "b"])
     world.set(DOWNLOAD, "a", DEAD)

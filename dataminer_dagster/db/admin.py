@@ -35,6 +35,7 @@ from dataminer_dagster.stages import (
     DOWNLOAD,
     FILTER,
     FRAMES,
+    REGISTRY,
     VIDEO_STAGES,
     project_video_key,
 )
@@ -383,13 +384,20 @@ def delete_project_videos(
     dry_run: bool = False,
 ) -> VideoDeletion:
     """Remove from a project the videos whose download, extraction or (this project's) filter
-    item has `status`. Videos with a running item are never removed. The removed videos'
-    filter items go; videos that no other project uses become orphans, or are deleted with
+    item has `status`. Videos with a running item are never removed, and nothing is while one of
+    the project's own stages (dedup, detect, dataset) runs. The removed videos' filter items go; videos that no other project uses become orphans, or are deleted with
     `delete_unused_videos`."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
     with _transaction(engine, dry_run) as conn:
         project = lock_project(conn, name)
+        chain = lock_items(
+            conn,
+            "project_id = :p AND stage = ANY(CAST(:stages AS text[]))",
+            {"p": project.id, "stages": list(REGISTRY.project_chain)},
+        )
+        if running := running_items(chain):  # it reads the filter tables of every member
+            raise WorkRunning(f"cannot remove videos from project {name}", running)
         wanted, busy, filtered = _members_with_status(conn, project, status)
         matched = [v for v in wanted if v not in busy]
         conn.execute(
