@@ -33,6 +33,7 @@ from dataminer_dagster.db.schema import DEAD, DONE, FAILED, PENDING, RUNNING
 from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.sensors.pipeline_sensors import build_sensors, lane_jobs
 from dataminer_dagster.sensors.planning import (
+    COMPARE_EVERY_S,
     MAX_PARTITION_ADDS_PER_TICK,
     REREQUEST_UNCOVERED_S,
     DiscoveryCursor,
@@ -243,7 +244,8 @@ def test_discovery_adds_new_rows_in_discovery_order_and_moves_its_cursor(instanc
         isinstance(r, dg.AddDynamicPartitionsRequest) for r in result.dynamic_partitions_requests
     )
     cursor = json.loads(result.cursor)
-    assert set(cursor) == {"project", "video", "project_video"} and all(cursor.values())
+    ids = {k: cursor[k] for k in ("project", "video", "project_video")}
+    assert set(cursor) == {*ids, "compared_at"} and all(ids.values())
 
     # Nothing new: the cursor keeps the sensor from adding anything twice, and the runs it
     # requested, once queued, keep it from requesting them again.
@@ -334,9 +336,12 @@ def test_discovery_removes_the_partitions_of_deleted_rows_once_caught_up(instanc
     assert instance.get_dynamic_partitions("videos") == ["v0", "v1", "v2", "v3"]
 
     delete_orphan_videos(db.store.engine, db.paths)
-    launch(instance, tick("work", instance, db, third.cursor))
+    assert isinstance(tick("work", instance, db, third.cursor), dg.SkipReason), (
+        "the keys were compared less than COMPARE_EVERY_S ago"
+    )
+    launch(instance, tick("work", instance, db, later(third.cursor)))
     assert instance.get_dynamic_partitions("videos") == ["v0", "v1", "v3"]
-    assert isinstance(tick("work", instance, db, third.cursor), dg.SkipReason)
+    assert isinstance(tick("work", instance, db, later(third.cursor)), dg.SkipReason)
 
 
 def test_rows_committed_out_of_id_order_still_become_partitions(instance, db, catalog):
@@ -366,7 +371,19 @@ def test_rows_committed_out_of_id_order_still_become_partitions(instance, db, ca
         "alpha.v1",
         "alpha.v2",
     ]
-    assert third.cursor == second.cursor, "the cursor does not go back"
+    after, before = DiscoveryCursor.parse(third.cursor), DiscoveryCursor.parse(second.cursor)
+    assert (after.project, after.video, after.project_video) == (
+        before.project,
+        before.video,
+        before.project_video,
+    ), "the cursor does not go back"
+
+
+def later(cursor: str) -> str:
+    """The cursor as a tick COMPARE_EVERY_S later finds it: due to compare the keys again."""
+    parsed = DiscoveryCursor.parse(cursor)
+    parsed.compared_at -= COMPARE_EVERY_S
+    return parsed.dump()
 
 
 # --- work ----------------------------------------------------------------------------------------

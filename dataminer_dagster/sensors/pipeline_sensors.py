@@ -115,6 +115,7 @@ def build_sensors(
         if not (
             cycle.discovery.count or cycle.discovery.removals or cycle.transitions or cycle.runs
         ):
+            context.update_cursor(cycle.discovery.cursor.dump())  # when it last compared keys
             return dg.SkipReason("nothing new, no project can move, no work to request")
         record_requests(db.store.engine, cycle.runs)
         context.log.info(cycle.summary())

@@ -44,6 +44,9 @@ from dataminer_dagster.tags import (
 )
 
 MAX_PARTITION_ADDS_PER_TICK = 25_000
+# The comparison of the catalog's keys with Dagster's reads them all (0.8 s at 100,000 videos and
+# as many project videos): done on a tick that finds nothing new, at most this often.
+COMPARE_EVERY_S = 30.0
 # With the live runs known, a requested item that no live run covers was requested by a run that
 # never came to be: the tick's result was lost after the request was noted (the daemon killed, a
 # gRPC deadline passed). It is asked for again after this, not after REREQUEST_AFTER_S.
@@ -58,6 +61,7 @@ class DiscoveryCursor:
     project: int = 0
     video: int = 0
     project_video: int = 0
+    compared_at: float = 0.0  # when the catalog's keys were last compared with Dagster's (epoch)
 
     @classmethod
     def parse(cls, raw: str | None) -> DiscoveryCursor:
@@ -119,8 +123,9 @@ def plan_discovery(
     The cursor (the last id seen) finds new rows cheaply, but ids are taken when rows are
     inserted, not when their transactions commit: a row committed after a row with a higher id
     (two catalog runs, `add-video` during one) is passed by it. So, with the `instance`, once the
-    cursor finds nothing new, the catalog's keys are compared with Dagster's: rows the cursor
-    passed are added, and partitions whose row was deleted are to be removed."""
+    cursor finds nothing new (and at most every `COMPARE_EVERY_S`), the catalog's keys are
+    compared with Dagster's: rows the cursor passed are added, and partitions whose row was
+    deleted are to be removed."""
     result = Discovery(cursor=DiscoveryCursor(**cursor.__dict__))
     with engine.connect() as c:
         for partitions_name, field_name, query in _DISCOVERED:
@@ -134,8 +139,10 @@ def plan_discovery(
             if rows:
                 result.additions[partitions_name] = [r.key for r in rows]
                 setattr(result.cursor, field_name, rows[-1].id)
-    if instance is not None and not result.count:
+    now = time.time()
+    if instance is not None and not result.count and now - cursor.compared_at >= COMPARE_EVERY_S:
         result.additions, result.removals = _compare_with_dagster(instance, engine, budget)
+        result.cursor.compared_at = now
     return result
 
 
