@@ -15,7 +15,7 @@ set up that way is brought under these rules (restarted if needed) the first tim
 
 A server that crashed (or a container that restarted) leaves its `postmaster.pid` behind, and its
 PID may by then be another process's: the server counts as running only while that PID is a
-`postgres` process working in the data directory; otherwise the file is stale and removed.
+`postgres` process started when the file says; otherwise the file is stale and removed.
 """
 
 from __future__ import annotations
@@ -155,13 +155,19 @@ def _running_postmaster(pgdata: Path):
     try:
         lines = pid_file.read_text().splitlines()
         process = psutil.Process(int(lines[0]))
-        if process.name() != "postgres" or Path(process.cwd()) != pgdata.resolve():
+        # Its name and start time are readable whoever owns it (/proc/PID/stat; as root without
+        # ptrace rights, another user's working directory is not): a process started when the
+        # file says is the server that wrote it, not a later one given the same PID.
+        started = int(lines[2])
+        if process.name() != "postgres" or abs(process.create_time() - started) > 2:
             return None
-    except (FileNotFoundError, IndexError, ValueError, psutil.NoSuchProcess, psutil.AccessDenied):
-        return None  # no file, no PID in it, or no process of ours with that PID
+    except (FileNotFoundError, IndexError, ValueError, psutil.NoSuchProcess):
+        return None  # no file, no PID or start time in it, or no such process
+    except psutil.AccessDenied:
+        pass  # cannot tell: taken as running, for removing a live server's files would stop it
     if len(lines) < _PID_FILE_LINES:
         raise RuntimeError(
-            f"The embedded PostgreSQL (PID {process.pid}) is still writing {pid_file}; "
+            f"The embedded PostgreSQL (PID {lines[0]}) is still writing {pid_file}; "
             "try again once it has started"
         )
     return PostmasterInfo(lines)
