@@ -517,6 +517,32 @@ def test_work_batches_each_lane_by_its_policy(lane, instance, db, catalog, store
     assert later == keys[-3:]
 
 
+def test_items_live_runs_cover_never_crowd_out_the_work_left_over(
+    instance, db, catalog, store, engine
+):
+    """A minute after they were requested, the covered items are due again by age, first in due
+    order; they must not fill the query's limit of the one free slot and starve the lane."""
+    lane = LANES_BY_NAME["video"]
+    policy = lane.policy
+    keys = catalog_rows(catalog, store, lane, policy.batch * (policy.max_runs + 1))
+    result = tick("work", instance, db)
+    apply_partition_requests(instance, result)
+    requested = ready_requests(result, "video")
+    assert len(requested) == policy.max_runs
+    for request in requested[:-1]:  # the last run never came to be
+        _add_run(instance, "video", dg.DagsterRunStatus.QUEUED, dict(request.tags))
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE dataminer.work_items SET requested_at = now() - make_interval(secs => :s)"
+            ),
+            {"s": REREQUEST_UNCOVERED_S + 1},
+        )
+    [again] = ready_requests(tick("work", instance, db), "video")
+    lost = keys[policy.batch * (policy.max_runs - 1) : policy.batch * policy.max_runs]
+    assert (again.tags[RANGE_START], again.tags[RANGE_END]) == (lost[0], lost[-1])
+
+
 def test_a_run_starts_at_the_first_stage_of_its_lane_that_has_work(
     instance, db, catalog, store, engine
 ):

@@ -41,18 +41,22 @@ def requestable(
     limit: int,
     rerequest_after_s: float,
     projects: Sequence[int] | None = None,
+    exclude_keys: Sequence[str] = (),
 ) -> list[Requestable]:
     """Items of `stages` that a run may be asked for (with `projects`, only those that concern
-    one of these projects), in due order."""
+    one of these projects; never those of `exclude_keys`, e.g. covered by a live run), in due
+    order."""
     statement = sa.text(f"""
         SELECT id, stage, item_key FROM {W}
          WHERE stage = ANY(CAST(:stages AS text[])) AND status IN ('{PENDING}', '{FAILED}')
            AND next_attempt_at <= now()
            AND (requested_at IS NULL OR requested_at < now() - make_interval(secs => :again))
            AND {CONCERNS_PROJECTS}
+           AND NOT item_key = ANY(CAST(:exclude AS text[]))
          ORDER BY next_attempt_at, id LIMIT :limit
     """)
     params = {
+        "exclude": list(exclude_keys),
         "stages": list(stages),
         "limit": limit,
         "again": rerequest_after_s,

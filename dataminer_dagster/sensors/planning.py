@@ -306,11 +306,15 @@ def _ready_batches(
     rerequest_after_s: float,
     projects: Sequence[int] | None,
 ) -> list[tuple[list[str], list]]:
-    """Up to `slots` batches of ready keys (each with its items), in partition order."""
-    items = requestable(engine, lane.stages, slots * lane.policy.batch, rerequest_after_s, projects)
+    """Up to `slots` batches of ready keys (each with its items), in partition order. Keys that
+    live runs cover are left out in the query, so that they never fill its limit."""
+    busy = [key for key, position in order.items() if position in covered] if covered else []
+    items = requestable(
+        engine, lane.stages, slots * lane.policy.batch, rerequest_after_s, projects, busy
+    )
     by_key: dict[str, list] = {}
     for item in items:
-        if item.key in order and order[item.key] not in covered:
+        if item.key in order:
             by_key.setdefault(item.key, []).append(item)
     keys = sorted(by_key, key=order.get)
     batch = lane.policy.batch
