@@ -15,7 +15,7 @@ from dagster._core.remote_origin import (
 from dagster._core.storage.dagster_run import DagsterRun, RunRecord
 
 from dataminer_dagster.db.leases import Heartbeat
-from dataminer_dagster.sensors.run_health import judge
+from dataminer_dagster.sensors.run_health import judge, run_worker_owner
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.tags import LANE_TAG
 
@@ -103,3 +103,20 @@ def test_a_run_the_queue_never_started_is_cancelled_after_the_queue_timeout():
 
 def test_a_canceling_run_is_left_to_dagster():
     assert dead([record(S.CANCELING, since_s=10_000)]) == {}
+
+
+def test_a_run_worker_waiting_for_its_step_keeps_the_run_alive_but_not_a_dead_step():
+    """Under the multiprocess and celery executors the run worker beats apart from its step: a
+    run waiting for its `gpu` slot lives; a step whose process died is dead all the same."""
+    waiting, step_died, worker_died = (record(S.STARTED, since_s=900) for _ in range(3))
+    ids = [r.dagster_run.run_id for r in (waiting, step_died, worker_died)]
+    beats = {
+        run_worker_owner(ids[0]): Heartbeat(age_s=5, host="gpu-1", pid=10),
+        run_worker_owner(ids[1]): Heartbeat(age_s=5, host="gpu-1", pid=11),
+        ids[1]: Heartbeat(age_s=600, host="gpu-2", pid=12),
+        run_worker_owner(ids[2]): Heartbeat(age_s=600, host="gpu-1", pid=13),
+    }
+    found = dead([waiting, step_died, worker_died], beats)
+    assert set(found) == {ids[1], ids[2]}
+    assert "no heartbeat for 600 s (run worker pid 12 on gpu-2" in found[ids[1]].reason
+    assert "never reported a heartbeat" in found[ids[2]].reason

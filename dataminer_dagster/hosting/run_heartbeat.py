@@ -5,7 +5,9 @@ run worker itself (resources/database.py). Under `multiprocess` and `celery` tha
 up in each step's own process, which Dagster starts only once the step has its `gpu` pool slot (or
 a celery worker takes it): a run waiting for a slot longer than `runs.start_grace_s` would be
 judged dead by the lease reaper (sensors/run_health.py) while its run worker waits, alive. Such
-executors are wrapped here so that the run worker beats for the run while it orchestrates.
+executors are wrapped here so that the run worker beats while it orchestrates, under a row of its
+own (`run_health.run_worker_owner`): it keeps a run waiting for its step from being judged dead,
+never the leases of a step whose process died (a celery worker killed mid-step).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dagster._core.executor.base import Executor
 
 from dataminer_dagster.db.run_leases import RunLeases
 from dataminer_dagster.resources.database import claims_store
+from dataminer_dagster.sensors.run_health import run_worker_owner
 from dataminer_dagster.settings import load_settings
 
 
@@ -48,7 +51,9 @@ class _Heartbeating(Executor):
     def execute(self, plan_context, execution_plan) -> Iterator[dg.DagsterEvent]:
         settings = load_settings()
         heartbeat = RunLeases(
-            claims_store(settings), plan_context.run_id, heartbeat_s=settings.lease.heartbeat_s
+            claims_store(settings),
+            run_worker_owner(plan_context.run_id),
+            heartbeat_s=settings.lease.heartbeat_s,
         )
         heartbeat.start()
         try:

@@ -33,6 +33,18 @@ class DeadRun:
         return self.run.run_id
 
 
+def run_worker_owner(run_id: str) -> str:
+    """The heartbeat row of a run's run worker, kept apart from its steps' (the run's own id) under
+    the executors that run steps in other processes (hosting/run_heartbeat.py): it tells that the
+    run waits for a step to start, never that a started step lives."""
+    return f"{run_id}/run-worker"
+
+
+def heartbeats_of(store: LeaseStore, run_ids: Sequence[str]) -> dict[str, Heartbeat]:
+    """The heartbeats of these runs and of their run workers."""
+    return store.heartbeats([*run_ids, *(run_worker_owner(r) for r in run_ids)])
+
+
 def unfinished_runs(instance: dg.DagsterInstance) -> list[dg.RunRecord]:
     return list(instance.get_run_records(dg.RunsFilter(statuses=list(NOT_FINISHED_STATUSES))))
 
@@ -46,9 +58,10 @@ def judge(
     now: float,
 ) -> list[DeadRun]:
     """The runs among `records` (unfinished in Dagster) that are dead. A run with a heartbeat row
-    is dead when the row went stale; one without is judged only if the sensors requested it (a
-    person's run of another job may never use our resource): it must have a heartbeat within
-    `start_grace_s` of starting, and the queue must start it within `queued_timeout_s`."""
+    is dead when the row went stale; one without is alive while its run worker beats (it waits
+    for a step to start), else judged only if the sensors requested it (a person's run of
+    another job may never use our resource): it must have a heartbeat within `start_grace_s` of
+    starting, and the queue must start it within `queued_timeout_s`."""
     dead = []
     for record in records:
         run = record.dagster_run
@@ -66,6 +79,9 @@ def judge(
                         cancel=False,
                     )
                 )
+            continue
+        waiting = heartbeats.get(run_worker_owner(run.run_id))
+        if waiting is not None and waiting.age_s <= lease.stale_after_s:
             continue
         if not requested_here:
             continue
@@ -122,7 +138,7 @@ def dead_runs(
     records = unfinished_runs(instance) if records is None else list(records)
     if not records:
         return []
-    heartbeats = store.heartbeats([r.dagster_run.run_id for r in records])
+    heartbeats = heartbeats_of(store, [r.dagster_run.run_id for r in records])
     return judge(records, heartbeats, lease=lease, runs=runs, now=time.time())
 
 
