@@ -202,6 +202,14 @@ class Catalog:
                 "paths": [c.source_path for c in candidates],
             },
         ).all()
+        # The links' foreign keys take a share of each video row in discovery order; taken here
+        # first, in id order, as a release of frames takes the rows (db/retention.py): the two
+        # cannot deadlock.
+        conn.execute(
+            sa.text(f"""SELECT 1 FROM {S}.videos WHERE video_id = ANY(CAST(:ids AS text[]))
+                         ORDER BY video_id FOR KEY SHARE"""),
+            {"ids": [c.video_id for c in candidates]},
+        )
         new_links = conn.execute(
             sa.text(f"""
                 INSERT INTO {S}.project_videos (project_id, video_id, source, source_info)

@@ -4,6 +4,7 @@ disk that a rollback undoes, and never under a project that is linking the video
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,43 @@ def test_a_project_reopened_by_new_videos_filters_its_released_ones_again(catalo
     assert work_items(catalog.engine, "download")["v0"].status == "pending", (
         "v0 is fetched (its file is not on disk) and extracted again"
     )
+
+
+def test_linking_and_releasing_the_same_videos_at_once_do_not_deadlock(catalog, tmp_path):
+    """A link's foreign keys lock the video rows in discovery order, a release in id order. A
+    trigger holds the link between its two rows' checks while the release locks both."""
+    alpha = _project(catalog, "alpha", tmp_path, cleanup={"delete_frames_when_done": True})
+    for video_id in ("v0", "v1"):
+        _extracted(catalog, alpha, video_id)
+    beta = _project(catalog, "beta", tmp_path)
+    with catalog.engine.begin() as conn:  # runs before the foreign key checks ("RI_...")
+        conn.execute(
+            sa.text("""CREATE FUNCTION dataminer.pause_at_v0() RETURNS trigger AS $$
+                       BEGIN IF NEW.video_id = 'v0' THEN PERFORM pg_sleep(1.5); END IF;
+                       RETURN NULL; END $$ LANGUAGE plpgsql;
+                       CREATE TRIGGER "A_pause" AFTER INSERT ON dataminer.project_videos
+                       FOR EACH ROW EXECUTE FUNCTION dataminer.pause_at_v0()""")
+        )
+    errors: list[BaseException] = []
+
+    def link_beta() -> None:  # v1 first, as a search may find them
+        try:
+            candidates = [
+                Candidate(v, "url", url=f"https://example.com/{v}.mp4") for v in ("v1", "v0")
+            ]
+            with catalog.engine.begin() as conn:
+                catalog.link_videos(conn, beta, candidates)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    linker = threading.Thread(target=link_beta)
+    linker.start()
+    time.sleep(0.5)  # the link is paused at v0, its check of v1 done
+    try:
+        with catalog.engine.begin() as conn:
+            released = release_finished_frames(catalog, conn, ["v0", "v1"])
+    except sa.exc.OperationalError as error:
+        released = error
+    linker.join(30)
+    assert not errors and released == [], (errors, released)  # beta uses them now
+    assert [p.name for p in catalog.linked_projects(["v0"])["v0"]] == ["alpha", "beta"]
