@@ -58,9 +58,11 @@ def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
             checked[dest] += verify_tree(path, target)
             ctx.check_lease(item)
 
+    released: list[Path] = []  # removed once the commit is done
+
     def commit(conn) -> None:
         catalog.record_backup(conn, item.video_id, destinations)
-        release_finished_frames(catalog, conn, [item.video_id])
+        released.extend(release_finished_frames(catalog, conn, [item.video_id]).aside)
 
     return ItemResult(
         metadata={
@@ -70,4 +72,5 @@ def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
         },
         outcome={"destinations": destinations},
         commit=commit,
+        staged=released,
     )

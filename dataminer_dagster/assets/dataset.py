@@ -41,10 +41,11 @@ from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.stages import DATASET
 
 
-def _publish(catalog, conn, project, staging: Path, final: Path) -> None:
+def _publish(catalog, conn, project, staging: Path, final: Path) -> list[Path]:
+    """Publish the dataset and release the members' frames; returns the frames set aside."""
     publish(staging, final)
     members = [row.video_id for row in project_members(catalog.engine, project.id)]
-    release_finished_frames(catalog, conn, members, completing=project.name)
+    return release_finished_frames(catalog, conn, members, completing=project.name).aside
 
 
 MANIFEST_COLUMNS = [
@@ -188,6 +189,7 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     manifest = kept[MANIFEST_COLUMNS + prompt_columns]
 
     staging = staging_path(paths.dataset_dir)
+    staged = [staging]
     (staging / IMAGES_DIR).mkdir(parents=True)
     linked = place_images(
         zip(map(Path, kept["file"]), kept["file_name"], strict=True),
@@ -213,6 +215,9 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
             ),
         },
         outcome={"images": len(manifest)},
-        commit=lambda conn: _publish(catalog, conn, project, staging, paths.dataset_dir),
-        staged=[staging],
+        # The released frames go with the staging directory, once the commit is done.
+        commit=lambda conn: staged.extend(
+            _publish(catalog, conn, project, staging, paths.dataset_dir)
+        ),
+        staged=staged,
     )

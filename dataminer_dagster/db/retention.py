@@ -8,8 +8,9 @@
 
 The videos' rows are locked while their frames are released, so a project linking one of them
 meanwhile waits and then finds the frames gone (and has them extracted again). A released
-directory is renamed aside in the transaction and deleted once it commits, or put back if it
-rolls back: a crash never leaves a half-deleted directory that looks present.
+directory is renamed aside in the transaction, put back if it rolls back, and deleted by the
+caller after the commit: a crash never leaves a half-deleted directory that looks present, and a
+hidden sibling left by a crash is removed with the next extraction into its place.
 
 Nothing is lost for good: the catalog forgets the deleted files, and a project that needs them
 again re-extracts the frames, re-downloading the video first if it is gone (Catalog.advance_videos).
@@ -19,11 +20,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
 
-from dataminer_dagster.core.files import remove, set_aside
+from dataminer_dagster.core.files import set_aside
 from dataminer_dagster.db.catalog import Catalog, ProjectRow
 
 COMPLETE = "complete"
@@ -43,26 +45,36 @@ def delete_video_file(catalog: Catalog, conn: sa.Connection, video_id: str) -> b
     return True
 
 
+@dataclass(frozen=True)
+class Released:
+    videos: list[str]  # the videos whose frames were released
+    # Their frame directories, moved aside in the transaction (a rollback puts them back): the
+    # caller removes them once it has committed, not while it holds the videos' rows.
+    aside: list[Path]
+
+
 def release_finished_frames(
     catalog: Catalog,
     conn: sa.Connection,
     video_ids: Sequence[str],
     *,
     completing: str | None = None,
-) -> list[str]:
-    """Delete the raw frames of these videos where every linked project is complete (or is
-    `completing` now) and allows it. Returns the videos whose frames were deleted."""
+) -> Released:
+    """Release the raw frames of these videos where every linked project is complete (or is
+    `completing` now) and allows it."""
     backups = _lock_videos(conn, video_ids)
-    released = []
+    released = Released([], [])
+    directories: list[Path] = []
     for video_id, projects in catalog.linked_projects(video_ids, conn).items():
         done = all(p.stage == COMPLETE or p.name == completing for p in projects)
         if not done or not all(_allows_deletion(p, backups.get(video_id, set())) for p in projects):
             continue
         frames = catalog.frame_profiles([video_id]).get(video_id, {})
-        _delete_when_committed(conn, [directory for directory, _ in frames.values()])
         if frames:
+            directories += [path for path, _ in frames.values()]
             catalog.forget_frames(conn, video_id)
-            released.append(video_id)
+            released.videos.append(video_id)
+    _set_aside_until_commit(conn, directories, released.aside)
     return released
 
 
@@ -87,11 +99,14 @@ def _lock_videos(conn: sa.Connection, video_ids: Sequence[str]) -> dict[str, set
     return {r.video_id: set((r.backup_dest or "").splitlines()) for r in rows}
 
 
-def _delete_when_committed(conn: sa.Connection, directories: Sequence[Path]) -> None:
-    """Move the directories aside now; delete them as `conn`'s transaction commits, put them back
-    if it rolls back. (Should the commit itself fail after that, the catalog still lists frames
-    that are gone: the next project needing them has them extracted again.)"""
-    moved = [(directory, set_aside(directory)) for directory in directories if directory.is_dir()]
+def _set_aside_until_commit(
+    conn: sa.Connection, directories: Sequence[Path], aside: list[Path]
+) -> None:
+    """Move the directories aside (adding the new names to `aside`); if `conn`'s transaction
+    rolls back, put them back."""
+    if not directories:
+        return
+    moved: list[tuple[Path, Path]] = []
     settled = False
 
     def settle(committed: bool) -> None:
@@ -99,12 +114,14 @@ def _delete_when_committed(conn: sa.Connection, directories: Sequence[Path]) -> 
         if settled:  # the other event's listener stays on the connection, and does nothing
             return
         settled = True
-        for directory, aside in moved:
-            if committed:
-                remove(aside)
-            else:
-                os.replace(aside, directory)
+        if not committed:
+            for directory, set_aside_as in moved:
+                os.replace(set_aside_as, directory)
 
-    if moved:
-        sa.event.listen(conn, "commit", lambda _conn: settle(True), once=True)
-        sa.event.listen(conn, "rollback", lambda _conn: settle(False), once=True)
+    # Listening first: a directory moved before a later one fails to move is put back too.
+    sa.event.listen(conn, "commit", lambda _conn: settle(True), once=True)
+    sa.event.listen(conn, "rollback", lambda _conn: settle(False), once=True)
+    for directory in directories:
+        if directory.is_dir():
+            moved.append((directory, set_aside(directory)))
+            aside.append(moved[-1][1])

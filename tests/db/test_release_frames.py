@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from dataminer_dagster.config import parse_project_config
+from dataminer_dagster.core.files import remove
 from dataminer_dagster.db.catalog import Candidate, Catalog, ProjectRow
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.retention import release_finished_frames
@@ -60,7 +61,11 @@ def _extracted(catalog: Catalog, project: ProjectRow, video_id: str) -> Path:
 
 def _release(catalog: Catalog, video_id: str) -> list[str]:
     with catalog.engine.begin() as conn:
-        return release_finished_frames(catalog, conn, [video_id])
+        released = release_finished_frames(catalog, conn, [video_id])
+    assert all(path.is_dir() for path in released.aside), "set aside, not deleted, until the commit"
+    for path in released.aside:  # what the stage does once it has committed
+        remove(path)
+    return released.videos
 
 
 @pytest.mark.parametrize(
@@ -95,7 +100,7 @@ def test_a_release_rolled_back_puts_the_frames_back(catalog, tmp_path):
     frames = _extracted(catalog, project, "v0")
     with catalog.engine.connect() as conn:
         transaction = conn.begin()
-        assert release_finished_frames(catalog, conn, ["v0"]) == ["v0"]
+        assert release_finished_frames(catalog, conn, ["v0"]).videos == ["v0"]
         assert not frames.exists(), "moved out of its place at once"
         transaction.rollback()
     assert (frames / "000001.jpg").read_bytes() == b"a frame"
@@ -115,7 +120,7 @@ def test_a_project_linking_the_video_during_a_release_waits_for_it(catalog, tmp_
         linked.set()
 
     with catalog.engine.begin() as conn:
-        assert release_finished_frames(catalog, conn, ["v0"]) == ["v0"]
+        assert release_finished_frames(catalog, conn, ["v0"]).videos == ["v0"]
         linker = threading.Thread(target=link_beta)
         linker.start()
         assert not linked.wait(1.0), "the link waits for the release to commit"
@@ -187,7 +192,7 @@ def test_linking_and_releasing_the_same_videos_at_once_do_not_deadlock(catalog, 
     time.sleep(0.5)  # the link is paused at v0, its check of v1 done
     try:
         with catalog.engine.begin() as conn:
-            released = release_finished_frames(catalog, conn, ["v0", "v1"])
+            released = release_finished_frames(catalog, conn, ["v0", "v1"]).videos
     except sa.exc.OperationalError as error:
         released = error
     linker.join(30)
