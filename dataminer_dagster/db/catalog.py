@@ -340,6 +340,13 @@ class Catalog:
         frames_dir: Path,
         count: int,
     ) -> None:
+        """Record a video's frames of one extraction profile. Its backups no longer hold all its
+        frames: they are forgotten, so that the backup runs again (rsync copies what is new)
+        before any release may delete these frames (db/retention.py)."""
+        conn.execute(
+            sa.text(f"UPDATE {S}.videos SET backup_dest = NULL WHERE video_id = :v"),
+            {"v": video_id},
+        )
         conn.execute(
             sa.text(f"""
                 INSERT INTO {S}.video_frames (video_id, profile_id, options, frames_dir, frame_count)

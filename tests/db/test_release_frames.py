@@ -198,3 +198,24 @@ def test_linking_and_releasing_the_same_videos_at_once_do_not_deadlock(catalog, 
     linker.join(30)
     assert not errors and released == [], (errors, released)  # beta uses them now
     assert [p.name for p in catalog.linked_projects(["v0"])["v0"]] == ["alpha", "beta"]
+
+
+def test_frames_extracted_after_the_backup_are_backed_up_before_they_may_go(catalog, tmp_path):
+    """Another project's extraction profile comes after the backup: the recorded backup no
+    longer holds every frame of the video, so it runs again before any release."""
+    dest = str(tmp_path / "backup")
+    alpha = _project(
+        catalog, "alpha", tmp_path, cleanup={"delete_frames_when_done": True}, backup={"dest": dest}
+    )
+    _extracted(catalog, alpha, "v0")
+    with catalog.engine.begin() as conn:
+        catalog.record_backup(conn, "v0", [dest])
+        other = catalog.paths.frames_dir("v0", "another-profile")
+        other.mkdir(parents=True)
+        catalog.record_frames(conn, "v0", "another-profile", {}, other, 1)
+    assert _release(catalog, "v0") == [], "the new frames are in no backup yet"
+    assert other.is_dir()
+    with catalog.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE dataminer.work_items SET status = 'done'"))  # downloaded
+        catalog.advance_videos(conn, ["v0"])
+    assert work_items(catalog.engine, "backup")["v0"].status == "pending"
