@@ -119,7 +119,8 @@ def project_delete(name: str, files: bool, yes: bool) -> None:
 def delete_videos(project_name: str, status_name: str, files: bool, yes: bool) -> None:
     """Remove from a project its videos whose download, extraction or filter item has a given
     status (e.g. every dead video). Their filter items go; videos that no other project uses
-    stay in the catalog as orphans, unless --files. Videos with a running item are left alone."""
+    stay in the catalog as orphans, unless --files. Videos with a running item are left alone;
+    nothing is removed while the project's dedup, detect or dataset runs (it reads them)."""
     from dataminer_dagster.db import admin
 
     _, store, catalog = context()

@@ -214,10 +214,12 @@ def _init_keeping_folders_private(server) -> None:
 
     above = list(server.pgdata.resolve().parents)
     before = {folder: folder.stat().st_mode for folder in above}
-    server.ensure_pgdata_inited()
-    for folder, mode in before.items():
-        if added := folder.stat().st_mode & ~mode & (stat.S_IRGRP | stat.S_IROTH):
-            folder.chmod(folder.stat().st_mode & ~added)
+    try:
+        server.ensure_pgdata_inited()
+    finally:
+        for folder, mode in before.items():
+            if added := folder.stat().st_mode & ~mode & (stat.S_IRGRP | stat.S_IROTH):
+                folder.chmod(folder.stat().st_mode & ~added)
 
 
 def _restrict_access(pgdata: Path) -> bool:
