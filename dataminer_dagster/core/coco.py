@@ -6,8 +6,7 @@ it COCO (reference bug 1). This module writes the real thing: `images`, `annotat
 images are numbered in file-name order, categories in the order the caller gives them (the
 project config's prompts or classes), annotations in image order then detection order, all from 1.
 
-Pure Python: no torch, no Dagster. Detections are anything with `x, y, w, h, score, label`
-attributes (`Box`), such as `Detection`, which the detectors return.
+Pure Python: no torch, no Dagster. Detections are `Detection`s, which the detectors return.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 # Boxes are stored to 1/100 pixel: finer digits are noise and only make the file larger.
 BOX_DECIMALS = 2
@@ -43,17 +42,6 @@ class Detection:
     label: str
 
 
-class Box(Protocol):
-    """A detection in pixels: top-left corner, size, confidence and category name."""
-
-    x: float
-    y: float
-    w: float
-    h: float
-    score: float
-    label: str
-
-
 @dataclass(frozen=True)
 class ImageDetections:
     """One image of the dataset and what was detected on it."""
@@ -61,7 +49,7 @@ class ImageDetections:
     file_name: str  # path relative to the dataset's image root, with forward slashes
     width: int
     height: int
-    detections: Sequence[Box] = ()
+    detections: Sequence[Detection] = ()
 
 
 class CocoFormatError(ValueError):

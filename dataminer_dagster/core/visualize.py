@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dataminer_dagster.core.coco import Box
+from dataminer_dagster.core.coco import Detection
 
 FONT = 0  # cv2.FONT_HERSHEY_SIMPLEX, spelled out so importing this module does not load cv2
 # Distinct, saturated colours (RGB); a label always gets the same one.
@@ -42,7 +42,7 @@ def label_colour(label: str) -> tuple[int, int, int]:
 
 def draw_detections(
     image: np.ndarray,
-    detections: Iterable[Box],
+    detections: Iterable[Detection],
     *,
     thickness: int = 2,
     font_scale: float = 0.5,
