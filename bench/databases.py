@@ -3,8 +3,12 @@ on an embedded PostgreSQL in the run's temporary folder."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -31,3 +35,20 @@ def fresh_database(database_url: str | None, tmp: Path, prefix: str) -> tuple[st
     url = sa.engine.make_url(admin).set(database=name).render_as_string(hide_password=False)
     migrate.upgrade(sa.create_engine(url, poolclass=sa.NullPool))
     return admin, url
+
+
+@contextmanager
+def scratch_database(database_url: str | None, prefix: str) -> Iterator[str]:
+    """The URL of a `fresh_database`, dropped at the end with its temporary folder."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
+    admin, url = fresh_database(database_url, tmp, prefix)
+    try:
+        yield url
+    finally:
+        from dataminer_dagster.db.engine import dispose_engines
+
+        dispose_engines()
+        name = sa.engine.make_url(url).database
+        with sa.create_engine(admin, isolation_level="AUTOCOMMIT").connect() as c:
+            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -5,7 +5,7 @@
     python bench/long_running.py                          # 100,000 finished items per stage
     python bench/long_running.py --rows 1000000 --database-url postgresql://postgres@127.0.0.1:5432/postgres
 
-A scratch database is created next to the given one's and dropped at the end.
+A scratch database (bench/databases.py) is created on the given server and dropped at the end.
 """
 
 from __future__ import annotations
@@ -15,14 +15,13 @@ import statistics
 import time
 
 import sqlalchemy as sa
+from databases import scratch_database  # bench/databases.py
 
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.migrate import ensure_schema
 from dataminer_dagster.settings import LongRunningPolicy
 
 STAGES = ("download", "frames", "filter")
-SCRATCH = "dataminer_bench_long_running"
 
 
 def fill(engine: sa.Engine, rows: int) -> None:
@@ -66,29 +65,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
-    server = sa.make_url(args.database_url)
-    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sa.text(f"DROP DATABASE IF EXISTS {SCRATCH} WITH (FORCE)"))
-        c.execute(sa.text(f"CREATE DATABASE {SCRATCH}"))
-    try:
-        engine = get_engine(server.set(database=SCRATCH).render_as_string(hide_password=False))
-        ensure_schema(engine)
+    with scratch_database(args.database_url, "bench_long_running") as url:
+        engine = get_engine(url)
         fill(engine, args.rows)
         store = LeaseStore(engine)
         with_index = median_ms(store, args.repeats)
         with engine.begin() as c:
             c.execute(sa.text("DROP INDEX dataminer.work_items_finished"))
         without = median_ms(store, args.repeats)
-        engine.dispose()
-        print(
-            f"{args.rows:,} finished items per stage ({len(STAGES)} stages), median of "
-            f"{args.repeats}: with the index {with_index:.1f} ms, without {without:.1f} ms "
-            f"({without / with_index:.0f}x)"
-        )
-    finally:
-        with admin.connect() as c:
-            c.execute(sa.text(f"DROP DATABASE IF EXISTS {SCRATCH} WITH (FORCE)"))
+    print(
+        f"{args.rows:,} finished items per stage ({len(STAGES)} stages), median of "
+        f"{args.repeats}: with the index {with_index:.1f} ms, without {without:.1f} ms "
+        f"({without / with_index:.0f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ catalog's keys are compared with Dagster's (every `COMPARE_EVERY_S`) and when th
     python bench/quiet_tick.py                    # 100,000 videos, as many project videos
     python bench/quiet_tick.py --videos 10000
 
-Dagster's storage and the claim tables share a scratch database on the given server (the
-repository's dagster.yaml, as `dagster dev` uses it); it is dropped at the end.
+Dagster's storage and the claim tables share a scratch database on the given server
+(bench/databases.py; the repository's dagster.yaml, as `dagster dev` uses it); it is dropped at
+the end.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import time
 from pathlib import Path
 
 import sqlalchemy as sa
+from databases import scratch_database  # bench/databases.py
 
-SCRATCH = "dataminer_bench_quiet_tick"
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -51,20 +52,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
-    server = sa.make_url(args.database_url)
-    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sa.text(f"DROP DATABASE IF EXISTS {SCRATCH} WITH (FORCE)"))
-        c.execute(sa.text(f"CREATE DATABASE {SCRATCH}"))
-    home = Path(tempfile.mkdtemp(prefix="dataminer-bench-"))
-    try:
-        shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-        url = server.set(database=SCRATCH).render_as_string(hide_password=False)
-        os.environ.update(DAGSTER_HOME=str(home), DATAMINER_DATABASE_URL=url)
+    with (
+        scratch_database(args.database_url, "bench_quiet_tick") as url,
+        tempfile.TemporaryDirectory(prefix="dataminer-bench-") as home,
+    ):
+        shutil.copy(REPO / "dagster.yaml", Path(home) / "dagster.yaml")
+        os.environ.update(DAGSTER_HOME=home, DATAMINER_DATABASE_URL=url)
         import dagster as dg
 
-        from dataminer_dagster.db.engine import dispose_engines, get_engine
-        from dataminer_dagster.db.migrate import ensure_schema
+        from dataminer_dagster.db.engine import get_engine
         from dataminer_dagster.sensors.planning import (
             COMPARE_EVERY_S,
             DiscoveryCursor,
@@ -72,7 +68,6 @@ def main() -> None:
         )
 
         engine = get_engine(url)
-        ensure_schema(engine)
         fill(engine, args.videos)
         instance = dg.DagsterInstance.get()
         found = plan_discovery(engine, DiscoveryCursor(), budget=10**9)
@@ -91,16 +86,11 @@ def main() -> None:
         recent = DiscoveryCursor(**{**found.cursor.__dict__, "compared_at": time.time()})
         not_due = median_ms(recent)
         instance.dispose()
-        dispose_engines()
-        print(
-            f"{args.videos:,} videos and project videos, median of {args.repeats}: a quiet tick "
-            f"comparing the keys {due:.0f} ms, one not due to compare {not_due:.1f} ms "
-            f"(compared at most every {COMPARE_EVERY_S:g} s)"
-        )
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
-        with admin.connect() as c:
-            c.execute(sa.text(f"DROP DATABASE IF EXISTS {SCRATCH} WITH (FORCE)"))
+    print(
+        f"{args.videos:,} videos and project videos, median of {args.repeats}: a quiet tick "
+        f"comparing the keys {due:.0f} ms, one not due to compare {not_due:.1f} ms "
+        f"(compared at most every {COMPARE_EVERY_S:g} s)"
+    )
 
 
 if __name__ == "__main__":
