@@ -26,7 +26,7 @@ from dataminer_dagster.db.scheduling import (
     requestable,
 )
 from dataminer_dagster.db.schema import SCHEMA
-from dataminer_dagster.sensors.run_health import heartbeats_of, judge, unfinished_runs
+from dataminer_dagster.sensors.run_health import dead_runs, unfinished_runs
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.stages import PROJECT_VIDEOS, PROJECTS, Lane, split_project_video_key
 from dataminer_dagster.tags import (
@@ -387,10 +387,9 @@ def _live_runs_by_lane(
     instance: dg.DagsterInstance, store: LeaseStore, limits: RunLimits
 ) -> dict[str, list[dg.RunRecord]]:
     records = [r for r in unfinished_runs(instance) if LANE_TAG in r.dagster_run.tags]
-    heartbeats = heartbeats_of(store, [r.dagster_run.run_id for r in records])
     dead = {
         d.run_id
-        for d in judge(records, heartbeats, lease=limits.lease, runs=limits.runs, now=time.time())
+        for d in dead_runs(instance, store, lease=limits.lease, runs=limits.runs, records=records)
     }
     live: dict[str, list[dg.RunRecord]] = {}
     for record in records:
