@@ -385,8 +385,8 @@ def delete_project_videos(
 ) -> VideoDeletion:
     """Remove from a project the videos whose download, extraction or (this project's) filter
     item has `status`. Videos with a running item are never removed, and nothing is while one of
-    the project's own stages (dedup, detect, dataset) runs. The removed videos' filter items go; videos that no other project uses become orphans, or are deleted with
-    `delete_unused_videos`."""
+    the project's own stages (dedup, detect, dataset) runs. The removed videos' filter items go;
+    videos that no other project uses become orphans, or are deleted with `delete_unused_videos`."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
     with _transaction(engine, dry_run) as conn:

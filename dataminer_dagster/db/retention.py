@@ -63,7 +63,7 @@ def release_finished_frames(
     """Release the raw frames of these videos where every linked project is complete (or is
     `completing` now) and allows it."""
     backups = _lock_videos(conn, video_ids)
-    released = Released([], [])
+    videos: list[str] = []
     directories: list[Path] = []
     for video_id, projects in catalog.linked_projects(video_ids, conn).items():
         done = all(p.stage == COMPLETE or p.name == completing for p in projects)
@@ -73,9 +73,8 @@ def release_finished_frames(
         if frames:
             directories += [path for path, _ in frames.values()]
             catalog.forget_frames(conn, video_id)
-            released.videos.append(video_id)
-    _set_aside_until_commit(conn, directories, released.aside)
-    return released
+            videos.append(video_id)
+    return Released(videos, _set_aside_until_commit(conn, directories))
 
 
 def _allows_deletion(project: ProjectRow, backed_up_to: set[str]) -> bool:
@@ -99,13 +98,11 @@ def _lock_videos(conn: sa.Connection, video_ids: Sequence[str]) -> dict[str, set
     return {r.video_id: set((r.backup_dest or "").splitlines()) for r in rows}
 
 
-def _set_aside_until_commit(
-    conn: sa.Connection, directories: Sequence[Path], aside: list[Path]
-) -> None:
-    """Move the directories aside (adding the new names to `aside`); if `conn`'s transaction
-    rolls back, put them back."""
+def _set_aside_until_commit(conn: sa.Connection, directories: Sequence[Path]) -> list[Path]:
+    """Move the directories aside and return their new names; if `conn`'s transaction rolls back,
+    put them back."""
     if not directories:
-        return
+        return []
     moved: list[tuple[Path, Path]] = []
     settled = False
 
@@ -124,4 +121,4 @@ def _set_aside_until_commit(
     for directory in directories:
         if directory.is_dir():
             moved.append((directory, set_aside(directory)))
-            aside.append(moved[-1][1])
+    return [aside for _, aside in moved]

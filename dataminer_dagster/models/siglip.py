@@ -8,8 +8,9 @@ dedup stage.
 
 Frames are read, decoded and preprocessed by the embedder's threads (kept across calls,
 `models.device.PrefetchThreads`) a few batches ahead of the model (a bounded queue of futures
-consumed in input order), so the model does not wait on JPEG decoding. A frame that cannot be read is reported with its index and the reason and left out of
-its batch; it never fails the batch (reference bug 24).
+consumed in input order), so the model does not wait on JPEG decoding. A frame that cannot be
+read is reported with its index and the reason and left out of its batch; it never fails the
+batch (reference bug 24).
 
 On CUDA, with a fixed-size SigLIP processor, the threads only read the files: JPEGs are decoded
 in batches by nvjpeg (`torchvision.io.decode_jpeg`) and resized and normalised on the GPU by
