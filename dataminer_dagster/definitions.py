@@ -24,7 +24,7 @@ from dataminer_dagster.hosting.run_heartbeat import with_run_heartbeat
 from dataminer_dagster.resources.database import DatabaseResource
 from dataminer_dagster.resources.download_client import YtDlpClient
 from dataminer_dagster.sensors.pipeline_sensors import build_sensors, lane_jobs
-from dataminer_dagster.settings import ENV_EXECUTOR, EXECUTORS, load_settings
+from dataminer_dagster.settings import EXECUTORS, executor_name, load_settings
 from dataminer_dagster.stages import configured_lanes
 from dataminer_dagster.tags import DEVICE_TAG, GPU_OP_TAGS
 
@@ -35,7 +35,7 @@ def _executor() -> dg.ExecutorDefinition:
     """DATAMINER_EXECUTOR: in_process (default), multiprocess, or celery for a broker
     (DATAMINER_CELERY_BROKER, default dagster-celery's pyamqp://guest@localhost//) and workers
     per queue."""
-    choice = os.environ.get(ENV_EXECUTOR) or EXECUTORS[0]
+    choice = executor_name()
     if choice == "celery":
         from dagster_celery import celery_executor
 

@@ -28,6 +28,11 @@ ENV_EXECUTOR = "DATAMINER_EXECUTOR"
 EXECUTORS = ("in_process", "multiprocess", "celery")
 
 
+def executor_name() -> str:
+    """$DATAMINER_EXECUTOR, else the in-process executor (checked where it is built)."""
+    return os.environ.get(ENV_EXECUTOR) or EXECUTORS[0]
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

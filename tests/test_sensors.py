@@ -648,6 +648,21 @@ def test_the_filter_lane_is_requested_ahead_of_videos_in_flight(instance, db, ca
     assert isinstance(tick("work", instance, db, result.cursor), dg.SkipReason)
 
 
+@pytest.mark.parametrize("executor", ["multiprocess", "celery"])
+def test_no_lane_is_requested_ahead_where_steps_set_up_their_own_resources(
+    executor, instance, db, catalog, monkeypatch
+):
+    """There a run waiting for its input would hold the `gpu` slot that the work it waits for
+    needs: its step's process, which waits, starts only with the slot."""
+    monkeypatch.setenv("DATAMINER_EXECUTOR", executor)
+    sensors = {s.name: s for s in build_sensors(STAGES, JOBS, LANES, load_settings())}
+    add_project(catalog, "alpha", ["v0", "v1"])
+    with dg.build_sensor_context(instance=instance, resources={"db": db}) as context:
+        result = sensors["work"](context)
+    assert ready_requests(result, "video")
+    assert ahead_requests(result, "filter") == []
+
+
 def test_nothing_is_requested_ahead_of_work_that_waits(instance, db, catalog, store, engine):
     add_project(catalog, "alpha", ["v0"])
     add_partitions(instance, db)

@@ -58,7 +58,7 @@ def wait_for_input(
     `max_wait_s`. Returns the seconds waited."""
     lane = LANES_BY_NAME[run.tags[LANE_TAG]]
     keys = run_keys(instance, run, lane)
-    _warm_up(lane.warm_up)
+    warming = _warm_up(lane.warm_up)
     started = time.monotonic()
     quiet_since: float | None = None
     announced = False
@@ -92,10 +92,13 @@ def wait_for_input(
     waited = time.monotonic() - started
     if announced and waited < max_wait_s:
         log(f"input ready after {waited:.1f} s")
+    # The steps import the same libraries: importing them in two threads at once can hand one a
+    # partly initialised module (ImportError: "partially initialized module 'torchvision...'").
+    warming.join()
     return waited
 
 
-def _warm_up(modules: Sequence[str]) -> None:
+def _warm_up(modules: Sequence[str]) -> threading.Thread:
     """Import the lane's heavy libraries in the background while the run waits."""
 
     def load():
@@ -104,5 +107,6 @@ def _warm_up(modules: Sequence[str]) -> None:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
 
-    if modules:
-        threading.Thread(target=load, name="warm-up", daemon=True).start()
+    thread = threading.Thread(target=load, name="warm-up", daemon=True)
+    thread.start()
+    return thread

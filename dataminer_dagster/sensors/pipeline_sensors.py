@@ -31,7 +31,7 @@ from dataminer_dagster.sensors.planning import (
     record_requests,
 )
 from dataminer_dagster.sensors.run_health import dead_runs, end_dead_runs
-from dataminer_dagster.settings import Settings
+from dataminer_dagster.settings import EXECUTORS, Settings, executor_name
 from dataminer_dagster.stages import Lane
 from dataminer_dagster.tags import LANE_TAG, STAGES_TAG
 
@@ -94,6 +94,10 @@ def build_sensors(
     lanes = lanes_of(stages, lanes)
     job_names = {name: job.name for name, job in jobs.items()}
     stage_keys = {stage: s.key for stage, s in stages.items()}
+    # A run requested ahead waits for its input in its database resource's set-up: before any
+    # step and its `gpu` slot only where the run worker sets resources up, in process. Under the
+    # other executors the step's process does, holding the slot that the work it waits for needs.
+    ahead = executor_name() == EXECUTORS[0]
 
     @dg.sensor(
         name="work",
@@ -111,6 +115,7 @@ def build_sensors(
             jobs=job_names,
             stage_keys=stage_keys,
             limits=RunLimits(db.settings.lease, db.settings.runs),
+            ahead=ahead,
         )
         if not (
             cycle.discovery.count or cycle.discovery.removals or cycle.transitions or cycle.runs
