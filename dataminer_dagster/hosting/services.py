@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dataminer_dagster.core.runtime_dir import private_runtime_dir
-from dataminer_dagster.settings import ENV_EXECUTOR, EXECUTORS, Settings, load_settings
+from dataminer_dagster.settings import EXECUTORS, Settings, executor_name, load_settings
 
 DEFAULT_QUEUE = "dagster"
 GPU_QUEUE = "gpu"
@@ -164,7 +164,7 @@ def options_from_environment(
         env=env,
         host=host,
         port=port,
-        executor=executor or os.environ.get(ENV_EXECUTOR) or EXECUTORS[0],
+        executor=executor or executor_name(),
         workers=workers,
         gpu_workers=gpu_workers,
         broker=broker or os.environ.get("DATAMINER_CELERY_BROKER") or _default_broker(),
