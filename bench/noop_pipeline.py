@@ -24,8 +24,8 @@ def _timed(function):
 
 
 def build_noop_stages():
-    from dataminer_dagster.assets.stage import ItemResult, stage_asset
-    from dataminer_dagster.stages import DATASET, DEDUP, DETECT, DOWNLOAD, FILTER, FRAMES
+    from dataminer_dagster.engine.registry import DATASET, DEDUP, DETECT, DOWNLOAD, FILTER, FRAMES
+    from dataminer_dagster.engine.stage import ItemResult, stage_asset
 
     @stage_asset(stage=DOWNLOAD)
     @_timed
@@ -71,11 +71,12 @@ def build_noop_stages():
 def build_definitions(with_sensors: bool):
     import dagster as dg
 
-    from dataminer_dagster.assets import lane_assets
-    from dataminer_dagster.resources.database import DatabaseResource
-    from dataminer_dagster.sensors.pipeline_sensors import build_sensors, lane_jobs
+    from dataminer_dagster.engine.jobs import lane_jobs
+    from dataminer_dagster.engine.lanes import configured_lanes
+    from dataminer_dagster.engine.stage import lane_assets
+    from dataminer_dagster.resources.db import DatabaseResource
+    from dataminer_dagster.sensors.pipeline_sensors import build_sensors
     from dataminer_dagster.settings import load_settings
-    from dataminer_dagster.stages import configured_lanes
 
     settings = load_settings()
     lanes = configured_lanes(settings)

@@ -44,9 +44,9 @@ def setup_project(videos: int, root: Path):
     from dataminer_dagster.db.leases import LeaseStore
     from dataminer_dagster.db.schema import DONE
     from dataminer_dagster.db.server import claims_database_url
+    from dataminer_dagster.engine.registry import CATALOG
     from dataminer_dagster.paths import DataPaths
     from dataminer_dagster.settings import load_settings
-    from dataminer_dagster.stages import CATALOG
 
     settings = load_settings()
     engine = get_engine(claims_database_url(settings))
@@ -111,8 +111,8 @@ def run_in_process(videos: int, root: Path) -> dict:
     import dagster as dg
     from noop_pipeline import build_definitions
 
+    from dataminer_dagster.engine.planning import RunLimits
     from dataminer_dagster.hosting.driver import drive
-    from dataminer_dagster.sensors.planning import RunLimits
     from dataminer_dagster.settings import LeasePolicy, RunPolicy
 
     name, store = setup_project(videos, root)

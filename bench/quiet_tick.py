@@ -61,7 +61,7 @@ def main() -> None:
         import dagster as dg
 
         from dataminer_dagster.db.engine import get_engine
-        from dataminer_dagster.sensors.planning import (
+        from dataminer_dagster.engine.planning import (
             COMPARE_EVERY_S,
             DiscoveryCursor,
             plan_discovery,

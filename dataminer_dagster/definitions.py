@@ -19,13 +19,14 @@ import os
 
 import dagster as dg
 
-from dataminer_dagster.assets import LANE_ASSETS, STAGES
+from dataminer_dagster.engine.jobs import lane_jobs
+from dataminer_dagster.engine.lanes import configured_lanes
+from dataminer_dagster.engine.stage import lane_assets, stage_assets
 from dataminer_dagster.hosting.run_heartbeat import with_run_heartbeat
-from dataminer_dagster.resources.database import DatabaseResource
+from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import YtDlpClient
-from dataminer_dagster.sensors.pipeline_sensors import build_sensors, lane_jobs
+from dataminer_dagster.sensors.pipeline_sensors import build_sensors
 from dataminer_dagster.settings import EXECUTORS, executor_name, load_settings
-from dataminer_dagster.stages import configured_lanes
 from dataminer_dagster.tags import DEVICE_TAG, GPU_OP_TAGS
 
 GPU_LIMIT = [{"key": DEVICE_TAG, "value": GPU_OP_TAGS[DEVICE_TAG], "limit": 1}]
@@ -52,6 +53,8 @@ def _executor() -> dg.ExecutorDefinition:
     raise ValueError(f"DATAMINER_EXECUTOR={choice!r}: expected one of {', '.join(EXECUTORS)}")
 
 
+STAGES = stage_assets()
+LANE_ASSETS = lane_assets(STAGES)
 SETTINGS = load_settings()
 LANES = configured_lanes(SETTINGS)
 LANE_JOBS = lane_jobs(STAGES, LANES)

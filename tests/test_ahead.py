@@ -16,10 +16,11 @@ from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.db.catalog import Candidate, Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import DONE
-from dataminer_dagster.resources.ahead import wait_for_input
-from dataminer_dagster.resources.database import DatabaseResource
-from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_discovery
-from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES, LANES
+from dataminer_dagster.engine.ahead import wait_for_input
+from dataminer_dagster.engine.lanes import DEFAULT_LANES
+from dataminer_dagster.engine.planning import DiscoveryCursor, plan_discovery
+from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
+from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.tags import AHEAD_TAG, LANE_TAG, RANGE_END, RANGE_START
 from tests.helpers.pipeline import work_items
 
@@ -163,7 +164,7 @@ def test_a_run_gives_up_waiting_after_its_limit(instance, store, catalog):
 
 
 @pytest.mark.parametrize(
-    "lane", [lane for lane in LANES if lane.warm_up], ids=lambda lane: lane.name
+    "lane", [lane for lane in DEFAULT_LANES if lane.warm_up], ids=lambda lane: lane.name
 )
 def test_every_module_a_lane_warms_up_exists(lane):
     # The warm-up skips a module that fails to import (an optional library), so a misspelt name

@@ -13,28 +13,39 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dataminer_dagster"
 HEAVY = ("torch", "transformers", "ultralytics", "faiss")
-STAGE_SIDE = ("assets", "cli", "hosting", "definitions", "demo")
+ROOT_SIDE = ("cli", "hosting", "definitions", "demo")
+PKG = "dataminer_dagster."
+# A stage's code: every module of a stage folder but its registry entry (the folder's package)
+# and its config section, which the project config composes.
+STAGE_CODE = ("asset", "table", "scorer", "store")
 
 # part -> imports it must not make (prefixes of module names); `if TYPE_CHECKING:` blocks are
-# for type checkers only and do not count.
+# for type checkers only and do not count. Stage code (STAGE_CODE) is checked apart (`_breaks`).
 FORBIDDEN = {
-    "core": ("dagster", "sqlalchemy", "dataminer_dagster."),  # but dataminer_dagster.core
+    "core": ("dagster", "sqlalchemy", PKG),  # but dataminer_dagster.core
     "models": (
         "dagster",
         "sqlalchemy",
-        *(f"dataminer_dagster.{p}" for p in ("db", "resources", "sensors", *STAGE_SIDE)),
+        *(PKG + p for p in ("db", "resources", "sensors", "engine", "assets", *ROOT_SIDE)),
     ),
     "db": (
         "dagster",
-        *(f"dataminer_dagster.{p}" for p in ("models", "resources", "sensors", *STAGE_SIDE)),
+        *(PKG + p for p in ("models", "resources", "sensors", "engine.", *ROOT_SIDE)),
     ),
     "acquisition": (
         "dagster",
-        *(f"dataminer_dagster.{p}" for p in ("models", "resources", "sensors", *STAGE_SIDE)),
+        *(PKG + p for p in ("models", "resources", "sensors", "engine.", *ROOT_SIDE)),
     ),
-    "sensors": (*HEAVY, *(f"dataminer_dagster.{p}" for p in ("models", *STAGE_SIDE))),
-    "resources": (*HEAVY, *(f"dataminer_dagster.{p}" for p in ("models", "sensors", *STAGE_SIDE))),
+    "engine": (*HEAVY, *(PKG + p for p in ("models", "sensors", *ROOT_SIDE))),
+    "sensors": (*HEAVY, *(PKG + p for p in ("models", "engine.stage", *ROOT_SIDE))),
+    "resources": (
+        *HEAVY,
+        *(PKG + p for p in ("models", "sensors", "engine.stage", *ROOT_SIDE)),
+    ),
+    "assets": tuple(PKG + p for p in ("sensors", *ROOT_SIDE)),
 }
+# What the lower parts may take from the engine: the registry's types and names.
+ENGINE_FOR_ALL = (PKG + "engine.registry",)
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -58,15 +69,40 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def _breaks(part: str, module: str) -> bool:
-    if part == "core" and module.startswith("dataminer_dagster.core"):
+def _stage_of(module: str) -> tuple[str, str] | None:
+    """(stage folder, module) of a stage's code, e.g. ("filter", "table"); None otherwise."""
+    parts = module.split(".")
+    if parts[:2] == ["dataminer_dagster", "assets"] and len(parts) >= 4:
+        return parts[2], parts[3]
+    return None
+
+
+def _breaks(part: str, module: str, importer: str = "") -> bool:
+    """Whether `importer` (a module of `part`) may not import `module`."""
+    if part == "core" and module.startswith(PKG + "core"):
         return False
+    if module in ENGINE_FOR_ALL:
+        return False
+    stage = _stage_of(module)
+    if stage and stage[1] in STAGE_CODE:
+        mine = _stage_of(importer)
+        if part != "assets":  # below the stages: no stage's code at all
+            return True
+        # A stage reads another stage's table (and model) through its modules, never its asset.
+        return stage[1] == "asset" and (mine is None or mine[0] != stage[0])
+    if part == "assets" and importer.count(".") <= 3 and importer.endswith("__init__"):
+        # The registry's modules (the package and the folders' entries) stay light.
+        return not (module.startswith(PKG + "assets") or module in ENGINE_FOR_ALL)
     return any(
         module == f
         or module.startswith(f.rstrip(".") + ".")
         or (f.endswith(".") and module.startswith(f))
         for f in FORBIDDEN[part]
     )
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
 
 
 @pytest.mark.parametrize("part", sorted(FORBIDDEN))
@@ -77,7 +113,7 @@ def test_each_part_imports_only_what_its_arrows_allow(part):
         f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
         for path in files
         for line, module in _imports(path)
-        if _breaks(part, module)
+        if _breaks(part, module, _module_name(path))
     ]
     assert not wrong, "\n".join(wrong)
 
@@ -90,7 +126,13 @@ def test_the_rule_catches_an_import_it_forbids(tmp_path):
     assert found == ["dagster", "dataminer_dagster.db"]
     assert _breaks("core", "dataminer_dagster.db") and _breaks("core", "dagster")
     assert not _breaks("core", "dataminer_dagster.core.files")
-    assert _breaks("sensors", "dataminer_dagster.assets.stage")
+    assert _breaks("sensors", "dataminer_dagster.engine.stage")
+    assert _breaks("db", "dataminer_dagster.assets.filter.table")
+    assert not _breaks("db", "dataminer_dagster.assets")  # the registry
+    dedup = "dataminer_dagster.assets.dedup.asset"
+    assert _breaks("assets", "dataminer_dagster.assets.filter.asset", dedup)
+    assert not _breaks("assets", "dataminer_dagster.assets.filter.table", dedup)
+    assert _breaks("assets", "torch", "dataminer_dagster.assets.filter.__init__")
 
 
 def _fresh_python(script: str, env: dict[str, str] | None = None) -> str:
@@ -113,7 +155,8 @@ def test_the_sensors_load_without_any_stage_module_or_model_library():
         import sys
         import dataminer_dagster.sensors.pipeline_sensors
         print(" ".join(sorted(m for m in sys.modules
-                              if m.startswith("dataminer_dagster.assets")
+                              if (m.startswith("dataminer_dagster.") and m.split(".")[-1]
+                                  in ("asset", "table", "scorer", "store", "stage"))
                               or m.split(".")[0] in ("torch", "transformers", "ultralytics"))) or "none")
         """
     )

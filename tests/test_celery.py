@@ -85,8 +85,8 @@ def routing_job(gpu_queue: str, record_dir: str) -> dg.JobDefinition:
 def test_pipeline_gpu_assets_route_to_the_queue_the_services_start_workers_for():
     from dagster_celery.tags import DAGSTER_CELERY_QUEUE_TAG
 
-    from dataminer_dagster.assets import LANE_ASSETS
-    from dataminer_dagster.hosting.services import GPU_QUEUE
+    from dataminer_dagster.hosting.supervisord import GPU_QUEUE
+    from tests.helpers.stages import LANE_ASSETS
 
     assert QUEUE_TAG == DAGSTER_CELERY_QUEUE_TAG
     queues = {

@@ -21,9 +21,17 @@ from dataminer_dagster.db.catalog import Candidate, Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, PENDING, RUNNING
+from dataminer_dagster.engine.registry import (
+    CATALOG,
+    DATASET,
+    DEDUP,
+    DETECT,
+    DOWNLOAD,
+    FILTER,
+    FRAMES,
+)
 from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.settings import load_settings
-from dataminer_dagster.stages import CATALOG, DATASET, DEDUP, DETECT, DOWNLOAD, FILTER, FRAMES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -261,7 +269,7 @@ def test_add_video_adds_then_says_it_is_there(world):
 def test_populate_respects_a_paused_host_and_says_until_when(world, tmp_path):
     """A search host that every run has paused is not asked by the CLI either: one readable
     line, no traceback, nothing registered."""
-    from dataminer_dagster.db.host_throttle import host_turn
+    from dataminer_dagster.db.host_pauses import host_turn
 
     with host_turn(world.engine, "youtube.com") as turn:
         turn.pause(600, "rate limited", "HTTP 429 Too Many Requests", None)

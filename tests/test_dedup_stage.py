@@ -11,15 +11,15 @@ import pandas as pd
 import pytest
 
 from dataminer_dagster.acquisition.video_ids import video_id_for_file
-from dataminer_dagster.assets import STAGES
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.engine.planning import DiscoveryCursor, plan_discovery
+from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from dataminer_dagster.paths import DataPaths, ProjectPaths
-from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_discovery
-from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from tests.helpers.pipeline import keep_every_frame, materialize_partitions, resources, work_items
+from tests.helpers.stages import STAGES
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.inputs import PROBLEMS_KEPT, collect_candidates
 from dataminer_dagster.acquisition.politeness import Pause
 from dataminer_dagster.acquisition.ytdlp import SearchHit
-from dataminer_dagster.config import InputsConfig, SearchConfig
+from dataminer_dagster.assets.catalog.config import InputsConfig, SearchConfig
 
 
 def _search(results: dict[str, list[str]]):

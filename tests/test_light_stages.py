@@ -24,11 +24,11 @@ SCRIPT = textwrap.dedent(
     from dataminer_dagster.db.catalog import Catalog
     from dataminer_dagster.db.engine import get_engine
     from dataminer_dagster.db.leases import LeaseStore
-    from dataminer_dagster.assets import LANE_ASSETS, STAGES
+    from tests.helpers.stages import LANE_ASSETS, STAGES
     from dataminer_dagster.resources.download_client import YtDlpClient
     from dataminer_dagster.paths import DataPaths
-    from dataminer_dagster.resources.database import DatabaseResource
-    from dataminer_dagster.sensors.planning import DiscoveryCursor, plan_discovery
+    from dataminer_dagster.resources.db import DatabaseResource
+    from dataminer_dagster.engine.planning import DiscoveryCursor, plan_discovery
 
     url, tmp = sys.argv[1], Path(sys.argv[2])
     video = write_opencv_video(tmp / "clip.mp4", SyntheticVideoSpec(width=96, height=64, fps=10, seconds=1.0))

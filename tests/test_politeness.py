@@ -22,7 +22,7 @@ from dataminer_dagster.acquisition.politeness import (
     throttle_key,
     throttle_signal,
 )
-from dataminer_dagster.config import DownloadConfig
+from dataminer_dagster.assets.download.config import DownloadConfig
 
 
 @pytest.mark.parametrize(

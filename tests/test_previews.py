@@ -1,4 +1,4 @@
-"""Previews and readable values, as assets/previews.py hands them to the Dagster UI."""
+"""Previews and readable values, as engine/previews.py hands them to the Dagster UI."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import dagster as dg
 import numpy as np
 import pytest
 
-from dataminer_dagster.assets.previews import (
+from dataminer_dagster.core.visualize import contact_sheet, histogram
+from dataminer_dagster.engine.previews import (
     DESCRIPTION_HEIGHT,
     DESCRIPTION_WIDTH,
     INLINE_MARKDOWN_LIMIT,
@@ -23,7 +24,6 @@ from dataminer_dagster.assets.previews import (
     readable,
     ui_metadata,
 )
-from dataminer_dagster.core.visualize import contact_sheet, histogram
 
 IMAGE = re.compile(r"!\[([^\]]*)\]\(data:image/(jpeg|png);base64,([A-Za-z0-9+/=]+)\)")
 

@@ -15,7 +15,7 @@ from dataminer_dagster.core.coco import validate_coco
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.status import stage_counts
+from dataminer_dagster.db.reports import stage_counts
 from dataminer_dagster.paths import DataPaths
 from tests.helpers.pipeline import (
     drive_quietly,

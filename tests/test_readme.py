@@ -41,15 +41,16 @@ def test_every_example_config_is_valid():
 def test_the_settings_block_lists_every_setting_with_its_default():
     import yaml
 
+    from dataminer_dagster.engine.lanes import DEFAULT_LANES
     from dataminer_dagster.settings import SettingsFile
-    from dataminer_dagster.stages import LANES
 
     match = re.search(r"### Settings\n.*?```yaml\n(.*?)\n```", README, re.S)
     assert match, "README.md lost its settings block"
     documented = yaml.safe_load(match.group(1))
     defaults = SettingsFile().model_dump()
     defaults["lanes"] = {
-        lane.name: {"batch": lane.policy.batch, "max_runs": lane.policy.max_runs} for lane in LANES
+        lane.name: {"batch": lane.policy.batch, "max_runs": lane.policy.max_runs}
+        for lane in DEFAULT_LANES
     }
     assert documented == defaults
     SettingsFile.model_validate(documented)

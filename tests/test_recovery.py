@@ -28,7 +28,6 @@ import pytest
 import sqlalchemy as sa
 
 from dataminer_dagster.acquisition.video_ids import video_id_for_file
-from dataminer_dagster.assets import STAGES
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from dataminer_dagster.db import migrate
@@ -36,11 +35,12 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import CLAIMABLE, DEAD, DONE, FAILED, PENDING
+from dataminer_dagster.engine.lanes import DEFAULT_LANES
+from dataminer_dagster.engine.planning import DiscoveryCursor, RunLimits, plan_discovery
+from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from dataminer_dagster.hosting.driver import DriveResult, drive
 from dataminer_dagster.paths import FRAMES_MANIFEST, DataPaths, ProjectPaths
-from dataminer_dagster.sensors.planning import DiscoveryCursor, RunLimits, plan_discovery
 from dataminer_dagster.settings import LeasePolicy, RunPolicy, load_settings
-from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES, LANES
 from tests.helpers.pipeline import (
     CannedSearchClient,
     keep_every_frame,
@@ -60,6 +60,7 @@ from tests.helpers.processes import (
     private_postgres,
     start_stage_run,
 )
+from tests.helpers.stages import STAGES
 
 pytestmark = pytest.mark.slow
 
@@ -213,7 +214,7 @@ class Pipeline:
     def drive(
         self, instance: dg.DagsterInstance, hooks: Sequence[Hook] = (), **options
     ) -> DriveResult:
-        defs = pipeline_definitions(self.resources(hooks), options.get("lanes", LANES))
+        defs = pipeline_definitions(self.resources(hooks), options.get("lanes", DEFAULT_LANES))
         return drive(
             [self.name],
             instance=instance,

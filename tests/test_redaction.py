@@ -12,14 +12,14 @@ import pytest
 from click.testing import CliRunner
 
 from dataminer_dagster.acquisition.video_ids import video_id_for_url
-from dataminer_dagster.assets.catalog import video_catalog
-from dataminer_dagster.assets.downloads import downloads
-from dataminer_dagster.assets.partitions import projects_partitions, videos_partitions
+from dataminer_dagster.assets.catalog.asset import video_catalog
+from dataminer_dagster.assets.download.asset import downloads
 from dataminer_dagster.cli import main
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.redact import redact, redact_url
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.engine.partitions import projects_partitions, videos_partitions
 from dataminer_dagster.paths import DataPaths
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import materialize_partitions, resources, work_items

@@ -163,6 +163,6 @@ def test_a_backup_onto_the_frame_store_is_refused_and_the_frames_stay(
 
 
 def _backup(raw: dict):
-    from dataminer_dagster.config import BackupConfig
+    from dataminer_dagster.assets.backup.config import BackupConfig
 
     return BackupConfig.model_validate(raw)

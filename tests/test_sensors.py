@@ -24,23 +24,21 @@ from dagster._core.remote_origin import (
 )
 from dagster._core.storage.dagster_run import DagsterRun
 
-from dataminer_dagster.assets import STAGES
 from dataminer_dagster.config import parse_project_config
-from dataminer_dagster.db.admin import delete_orphan_videos, delete_project
 from dataminer_dagster.db.catalog import Candidate, Catalog, ProjectRow
+from dataminer_dagster.db.deletions import delete_orphan_videos, delete_project
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import DEAD, DONE, FAILED, PENDING, RUNNING
-from dataminer_dagster.resources.database import DatabaseResource
-from dataminer_dagster.sensors.pipeline_sensors import build_sensors, lane_jobs
-from dataminer_dagster.sensors.planning import (
+from dataminer_dagster.engine.jobs import lane_jobs
+from dataminer_dagster.engine.lanes import DEFAULT_LANES, LANES_BY_NAME, lane_of
+from dataminer_dagster.engine.planning import (
     COMPARE_EVERY_S,
     MAX_PARTITION_ADDS_PER_TICK,
     REREQUEST_UNCOVERED_S,
     DiscoveryCursor,
     plan_discovery,
 )
-from dataminer_dagster.settings import load_settings
-from dataminer_dagster.stages import (
+from dataminer_dagster.engine.registry import (
     CATALOG,
     DATASET,
     DEDUP,
@@ -48,10 +46,10 @@ from dataminer_dagster.stages import (
     DOWNLOAD,
     FILTER,
     FRAMES,
-    LANES,
-    LANES_BY_NAME,
-    lane_of,
 )
+from dataminer_dagster.resources.db import DatabaseResource
+from dataminer_dagster.sensors.pipeline_sensors import build_sensors
+from dataminer_dagster.settings import load_settings
 from dataminer_dagster.tags import (
     AHEAD_TAG,
     BATCH_TAG,
@@ -65,9 +63,10 @@ from dataminer_dagster.tags import (
     STAGES_TAG,
 )
 from tests.helpers.pipeline import work_items
+from tests.helpers.stages import STAGES
 
-JOBS = lane_jobs(STAGES, LANES)
-SENSORS = {s.name: s for s in build_sensors(STAGES, JOBS, LANES, load_settings())}
+JOBS = lane_jobs(STAGES, DEFAULT_LANES)
+SENSORS = {s.name: s for s in build_sensors(STAGES, JOBS, DEFAULT_LANES, load_settings())}
 JOB_NAMES = {lane: job.name for lane, job in JOBS.items()}
 
 
@@ -466,7 +465,7 @@ def test_a_video_linked_later_gets_its_partition_and_run_in_the_same_tick(
 
 
 def _lane_params():
-    return [pytest.param(lane, id=lane.name) for lane in LANES]
+    return [pytest.param(lane, id=lane.name) for lane in DEFAULT_LANES]
 
 
 def catalog_rows(catalog: Catalog, store: LeaseStore, lane, n: int) -> list[str]:
@@ -655,7 +654,7 @@ def test_no_lane_is_requested_ahead_where_steps_set_up_their_own_resources(
     """There a run waiting for its input would hold the `gpu` slot that the work it waits for
     needs: its step's process, which waits, starts only with the slot."""
     monkeypatch.setenv("DATAMINER_EXECUTOR", executor)
-    sensors = {s.name: s for s in build_sensors(STAGES, JOBS, LANES, load_settings())}
+    sensors = {s.name: s for s in build_sensors(STAGES, JOBS, DEFAULT_LANES, load_settings())}
     add_project(catalog, "alpha", ["v0", "v1"])
     with dg.build_sensor_context(instance=instance, resources={"db": db}) as context:
         result = sensors["work"](context)

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from dataminer_dagster.cli import main
-from dataminer_dagster.hosting import services as svc
+from dataminer_dagster.hosting import supervisord as svc
 
 BIN_DIR = Path(sys.executable).parent
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -369,7 +369,7 @@ def test_real_webserver_and_daemon_serve_then_stop_with_their_children(
 
 
 def test_a_long_home_puts_the_socket_in_the_temporary_directory(tmp_path):
-    from dataminer_dagster.hosting.services import MAX_SOCKET_PATH, ServicesPaths
+    from dataminer_dagster.hosting.supervisord import MAX_SOCKET_PATH, ServicesPaths
 
     short = ServicesPaths(Path("/srv/dm"))
     assert short.socket.parent == short.services_dir
@@ -383,7 +383,7 @@ def test_a_long_home_puts_the_socket_in_the_temporary_directory(tmp_path):
 def test_a_long_home_keeps_the_socket_in_a_folder_only_its_user_may_enter(tmp_path, monkeypatch):
     import tempfile
 
-    from dataminer_dagster.hosting.services import ServicesPaths
+    from dataminer_dagster.hosting.supervisord import ServicesPaths
 
     shared = tmp_path / "tmp"
     shared.mkdir(mode=0o1777)
@@ -400,7 +400,7 @@ def test_a_long_home_keeps_the_socket_in_a_folder_only_its_user_may_enter(tmp_pa
 def test_a_private_socket_folder_that_another_user_made_is_refused(tmp_path, monkeypatch):
     import tempfile
 
-    from dataminer_dagster.hosting.services import ServicesPaths
+    from dataminer_dagster.hosting.supervisord import ServicesPaths
 
     shared = tmp_path / "tmp"
     shared.mkdir(mode=0o1777)

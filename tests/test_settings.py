@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from dataminer_dagster.engine.lanes import LANES_BY_NAME, configured_lanes
 from dataminer_dagster.settings import SettingsError, load_settings
-from dataminer_dagster.stages import LANES_BY_NAME, configured_lanes
 
 
 @pytest.fixture

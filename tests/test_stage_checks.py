@@ -13,16 +13,16 @@ import pandas as pd
 import pytest
 
 from dataminer_dagster.acquisition.video_ids import video_id_for_file
-from dataminer_dagster.assets.catalog import video_catalog
-from dataminer_dagster.assets.dataset import check_dataset
-from dataminer_dagster.assets.detect import check_coco_file
-from dataminer_dagster.assets.downloads import downloads
-from dataminer_dagster.assets.frames import frames
-from dataminer_dagster.assets.partitions import projects_partitions, videos_partitions
+from dataminer_dagster.assets.catalog.asset import video_catalog
+from dataminer_dagster.assets.dataset.asset import check_dataset
+from dataminer_dagster.assets.detect.asset import check_coco_file
+from dataminer_dagster.assets.download.asset import downloads
+from dataminer_dagster.assets.frames.asset import frames
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.engine.partitions import projects_partitions, videos_partitions
 from dataminer_dagster.paths import DataPaths
 from tests.helpers.pipeline import materialize_partitions, resources, write_videos
 

@@ -1,26 +1,29 @@
-"""A new stage is one module and one registry entry: this file adds a project stage of its own
-(`summary`, after the dataset) and drives a project through it with the sensors' decisions. Nothing
+"""A new stage is one folder: its registry entry and its asset. This file writes a project stage
+of its own as a folder (`summary`, after the dataset) and drives a project through it with the sensors' decisions. Nothing
 in the package names it; the project chain, the lanes, the status board, `force` and the lease
 statements pick it up from the registry."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 
 import dagster as dg
 import pandas as pd
 import pytest
 
-from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
+from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.dataset_files import MANIFEST_FILE
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_lifecycle import force_stage
-from dataminer_dagster.db.status import stage_counts
+from dataminer_dagster.db.reports import stage_counts
+from dataminer_dagster.engine.lanes import DEFAULT_LANES
+from dataminer_dagster.engine.registry import DATASET, PROJECTS, StageSpec
 from dataminer_dagster.paths import DataPaths, ProjectPaths
-from dataminer_dagster.stages import DATASET, LANES, PROJECTS, REGISTRY, StageSpec
 from tests.helpers.pipeline import (
     drive_quietly,
     keep_every_frame,
@@ -33,9 +36,35 @@ pytestmark = pytest.mark.slow
 
 SUMMARY = "summary"
 
+# The stage's folder, as a user writes it: its registry entry, and its asset.
+SUMMARY_ENTRY = """
+from dataminer_dagster.engine.registry import DATASET, PROJECTS, StageSpec
 
+STAGE = StageSpec(
+    "summary",
+    PROJECTS,
+    lane="project",
+    asset="dataset_summary",
+    description="summarise the dataset",
+    reads=DATASET,
+    after_members=True,
+    forceable=True,
+    home=__name__,
+)
+"""
+SUMMARY_ASSET = """
+import json
+
+import pandas as pd
+
+from dataminer_dagster.core.dataset_files import MANIFEST_FILE
+from dataminer_dagster.engine.stage import ItemResult, StageContext, StageItem, stage_asset
+from dataminer_dagster.paths import ProjectPaths
+
+
+@stage_asset(stage="summary")
 def dataset_summary(item: StageItem, ctx: StageContext) -> ItemResult:
-    """A JSON summary beside the project's dataset: images per video."""
+    \"\"\"A JSON summary beside the project's dataset: images per video.\"\"\"
     project = ctx.catalog.project(item.key)
     dataset = ProjectPaths(project.output_dir).dataset_dir
     manifest = pd.read_parquet(dataset / MANIFEST_FILE)
@@ -46,54 +75,47 @@ def dataset_summary(item: StageItem, ctx: StageContext) -> ItemResult:
         outcome={"images": len(manifest)},
         commit=lambda conn: target.write_text(json.dumps(per_video)),
     )
-
-
-SUMMARY_ASSET = None  # set by the fixture, once the stage is registered
+"""
 
 
 @pytest.fixture
-def summary_stage():
-    """The registry with `summary` after `dataset`, for this test only."""
-    global SUMMARY_ASSET
-    REGISTRY.add(
-        StageSpec(
-            SUMMARY,
-            PROJECTS,
-            "project",
-            f"{__name__}:SUMMARY_ASSET",
-            "summarise the dataset",
-            after_members=True,
-            forceable=True,
-        ),
-        after=DATASET,
-    )
+def summary_stage(tmp_path, monkeypatch):
+    """A stage folder `summary_stage/` of the test's own, registered after `dataset` for this test
+    only."""
+    folder = tmp_path / "stages" / "summary_stage"
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text(SUMMARY_ENTRY)
+    (folder / "asset.py").write_text(SUMMARY_ASSET)
+    monkeypatch.syspath_prepend(str(folder.parent))
+    entry = importlib.import_module("summary_stage")
+    REGISTRY.add(entry.STAGE, after=DATASET)
     try:
-        SUMMARY_ASSET = stage_asset(stage=SUMMARY, deps=["dataset"])(dataset_summary)
         yield
     finally:
         REGISTRY.remove(SUMMARY)
-        SUMMARY_ASSET = None
+        for name in ("summary_stage.asset", "summary_stage"):
+            sys.modules.pop(name, None)
 
 
 def _definitions(resources: dict) -> dg.Definitions:
     """Definitions built the way definitions.py builds them, from the registry as it is now."""
-    from dataminer_dagster.assets import lane_assets, stage_assets
-    from dataminer_dagster.sensors.pipeline_sensors import lane_jobs
+    from dataminer_dagster.engine.jobs import lane_jobs
+    from dataminer_dagster.engine.stage import lane_assets, stage_assets
 
     stages = stage_assets()
     return dg.Definitions(
         assets=list(lane_assets(stages).values()),
-        jobs=list(lane_jobs(stages, LANES).values()),
+        jobs=list(lane_jobs(stages, DEFAULT_LANES).values()),
         resources=resources,
         executor=dg.in_process_executor,
     )
 
 
-def test_a_stage_added_in_one_entry_runs_in_the_project_chain(
+def test_a_stage_added_as_a_folder_runs_in_the_project_chain(
     summary_stage, tmp_path, database_url, engine, tiny_siglip
 ):
     assert REGISTRY.project_chain == ("dedup", "detect", "dataset", SUMMARY)
-    assert [lane.stages for lane in LANES if lane.name == "project"] == [
+    assert [lane.stages for lane in DEFAULT_LANES if lane.name == "project"] == [
         ("dedup", "detect", "dataset", SUMMARY)
     ]
     clips = write_videos(
@@ -140,9 +162,12 @@ def test_a_stage_added_in_one_entry_runs_in_the_project_chain(
 
 
 def test_the_registry_refuses_what_would_break_the_flow():
-    spec = StageSpec("x", PROJECTS, "no-such-lane", "m:a", "x")
+    spec = StageSpec("x", PROJECTS, "no-such-lane", "x_asset", "x", home="x")
     with pytest.raises(ValueError, match="no lane 'no-such-lane'"):
         REGISTRY.add(spec, after=DATASET)
+    reads_later = StageSpec("x", PROJECTS, "project", "x_asset", "x", home="x", reads="backup")
+    with pytest.raises(ValueError, match="reads 'backup', which comes after it"):
+        REGISTRY.add(reads_later, after=DATASET)
     with pytest.raises(ValueError, match="registered already"):
         REGISTRY.add(REGISTRY[DATASET], after=DATASET)
     with pytest.raises(KeyError, match="no stage 'nope'"):

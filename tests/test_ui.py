@@ -18,7 +18,7 @@ import dagster as dg
 import numpy as np
 import pytest
 
-from dataminer_dagster.assets.previews import (
+from dataminer_dagster.engine.previews import (
     DECIMALS,
     DESCRIPTION_HEIGHT,
     DESCRIPTION_WIDTH,

@@ -26,7 +26,7 @@ from dataminer_dagster.acquisition.video_ids import (
     video_id_for_url,
     youtube_watch_url,
 )
-from dataminer_dagster.config import InputsConfig
+from dataminer_dagster.assets.catalog.config import InputsConfig
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Candidate
 

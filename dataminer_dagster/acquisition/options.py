@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from dataminer_dagster.acquisition.politeness import PausePolicy, default_sleeps
 from dataminer_dagster.acquisition.ytdlp import DownloadOptions
-from dataminer_dagster.config import DownloadConfig
+from dataminer_dagster.assets.download.config import DownloadConfig
 
 
 def merged_download_options(configs: Sequence[DownloadConfig], host: str) -> DownloadOptions:

@@ -7,15 +7,15 @@ import contextlib
 
 import click
 
+from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.cli.app import UserError, context, main, project_or_fail
 from dataminer_dagster.cli.projects import project
 from dataminer_dagster.db.schema import BLOCKED, DEAD, FAILED, STATUSES
-from dataminer_dagster.stages import REGISTRY
 
 
 def _admin_call(function, *args, **kwargs):
     """Run a db.admin operation, turning its refusals into messages."""
-    from dataminer_dagster.db.admin import AdminError
+    from dataminer_dagster.db.deletions import AdminError
 
     try:
         return function(*args, **kwargs)
@@ -62,14 +62,14 @@ def project_delete(name: str, files: bool, yes: bool) -> None:
     uses stay in the catalog as orphans (`cleanup-orphans` removes them), unless --files.
     Shared videos and their files always stay. Refused while one of its items (with --files:
     also of the videos it deletes) is running."""
-    from dataminer_dagster.db import admin
+    from dataminer_dagster.db import deletions
 
     _, store, catalog = context()
     project_or_fail(catalog, name)
 
     def delete(dry_run: bool):
         return _admin_call(
-            admin.delete_project,
+            deletions.delete_project,
             store.engine,
             catalog.paths,
             name,
@@ -121,7 +121,7 @@ def delete_videos(project_name: str, status_name: str, files: bool, yes: bool) -
     status (e.g. every dead video). Their filter items go; videos that no other project uses
     stay in the catalog as orphans, unless --files. Videos with a running item are left alone;
     nothing is removed while the project's dedup, detect or dataset runs (it reads them)."""
-    from dataminer_dagster.db import admin
+    from dataminer_dagster.db import deletions
 
     _, store, catalog = context()
     project_or_fail(catalog, project_name)
@@ -129,7 +129,7 @@ def delete_videos(project_name: str, status_name: str, files: bool, yes: bool) -
 
     def delete(dry_run: bool):
         return _admin_call(
-            admin.delete_project_videos,
+            deletions.delete_project_videos,
             store.engine,
             catalog.paths,
             project_name,
@@ -174,10 +174,12 @@ def cleanup_orphans(files: bool, yes: bool) -> None:
     with their work items. Without --files only those with nothing on disk are deleted: the
     others stay in the catalog, so that `cleanup-orphans --files` can still find their files
     and delete them too. Videos with a running item are left for a later cleanup."""
-    from dataminer_dagster.db import admin
+    from dataminer_dagster.db import deletions
 
     _, store, catalog = context()
-    plan = admin.delete_orphan_videos(store.engine, catalog.paths, remove_files=files, dry_run=True)
+    plan = deletions.delete_orphan_videos(
+        store.engine, catalog.paths, remove_files=files, dry_run=True
+    )
     if plan.skipped_running:
         click.echo(f"{len(plan.skipped_running)} orphan videos have a running item; left alone")
     if plan.kept_with_files:
@@ -194,7 +196,7 @@ def cleanup_orphans(files: bool, yes: bool) -> None:
     if files:
         what += f" and {len(plan.files)} of their files and directories"
     _confirm(f"Delete {what}?", yes)
-    done = admin.delete_orphan_videos(store.engine, catalog.paths, remove_files=files)
+    done = deletions.delete_orphan_videos(store.engine, catalog.paths, remove_files=files)
     click.echo(f"deleted {len(done.deleted_videos)} orphan videos")
     if done.files:
         click.echo(f"removed {len(done.files)} files and directories")

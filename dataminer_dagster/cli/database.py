@@ -65,11 +65,11 @@ def db_reset(yes: bool) -> None:
     create them again, empty. Files on disk and Dagster's run history are not touched. Refuses
     without --yes."""
     from dataminer_dagster.core.redact import redact_url
-    from dataminer_dagster.db import admin
+    from dataminer_dagster.db import deletions
 
     _, store, _ = context()
     url = redact_url(store.engine.url.render_as_string(hide_password=False))
-    before = admin.database_summary(store.engine)
+    before = deletions.database_summary(store.engine)
     if not yes:
         raise UserError(
             f"this drops {before.projects} projects, {before.videos} videos and "
@@ -79,7 +79,7 @@ def db_reset(yes: bool) -> None:
         click.echo(
             f"warning: {before.running} work items are running; their runs will fail", err=True
         )
-    admin.reset_schema(store.engine)
+    deletions.reset_schema(store.engine)
     click.echo(
         f"{url}: dropped {before.projects} projects, {before.videos} videos and "
         f"{before.work_items} work items; the schema is empty and at the latest revision"

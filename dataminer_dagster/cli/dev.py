@@ -28,7 +28,7 @@ def _editable_checkout() -> Path | None:
 
 def _dev_plan(settings) -> tuple[Path, Path, Path | None]:
     """(workspace.yaml, DAGSTER_HOME, the dagster.yaml to copy into it or None)."""
-    from dataminer_dagster.hosting.services import resolve_dagster_home
+    from dataminer_dagster.hosting.supervisord import resolve_dagster_home
 
     checkout = _editable_checkout()
     repository = checkout if checkout and (checkout / "workspace.yaml").is_file() else None

@@ -84,9 +84,9 @@ def populate(config: str, dry_run: bool) -> None:
     from dataminer_dagster.acquisition.ytdlp import YOUTUBE
     from dataminer_dagster.core.redact import redact
     from dataminer_dagster.db.schema import DONE
+    from dataminer_dagster.engine.registry import CATALOG
     from dataminer_dagster.resources.download_client import YtDlpClient
     from dataminer_dagster.resources.host_throttle import SharedThrottle
-    from dataminer_dagster.stages import CATALOG
 
     cfg = load_config(config)
     settings, store, catalog = context()

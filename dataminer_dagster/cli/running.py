@@ -26,10 +26,10 @@ def _instance():
 
 
 def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> int:
-    from dataminer_dagster.cli.progress import ProgressBoard
+    from dataminer_dagster.cli.board import ProgressBoard
     from dataminer_dagster.definitions import LANES, defs
+    from dataminer_dagster.engine.planning import RunLimits
     from dataminer_dagster.hosting.driver import drive
-    from dataminer_dagster.sensors.planning import RunLimits
 
     settings, store, catalog = context()
     projects = [

@@ -73,7 +73,7 @@ def services_setup(host, port, executor, workers, gpu_workers, broker, workers_o
     dagster.yaml), DATAMINER_HOME, the DATAMINER_*, DAGSTER_* and HF_* variables of this shell
     (database URLs included) and the project directory as its working directory.
     """
-    from dataminer_dagster.hosting import services as svc
+    from dataminer_dagster.hosting import supervisord as svc
 
     try:
         options = svc.options_from_environment(
@@ -146,7 +146,7 @@ def _run_services(action) -> None:
     from dataminer_dagster.db import migrate
     from dataminer_dagster.db.engine import get_engine
     from dataminer_dagster.db.server import claims_database_url
-    from dataminer_dagster.hosting import services as svc
+    from dataminer_dagster.hosting import supervisord as svc
     from dataminer_dagster.settings import load_settings
 
     supervisor = svc.supervisor_for_home()
@@ -170,7 +170,7 @@ def _run_services(action) -> None:
 @services.command("stop")
 def services_stop():
     """Stop every program (running steps get their stop timeout), then supervisord."""
-    from dataminer_dagster.hosting import services as svc
+    from dataminer_dagster.hosting import supervisord as svc
 
     supervisor = svc.supervisor_for_home()
     if not supervisor.is_running():
@@ -188,7 +188,7 @@ def services_stop():
 def services_status():
     """Print each program's state. Exits with status 3 unless every program is RUNNING
     (like supervisorctl), also when supervisord is not running."""
-    from dataminer_dagster.hosting import services as svc
+    from dataminer_dagster.hosting import supervisord as svc
 
     supervisor = svc.supervisor_for_home()
     if not supervisor.paths.config.is_file():

@@ -1,13 +1,13 @@
-"""`dataminer status` and `dataminer project status`: printing where the projects are (the data comes from db/status.py)."""
+"""`dataminer status` and `dataminer project status`: printing where the projects are (the data comes from db/reports.py)."""
 
 from __future__ import annotations
 
 import click
 
+from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.cli.app import context, main, project_or_fail
 from dataminer_dagster.cli.projects import project
 from dataminer_dagster.db.schema import BLOCKED, DEAD, FAILED, FINISHED
-from dataminer_dagster.stages import REGISTRY
 
 
 def _print_project_status(data: dict) -> None:
@@ -84,8 +84,8 @@ def _print_overview(projects: list[dict]) -> None:
 def _show_status(project_name: str | None, as_json: bool, window: float) -> None:
     import json
 
-    from dataminer_dagster.db.host_throttle import active_pauses
-    from dataminer_dagster.db.status import overview, project_status
+    from dataminer_dagster.db.host_pauses import active_pauses
+    from dataminer_dagster.db.reports import overview, project_status
     from dataminer_dagster.settings import load_settings
 
     _, _, catalog = context()

@@ -22,8 +22,15 @@ from dataminer_dagster.config import ProjectConfig
 from dataminer_dagster.core.rsync import is_remote
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, RUNNING, SCHEMA
+from dataminer_dagster.engine.registry import (
+    BACKUP,
+    CATALOG,
+    DOWNLOAD,
+    FILTER,
+    FRAMES,
+    project_video_key,
+)
 from dataminer_dagster.paths import DataPaths, check_backup_dest, claim_output_dir
-from dataminer_dagster.stages import BACKUP, CATALOG, DOWNLOAD, FILTER, FRAMES, project_video_key
 
 S = SCHEMA
 
@@ -566,6 +573,6 @@ class Catalog:
 
 
 def _profile_id(extract: dict | None) -> str:
-    from dataminer_dagster.config import ExtractConfig
+    from dataminer_dagster.assets.frames.config import ExtractConfig
 
     return ExtractConfig.model_validate(extract or {}).options().profile_id()

@@ -22,6 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from psycopg.rows import namedtuple_row
 
+from dataminer_dagster.assets import VIDEO_STAGES
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.schema import (
@@ -35,7 +36,6 @@ from dataminer_dagster.db.schema import (
     SCHEMA,
 )
 from dataminer_dagster.settings import LongRunningPolicy, RetryPolicy
-from dataminer_dagster.stages import VIDEO_STAGES
 
 _log = logging.getLogger(__name__)
 

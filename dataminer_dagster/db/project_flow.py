@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, RUNNING, SCHEMA
-from dataminer_dagster.stages import CATALOG, DOWNLOAD, FILTER, FRAMES, REGISTRY
+from dataminer_dagster.engine.registry import CATALOG, DOWNLOAD, FILTER, FRAMES
 
 S = SCHEMA
 ACTIVE, COMPLETE, PROJECT_FAILED = "active", "complete", "failed"

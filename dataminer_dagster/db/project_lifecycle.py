@@ -13,14 +13,15 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from dataminer_dagster.db.admin import (
+from dataminer_dagster.assets import REGISTRY
+from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.deletions import (
     UnknownProject,
     WorkRunning,
     lock_items,
     lock_project,
     running_items,
 )
-from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_flow import (
     ACTIVE,
@@ -29,7 +30,7 @@ from dataminer_dagster.db.project_flow import (
     PROJECT_FAILED,
 )
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, PENDING, SCHEMA
-from dataminer_dagster.stages import CATALOG, REGISTRY
+from dataminer_dagster.engine.registry import CATALOG
 
 S = SCHEMA
 W = f"{S}.work_items"

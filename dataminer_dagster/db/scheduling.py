@@ -3,12 +3,12 @@
 `requested_at` keeps a sensor from asking twice for the same item while the run it requested is
 queued or starting; after `rerequest_after_s` without a claim (the run never started, or was lost)
 the item is asked for again; the work sensor, which knows the live runs, asks again sooner for an
-item that no live run covers (sensors/planning.py). A duplicate run is harmless: it finds the items
+item that no live run covers (engine/planning.py). A duplicate run is harmless: it finds the items
 claimed and leaves.
 
 Work is *in flight* when its item is running, or claimable and requested. A lane whose input is
 produced by work in flight may be requested ahead (`coming`): its run starts meanwhile and waits
-for that work (resources/ahead.py).
+for that work (engine/ahead.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from dataminer_dagster.db.leases import CONCERNS_PROJECTS
 from dataminer_dagster.db.project_flow import ACTIVE, MEMBER_FINISHED_SQL
 from dataminer_dagster.db.schema import DONE, FAILED, PENDING, RUNNING, SCHEMA
-from dataminer_dagster.stages import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
+from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 
 S = SCHEMA
 W = f"{SCHEMA}.work_items"

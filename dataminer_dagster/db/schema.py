@@ -189,7 +189,7 @@ run_heartbeats = sa.Table(
 )
 
 # Hosts that said "stop" (429, 503, a bot check, a Retry-After): no run sends them a request before
-# `paused_until` (db/host_throttle.py). One row per throttle key (a host, or a host via a proxy),
+# `paused_until` (db/host_pauses.py). One row per throttle key (a host, or a host via a proxy),
 # kept after the pause ends: `strikes` (pauses in a row without a success) sets the next pause.
 host_pauses = sa.Table(
     "host_pauses",

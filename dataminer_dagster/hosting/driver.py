@@ -16,18 +16,19 @@ import dagster as dg
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_flow import COMPLETE, PROJECT_FAILED
 from dataminer_dagster.db.scheduling import next_due
-from dataminer_dagster.sensors.planning import (
+from dataminer_dagster.engine.jobs import lane_jobs, lanes_of
+from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
+from dataminer_dagster.engine.planning import (
     DiscoveryCursor,
     RunLimits,
     plan_cycle,
     record_requests,
 )
-from dataminer_dagster.sensors.run_health import dead_runs, end_dead_runs
-from dataminer_dagster.stages import LANES, Lane
+from dataminer_dagster.engine.run_health import reap_dead_work
 from dataminer_dagster.tags import DEADLINE_TAG
 
 if TYPE_CHECKING:
-    from dataminer_dagster.assets.stage import StageAsset
+    from dataminer_dagster.engine.stage import StageAsset
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def drive(
     timeout_s: float | None = None,
     log_level: str = "WARNING",
     stages: Mapping[str, StageAsset] | None = None,
-    lanes: Sequence[Lane] = LANES,
+    lanes: Sequence[Lane] = DEFAULT_LANES,
 ) -> DriveResult:
     """Drive `projects` to complete or failed, working only on their items (other projects'
     work waits for its own command or the sensors). `defs` holds the lane jobs of `stages`
@@ -63,11 +64,9 @@ def drive(
     failed and their slots freed, or this command's GPU steps would wait for those slots for
     ever; stale leases are taken back."""
     if stages is None:  # the registry's stages as they are now
-        from dataminer_dagster.assets import stage_assets
+        from dataminer_dagster.engine.stage import stage_assets
 
         stages = stage_assets()
-    from dataminer_dagster.sensors.pipeline_sensors import lane_jobs, lanes_of
-
     lanes = lanes_of(stages, lanes)
     jobs = {name: job.name for name, job in lane_jobs(stages, lanes).items()}
     stage_keys = {stage: s.key for stage, s in stages.items()}
@@ -78,14 +77,8 @@ def drive(
     deadline = None if timeout_s is None else started + timeout_s
     runs = failed = 0
     while True:
-        dead = dead_runs(instance, store, lease=limits.lease, runs=limits.runs)
-        end_dead_runs(instance, dead)
-        for d in dead:
-            log(f"run {d.run_id} {'cancelled' if d.cancel else 'failed'}: {d.reason}")
-        for reaped in store.reap(limits.lease.stale_after_s):
-            log(
-                f"{reaped.stage} {reaped.key}: lease of run {reaped.owner} taken back ({reaped.status})"
-            )
+        for line in reap_dead_work(instance, store, lease=limits.lease, runs=limits.runs).lines():
+            log(line)
         # Nothing is in flight between two cycles (every run below ends before the next), so
         # no run is requested ahead of its input.
         cycle = plan_cycle(

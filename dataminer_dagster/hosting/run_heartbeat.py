@@ -1,10 +1,10 @@
 """A run's heartbeat from its run worker, for the executors that run steps in other processes.
 
 Under the in-process executor the database resource keeps the run's heartbeat row alive from the
-run worker itself (resources/database.py). Under `multiprocess` and `celery` that resource is set
+run worker itself (resources/db.py). Under `multiprocess` and `celery` that resource is set
 up in each step's own process, which Dagster starts only once the step has its `gpu` pool slot (or
 a celery worker takes it): a run waiting for a slot longer than `runs.start_grace_s` would be
-judged dead by the lease reaper (sensors/run_health.py) while its run worker waits, alive. Such
+judged dead by the lease reaper (engine/run_health.py) while its run worker waits, alive. Such
 executors are wrapped here so that the run worker beats while it orchestrates, under a row of its
 own (`run_health.run_worker_owner`): it keeps a run waiting for its step from being judged dead,
 never the leases of a step whose process died (a celery worker killed mid-step).
@@ -18,8 +18,8 @@ import dagster as dg
 from dagster._core.executor.base import Executor
 
 from dataminer_dagster.db.run_leases import RunLeases
-from dataminer_dagster.resources.database import claims_store
-from dataminer_dagster.sensors.run_health import run_worker_owner
+from dataminer_dagster.engine.run_health import run_worker_owner
+from dataminer_dagster.resources.db import claims_store
 from dataminer_dagster.settings import load_settings
 
 

@@ -1,5 +1,5 @@
 """The host throttle every run shares: acquisition's `HostThrottle` on the claim database's
-pauses, request turns and download slots (db/host_throttle.py). Stages get one from
+pauses, request turns and download slots (db/host_pauses.py). Stages get one from
 `DatabaseResource.host_throttle`."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataminer_dagster.acquisition.politeness import (
     ThrottleSignal,
     Turn,
 )
-from dataminer_dagster.db.host_throttle import (
+from dataminer_dagster.db.host_pauses import (
     HostPause,
     HostTurn,
     host_turn,

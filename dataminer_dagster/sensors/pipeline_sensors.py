@@ -1,6 +1,6 @@
 """The sensors that replace the monitor worker.
 
-* work: one monitor cycle per tick (sensors/planning.py): new catalog rows become dynamic
+* work: one monitor cycle per tick (engine/planning.py): new catalog rows become dynamic
   partitions (<= 25,000 per tick, cursor-chunked) and deleted rows' partitions go; projects move
   through dedup -> detect -> dataset -> complete, or reopen; batched runs are requested per lane for
   ready work, and ahead for work that runs in flight are producing
@@ -19,24 +19,24 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import dagster as dg
-from dagster._core.storage.dagster_run import FINISHED_STATUSES
 
 from dataminer_dagster.db.scheduling import clear_requested
-from dataminer_dagster.resources.database import DatabaseResource
-from dataminer_dagster.sensors.planning import (
+from dataminer_dagster.engine.jobs import lanes_of
+from dataminer_dagster.engine.lanes import Lane
+from dataminer_dagster.engine.planning import (
     DiscoveryCursor,
     RunLimits,
     batch_range,
     plan_cycle,
     record_requests,
 )
-from dataminer_dagster.sensors.run_health import dead_runs, end_dead_runs
+from dataminer_dagster.engine.run_health import reap_dead_work
+from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.settings import EXECUTORS, Settings, executor_name
-from dataminer_dagster.stages import Lane
-from dataminer_dagster.tags import LANE_TAG, STAGES_TAG
+from dataminer_dagster.tags import STAGES_TAG
 
 if TYPE_CHECKING:  # the sensors must not import the stage modules (and their libraries)
-    from dataminer_dagster.assets.stage import StageAsset
+    from dataminer_dagster.engine.stage import StageAsset
 
 RUNNING = dg.DefaultSensorStatus.RUNNING
 
@@ -60,26 +60,6 @@ _RELEASE_CANCELLED_RUNS_DESCRIPTION = (
     "A cancelled run's leases are released at once (the attempt does not count), and the "
     "items it was requested for can be requested again."
 )
-
-
-def lanes_of(stages: Mapping[str, StageAsset], lanes: Sequence[Lane]) -> list[Lane]:
-    """The lanes whose every stage is declared here."""
-    return [lane for lane in lanes if all(stage in stages for stage in lane.stages)]
-
-
-def lane_jobs(
-    stages: Mapping[str, StageAsset], lanes: Sequence[Lane]
-) -> dict[str, dg.UnresolvedAssetJobDefinition]:
-    """One job per lane: its stages' assets (one multi-asset, one partition set)."""
-    return {
-        lane.name: dg.define_asset_job(
-            lane.job_name,
-            selection=[stages[stage].key for stage in lane.stages],
-            tags={LANE_TAG: lane.name},
-            description=lane.description,
-        )
-        for lane in lanes_of(stages, lanes)
-    }
 
 
 def build_sensors(
@@ -138,28 +118,10 @@ def build_sensors(
     )
     def lease_reaper(context: dg.SensorEvaluationContext, db: DatabaseResource):
         store, limits = db.store, db.settings
-        dead = dead_runs(context.instance, store, lease=limits.lease, runs=limits.runs)
-        end_dead_runs(context.instance, dead)
-        for d in dead:
-            what = "cancelled" if d.cancel else "failed"
-            context.log.warning(f"run {d.run_id} ({_lane(d.run)}) {what}: {d.reason}")
-
-        owners = store.lease_owners()
-        finished = [
-            r.dagster_run.run_id
-            for r in (
-                context.instance.get_run_records(
-                    dg.RunsFilter(run_ids=owners, statuses=FINISHED_STATUSES)
-                )
-                if owners
-                else []
-            )
-        ]
-        reaped = store.reap(limits.lease.stale_after_s, finished)
-        for r in reaped:
-            context.log.warning(
-                f"{r.stage} {r.key}: lease of run {r.owner} taken back; now {r.status}"
-            )
+        reaper = reap_dead_work(context.instance, store, lease=limits.lease, runs=limits.runs)
+        for line in reaper.lines():
+            context.log.warning(line)
+        dead, reaped = reaper.dead, reaper.reaped
 
         warned = set(json.loads(context.cursor)) if context.cursor else set()
         long_running = store.long_running(limits.long_running)
@@ -197,10 +159,6 @@ def build_sensors(
         _release(context, db, "was cancelled", count_attempt=False)
 
     return [work, lease_reaper, release_failed_runs, release_cancelled_runs]
-
-
-def _lane(run: dg.DagsterRun) -> str:
-    return run.tags.get(LANE_TAG) or run.job_name
 
 
 def _release(context, db: DatabaseResource, what: str, *, count_attempt: bool) -> None:

@@ -1,4 +1,4 @@
-"""The host throttle in the claim database (db/host_throttle.py behind resources/host_throttle.py):
+"""The host throttle in the claim database (db/host_pauses.py behind resources/host_throttle.py):
 pauses honour Retry-After or grow exponentially and are never shortened, request turns are
 exclusive across connections, download slots are limited per host across runs and freed by a stale
 run. Lengths are read from the database (`paused_until - paused_at`, both set by one statement),
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.politeness import PausePolicy, ThrottleSignal
-from dataminer_dagster.db.host_throttle import active_pauses
+from dataminer_dagster.db.host_pauses import active_pauses
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.resources.host_throttle import SharedThrottle
 

@@ -11,15 +11,15 @@ import dagster as dg
 import sqlalchemy as sa
 
 from dataminer_dagster.acquisition.ytdlp import SearchHit
-from dataminer_dagster.assets.stage import StageAsset
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane, lane_of
+from dataminer_dagster.engine.planning import RunLimits
+from dataminer_dagster.engine.stage import StageAsset
 from dataminer_dagster.hosting.driver import DriveResult, drive
-from dataminer_dagster.resources.database import DatabaseResource
+from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import YtDlpClient
-from dataminer_dagster.sensors.planning import RunLimits
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
-from dataminer_dagster.stages import LANES, Lane, lane_of
 from dataminer_dagster.tags import RANGE_END, RANGE_START, REQUESTED_BY_TAG
 
 
@@ -47,11 +47,11 @@ def resources(database_url: str, data_dir: Path, **extra) -> dict:
     }
 
 
-def pipeline_definitions(resources: dict, lanes: Sequence[Lane] = LANES) -> dg.Definitions:
+def pipeline_definitions(resources: dict, lanes: Sequence[Lane] = DEFAULT_LANES) -> dg.Definitions:
     """The product's lane assets and the jobs of `lanes`, on test resources (what `drive`
     executes), with the product's executor."""
-    from dataminer_dagster.assets import LANE_ASSETS, STAGES
-    from dataminer_dagster.sensors.pipeline_sensors import lane_jobs
+    from dataminer_dagster.engine.jobs import lane_jobs
+    from tests.helpers.stages import LANE_ASSETS, STAGES
 
     return dg.Definitions(
         assets=list(LANE_ASSETS.values()),
@@ -65,7 +65,7 @@ def one_stage_lanes() -> tuple[Lane, ...]:
     """Every stage in a lane of its own: runs stop between stages (to crash a stage on its own)."""
     return tuple(
         dataclasses.replace(lane, name=stage, only=(stage,), ahead=False)
-        for lane in LANES
+        for lane in DEFAULT_LANES
         for stage in lane.stages
     )
 
@@ -103,7 +103,7 @@ def materialize_partitions(
 ) -> dg.ExecuteInProcessResult:
     """Materialize `keys` (added to the instance if new) of these stages in one run, as the
     sensors do: their lanes' assets, with only these stages selected."""
-    from dataminer_dagster.assets import LANE_ASSETS
+    from tests.helpers.stages import LANE_ASSETS
 
     lanes = sorted({lane_of(s.stage).name for s in stages})
     existing = set(instance.get_dynamic_partitions(partitions.name))

@@ -33,8 +33,8 @@ from pydantic import PrivateAttr
 
 from dataminer_dagster.db.leases import Lease
 from dataminer_dagster.db.run_leases import RunLeases
-from dataminer_dagster.resources.database import DatabaseResource
-from dataminer_dagster.stages import lane_of
+from dataminer_dagster.engine.lanes import lane_of
+from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.tags import LANE_TAG, RANGE_END, RANGE_START, REQUESTED_BY_TAG, STAGES_TAG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -262,8 +262,8 @@ def run_batches_at_once(
 
 
 def run_stage_job(spec: StageRun) -> None:
-    from dataminer_dagster.assets import LANE_ASSETS, STAGES
     from tests.helpers.pipeline import CannedSearchClient
+    from tests.helpers.stages import LANE_ASSETS, STAGES
 
     asset = STAGES[spec.stage]
     job = dg.define_asset_job(f"{spec.stage}_only", selection=[asset.key])

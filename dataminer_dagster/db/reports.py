@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.db.catalog import Catalog, ProjectRow
 from dataminer_dagster.db.schema import (
     BLOCKED,
@@ -26,7 +27,6 @@ from dataminer_dagster.db.schema import (
     STATUSES,
 )
 from dataminer_dagster.settings import LongRunningPolicy
-from dataminer_dagster.stages import REGISTRY
 
 S = SCHEMA
 

@@ -13,44 +13,29 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dataminer_dagster.assets.frames import frames
-from dataminer_dagster.assets.previews import VIDEO_PREVIEW_BUDGET, preview_metadata
-from dataminer_dagster.assets.stage import (
-    ItemResult,
-    RequeueFirst,
-    StageContext,
-    StageItem,
-    stage_asset,
-)
-from dataminer_dagster.config import FilterConfig
+from dataminer_dagster.assets.filter.config import FilterConfig
+from dataminer_dagster.assets.filter.scorer import load_scorer
+from dataminer_dagster.assets.filter.table import prompt_columns
 from dataminer_dagster.core.embedding_cache import EmbeddingCache, quantize
 from dataminer_dagster.core.extract import read_manifest
 from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.filter_rule import FilterThresholds, apply_filter_rule
 from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.visualize import contact_sheet, histogram
+from dataminer_dagster.engine.previews import VIDEO_PREVIEW_BUDGET, preview_metadata
+from dataminer_dagster.engine.registry import FILTER
+from dataminer_dagster.engine.stage import (
+    ItemResult,
+    RequeueFirst,
+    StageContext,
+    StageItem,
+    stage_asset,
+)
 from dataminer_dagster.paths import FRAMES_MANIFEST, ProjectPaths
-from dataminer_dagster.stages import FILTER
-
-
-def load_scorer(config: FilterConfig):
-    """The SigLIP2 scorer of a filter config (loaded once per process and model)."""
-    from dataminer_dagster.models.siglip import SiglipScorer
-
-    return SiglipScorer(config.model, device=config.device, batch_size=config.batch_size)
-
-
-def prompt_columns(config: FilterConfig) -> list[str]:
-    return (
-        [f"positive: {p}" for p in config.positive_prompts]
-        + [f"negative: {p}" for p in config.negative_prompts]
-        + [f"junk: {p}" for p in config.junk_prompts]
-    )
 
 
 @stage_asset(
     stage=FILTER,
-    deps=[frames],
     kinds={"pytorch", "huggingface", "parquet"},
 )
 def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
@@ -192,24 +177,6 @@ def _frame_embeddings(
     if new_hashes:
         cache.put(item.video_id, new_hashes, np.concatenate(new_rows))
     return result, errors
-
-
-FRAME_COLUMNS = [
-    "frame_index",
-    "timestamp",
-    "file",
-    "width",
-    "height",
-    "sharpness",
-    "content_hash",
-    "readable",
-    "error",
-    "passed",
-    "pos_max",
-    "neg_max",
-    "junk_max",
-    "best_prompt",
-]  # then one score column per prompt (see prompt_columns)
 
 
 def _results_table(

@@ -4,7 +4,8 @@ Under the default run launcher (what `dagster dev` uses) Dagster cannot see a ki
 the run stays STARTED for ever, counts against its lane's share of runs and keeps its `gpu` pool
 slot. Every run that uses the database resource keeps a heartbeat row alive from a thread; this
 module reads those rows beside Dagster's run records and says which runs are dead and why, in words
-a person can read in the UI. The lease reaper fails (or, when they never started, cancels) them.
+a person can read in the UI. The lease reaper fails (or, when they never started, cancels) them:
+`reap_dead_work` is its pass, shared by the sensor and `dataminer run`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import dagster as dg
-from dagster._core.storage.dagster_run import NOT_FINISHED_STATUSES
+from dagster._core.storage.dagster_run import FINISHED_STATUSES, NOT_FINISHED_STATUSES
 
-from dataminer_dagster.db.leases import Heartbeat, LeaseStore
+from dataminer_dagster.db.leases import Heartbeat, LeaseStore, Reaped
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.tags import LANE_TAG
 
@@ -151,3 +152,44 @@ def end_dead_runs(instance: dg.DagsterInstance, dead: Iterable[DeadRun]) -> None
         else:
             instance.report_run_failed(d.run, message=f"Failed by dataminer: {d.reason}")
         instance.event_log_storage.free_concurrency_slots_for_run(d.run_id)
+
+
+@dataclass(frozen=True)
+class ReaperPass:
+    """What one pass of the lease reaper did: the dead runs it ended and the leases it took back."""
+
+    dead: list[DeadRun]
+    reaped: list[Reaped]
+
+    def lines(self) -> list[str]:
+        """One line a person can read for each run ended and each lease taken back."""
+        return [
+            f"run {d.run_id} ({d.run.tags.get(LANE_TAG) or d.run.job_name}) "
+            f"{'cancelled' if d.cancel else 'failed'}: {d.reason}"
+            for d in self.dead
+        ] + [
+            f"{r.stage} {r.key}: lease of run {r.owner} taken back; now {r.status}"
+            for r in self.reaped
+        ]
+
+
+def reap_dead_work(
+    instance: dg.DagsterInstance, store: LeaseStore, *, lease: LeasePolicy, runs: RunPolicy
+) -> ReaperPass:
+    """The lease reaper's pass, for the sensor and for `dataminer run`: end the dead runs in
+    Dagster, then take back the leases of runs that stopped heartbeating or that Dagster reports
+    as finished."""
+    dead = dead_runs(instance, store, lease=lease, runs=runs)
+    end_dead_runs(instance, dead)
+    owners = store.lease_owners()
+    finished = (
+        [
+            r.dagster_run.run_id
+            for r in instance.get_run_records(
+                dg.RunsFilter(run_ids=owners, statuses=list(FINISHED_STATUSES))
+            )
+        ]
+        if owners
+        else []
+    )
+    return ReaperPass(dead, store.reap(lease.stale_after_s, finished))

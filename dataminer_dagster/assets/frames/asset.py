@@ -11,17 +11,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from dataminer_dagster.assets.downloads import downloads
-from dataminer_dagster.assets.stage import (
-    CheckResult,
-    ItemResult,
-    PartitionCheck,
-    PermanentFailure,
-    Postponed,
-    StageContext,
-    StageItem,
-    stage_asset,
-)
+from dataminer_dagster.assets.backup import NO_BACKUP
 from dataminer_dagster.core.extract import (
     ExtractionOptions,
     extract_frames,
@@ -39,14 +29,18 @@ from dataminer_dagster.core.media import VideoDecodeError
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.catalog import ProjectRow
 from dataminer_dagster.db.retention import delete_video_file, may_delete_video_file
+from dataminer_dagster.engine.registry import FRAMES
+from dataminer_dagster.engine.stage import (
+    CheckResult,
+    ItemResult,
+    PartitionCheck,
+    PermanentFailure,
+    Postponed,
+    StageContext,
+    StageItem,
+    stage_asset,
+)
 from dataminer_dagster.paths import FRAMES_MANIFEST
-from dataminer_dagster.stages import FRAMES
-
-# Recorded on frames_backup for a video none of whose projects names a backup destination: that
-# partition is never materialized, and this says why.
-NO_BACKUP = {
-    "outcome": "nothing to do: no backup configured (no project of the video has backup.dest)"
-}
 
 
 def _frames_on_disk(ctx: StageContext, video_id: str) -> CheckResult:
@@ -108,7 +102,6 @@ def describe_extraction(options: ExtractionOptions) -> str:
 
 @stage_asset(
     stage=FRAMES,
-    deps=[downloads],
     kinds={"image", "parquet"},
     checks=FRAMES_CHECKS,
 )

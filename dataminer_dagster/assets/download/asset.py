@@ -25,9 +25,13 @@ from dataminer_dagster.acquisition.ytdlp import (
     PermanentDownloadError,
     check_download_rules,
 )
-from dataminer_dagster.assets.catalog import video_catalog
-from dataminer_dagster.assets.previews import megabytes
-from dataminer_dagster.assets.stage import (
+from dataminer_dagster.core.files import InsufficientDiskSpace
+from dataminer_dagster.core.media import VideoDecodeError, probe_video
+from dataminer_dagster.core.progress import format_seconds
+from dataminer_dagster.db.catalog import ProjectRow
+from dataminer_dagster.engine.previews import megabytes
+from dataminer_dagster.engine.registry import DOWNLOAD
+from dataminer_dagster.engine.stage import (
     Blocked,
     ItemResult,
     PermanentFailure,
@@ -36,16 +40,10 @@ from dataminer_dagster.assets.stage import (
     StageItem,
     stage_asset,
 )
-from dataminer_dagster.core.files import InsufficientDiskSpace
-from dataminer_dagster.core.media import VideoDecodeError, probe_video
-from dataminer_dagster.core.progress import format_seconds
-from dataminer_dagster.db.catalog import ProjectRow
-from dataminer_dagster.stages import DOWNLOAD
 
 
 @stage_asset(
     stage=DOWNLOAD,
-    deps=[video_catalog],
     required_resource_keys=["download_client"],
     kinds={"yt-dlp", "video"},
 )

@@ -5,24 +5,23 @@ them any more; see db/retention.py.
 
 A video none of whose projects names a destination has no backup work: its partition stays
 unmaterialized, and the frames stage records "nothing to do: no backup configured" on it as an
-observation (assets/frames.py), so that the UI says why.
+observation (assets/frames/asset.py), so that the UI says why.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dataminer_dagster.assets.frames import NO_BACKUP, frames
-from dataminer_dagster.assets.stage import ItemResult, StageContext, StageItem, stage_asset
+from dataminer_dagster.assets.backup import NO_BACKUP
 from dataminer_dagster.core.rsync import copy_tree, is_remote, verify_tree
 from dataminer_dagster.db.retention import release_finished_frames
+from dataminer_dagster.engine.registry import BACKUP
+from dataminer_dagster.engine.stage import ItemResult, StageContext, StageItem, stage_asset
 from dataminer_dagster.paths import check_backup_dest
-from dataminer_dagster.stages import BACKUP
 
 
 @stage_asset(
     stage=BACKUP,
-    deps=[frames],
     kinds={"rsync"},
     description=(
         "The video's raw frames, copied to every backup destination of its projects and verified."

@@ -14,9 +14,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from dataminer_dagster.assets.dedup import deduped_set
-from dataminer_dagster.assets.previews import preview_metadata
-from dataminer_dagster.assets.stage import (
+from dataminer_dagster.core.coco import ImageDetections, build_coco, coco_problems, write_coco
+from dataminer_dagster.core.files import publish, staging_path
+from dataminer_dagster.core.images import read_image, write_image
+from dataminer_dagster.core.progress import Progress
+from dataminer_dagster.core.visualize import contact_sheet, draw_detections
+from dataminer_dagster.engine.previews import preview_metadata
+from dataminer_dagster.engine.registry import DETECT
+from dataminer_dagster.engine.stage import (
     CheckResult,
     ItemResult,
     PartitionCheck,
@@ -24,13 +29,7 @@ from dataminer_dagster.assets.stage import (
     StageItem,
     stage_asset,
 )
-from dataminer_dagster.core.coco import ImageDetections, build_coco, coco_problems, write_coco
-from dataminer_dagster.core.files import publish, staging_path
-from dataminer_dagster.core.images import read_image, write_image
-from dataminer_dagster.core.progress import Progress
-from dataminer_dagster.core.visualize import contact_sheet, draw_detections
 from dataminer_dagster.paths import ProjectPaths
-from dataminer_dagster.stages import DETECT
 
 READ_CHUNK = 64  # frames read from disk at a time
 # Threads reading and decoding the next chunk while the detector works on the current one: a GPU
@@ -152,7 +151,6 @@ def check_coco_file(path: Path) -> CheckResult:
         )
     ],
     stage=DETECT,
-    deps=[deduped_set],
     kinds={"pytorch", "parquet", "json"},
 )
 def detections(item: StageItem, ctx: StageContext) -> ItemResult:

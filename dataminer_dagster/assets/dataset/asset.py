@@ -19,16 +19,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from dataminer_dagster.assets.detect import detections
-from dataminer_dagster.assets.previews import preview_metadata
-from dataminer_dagster.assets.stage import (
-    CheckResult,
-    ItemResult,
-    PartitionCheck,
-    StageContext,
-    StageItem,
-    stage_asset,
-)
 from dataminer_dagster.core.coco import Detection
 from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE, place_images
 from dataminer_dagster.core.files import publish, staging_path
@@ -37,8 +27,17 @@ from dataminer_dagster.core.redact import redact_url
 from dataminer_dagster.core.visualize import contact_sheet, draw_detections
 from dataminer_dagster.db.project_flow import project_members
 from dataminer_dagster.db.retention import release_finished_frames
+from dataminer_dagster.engine.previews import preview_metadata
+from dataminer_dagster.engine.registry import DATASET
+from dataminer_dagster.engine.stage import (
+    CheckResult,
+    ItemResult,
+    PartitionCheck,
+    StageContext,
+    StageItem,
+    stage_asset,
+)
 from dataminer_dagster.paths import ProjectPaths
-from dataminer_dagster.stages import DATASET
 
 
 def _publish(catalog, conn, project, staging: Path, final: Path) -> list[Path]:
@@ -152,7 +151,6 @@ def _sample_preview(staging: Path, manifest: pd.DataFrame, with_coco: bool, prev
 
 @stage_asset(
     stage=DATASET,
-    deps=[detections],
     kinds={"image", "parquet", "json"},
     checks=[
         PartitionCheck(

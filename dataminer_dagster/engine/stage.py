@@ -1,7 +1,7 @@
 """The claim / heartbeat / complete dance, written once for every stage.
 
 A stage is one function `(item, ctx) -> ItemResult` declared as a dynamically partitioned asset
-by `@stage_asset`; the stages of a lane (stages.py) become one Dagster multi-asset, `lane_asset`,
+by `@stage_asset`; the stages of a lane (engine/registry.py) become one Dagster multi-asset, `lane_asset`,
 whose step runs each selected stage in turn. A stage claims the work items behind the partitions of
 its run (many per run, so process start-up and model loading are paid once per batch), calls the
 function for each, and finishes each item in one transaction: the item is marked done, the
@@ -21,12 +21,13 @@ A failing item never stops the others. Failures are logged, recorded on the work
 on the partition as an observation with the reason; a run of a single partition fails outright so
 that `dagster asset materialize --partition X` shows the error.
 
-What the UI shows of an item: its metadata made readable (assets/previews.py: previews as
+What the UI shows of an item: its metadata made readable (engine/previews.py: previews as
 thumbnails and pictures, floats rounded, paths as paths), the video's title beside a video's
 partition key, and the attempt only when it was a retry. A stage's `PartitionCheck`s run at the end
 of the run, once for each partition it finished, and are recorded on that partition.
 """
 
+import importlib
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -41,17 +42,19 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData as TargetMaterialization,
 )
 
-from dataminer_dagster.assets.partitions import PARTITIONS
-from dataminer_dagster.assets.previews import readable, ui_metadata
+from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.core.files import remove
 from dataminer_dagster.core.progress import Progress
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
 from dataminer_dagster.db.project_flow import advance_projects
-from dataminer_dagster.resources.database import DatabaseResource
+from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
+from dataminer_dagster.engine.partitions import PARTITIONS
+from dataminer_dagster.engine.previews import readable, ui_metadata
+from dataminer_dagster.engine.registry import StageRegistry, split_project_video_key
+from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import DownloadClient
-from dataminer_dagster.stages import REGISTRY, split_project_video_key
 from dataminer_dagster.tags import (
     DEADLINE_TAG,
     GPU_OP_TAGS,
@@ -91,7 +94,7 @@ class Postponed(Exception):
 
 @dataclass
 class ItemResult:
-    # Shown on the partition in the UI (assets/previews.py: `Preview`s and readable values).
+    # Shown on the partition in the UI (engine/previews.py: `Preview`s and readable values).
     metadata: dict[str, Any] = field(default_factory=dict)
     outcome: dict[str, Any] | None = None  # short summary kept on the work item
     commit: Callable[[sa.Connection], None] | None = (
@@ -252,18 +255,23 @@ def stage_asset(
     checks: Sequence[PartitionCheck] = (),
 ) -> Callable[[StageFunction], StageAsset]:
     """Declare a per-item stage function as a partitioned asset that processes batches of items
-    (`lane_asset` makes the Dagster asset). Its registry entry (stages.py) gives its partition set,
-    its group in the UI and, for a model stage, the GPU op tags and the `gpu` pool."""
+    (`lane_asset` makes the Dagster asset). Its registry entry (its folder's `STAGE`) gives the
+    asset's name, its partition set, its upstream (the asset of the stage it `reads`), its group
+    in the UI and, for a model stage, the GPU op tags and the `gpu` pool. `deps`: more upstream
+    assets, for a stage that reads beyond its registry entry."""
     spec = REGISTRY[stage]
+    upstream = [dg.AssetKey(REGISTRY[spec.reads].asset)] if spec.reads else []
 
     def decorator(process: StageFunction) -> StageAsset:
         return StageAsset(
-            name=process.__name__,
+            name=spec.asset,
             stage=stage,
             process=process,
             partitions_def=PARTITIONS[spec.keys],
             description=description or (process.__doc__ or "").strip() or None,
-            deps=tuple(d.key if isinstance(d, StageAsset) else dg.AssetKey(d) for d in deps),
+            deps=tuple(
+                upstream + [d.key if isinstance(d, StageAsset) else dg.AssetKey(d) for d in deps]
+            ),
             required_resource_keys=frozenset({"db", *required_resource_keys}),
             op_tags=dict(GPU_OP_TAGS) if spec.gpu else {},
             pool=GPU_POOL if spec.gpu else None,
@@ -273,6 +281,35 @@ def stage_asset(
         )
 
     return decorator
+
+
+def stage_assets(registry: StageRegistry = REGISTRY) -> dict[str, StageAsset]:
+    """Every registered stage's asset, by stage name, in flow order: the `@stage_asset` of each
+    stage in its folder's `asset.py`."""
+    found = {}
+    for spec in registry.specs:
+        module = importlib.import_module(f"{spec.home}.asset")
+        assets = [
+            a for a in vars(module).values() if isinstance(a, StageAsset) and a.stage == spec.name
+        ]
+        if len(assets) != 1:
+            raise TypeError(
+                f"{module.__name__} declares {len(assets)} @stage_asset of stage {spec.name!r}; "
+                "a stage's asset.py declares exactly one"
+            )
+        found[spec.name] = assets[0]
+    return found
+
+
+def lane_assets(
+    stages: Mapping[str, StageAsset], lanes: Sequence[Lane] = DEFAULT_LANES
+) -> dict[str, dg.AssetsDefinition]:
+    """The multi-asset of every lane whose stages are all in `stages`."""
+    return {
+        lane.name: lane_asset(lane.name, [stages[s] for s in lane.stages])
+        for lane in lanes
+        if all(s in stages for s in lane.stages)
+    }
 
 
 def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:

@@ -6,9 +6,9 @@ import time
 
 import sqlalchemy as sa
 
+from dataminer_dagster.assets import REGISTRY
+from dataminer_dagster.db.reports import stage_counts
 from dataminer_dagster.db.schema import FINISHED
-from dataminer_dagster.db.status import stage_counts
-from dataminer_dagster.stages import REGISTRY
 
 
 class ProgressBoard:

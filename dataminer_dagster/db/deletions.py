@@ -23,6 +23,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from dataminer_dagster.assets import REGISTRY, VIDEO_STAGES
 from dataminer_dagster.core.files import leftovers, remove, set_aside
 from dataminer_dagster.db.schema import (
     DONE,
@@ -30,15 +31,8 @@ from dataminer_dagster.db.schema import (
     SCHEMA,
     STATUSES,
 )
+from dataminer_dagster.engine.registry import DOWNLOAD, FILTER, FRAMES, project_video_key
 from dataminer_dagster.paths import DataPaths, ProjectPaths, overlaps
-from dataminer_dagster.stages import (
-    DOWNLOAD,
-    FILTER,
-    FRAMES,
-    REGISTRY,
-    VIDEO_STAGES,
-    project_video_key,
-)
 
 S = SCHEMA
 W = f"{S}.work_items"

@@ -26,9 +26,10 @@ from dataminer_dagster.db.scheduling import (
     requestable,
 )
 from dataminer_dagster.db.schema import SCHEMA
-from dataminer_dagster.sensors.run_health import dead_runs, unfinished_runs
+from dataminer_dagster.engine.lanes import Lane
+from dataminer_dagster.engine.registry import PROJECT_VIDEOS, PROJECTS, split_project_video_key
+from dataminer_dagster.engine.run_health import dead_runs, unfinished_runs
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
-from dataminer_dagster.stages import PROJECT_VIDEOS, PROJECTS, Lane, split_project_video_key
 from dataminer_dagster.tags import (
     AHEAD_TAG,
     BATCH_TAG,

@@ -15,14 +15,14 @@ from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.inputs import collect_candidates
 from dataminer_dagster.acquisition.options import merged_download_options
 from dataminer_dagster.acquisition.ytdlp import YOUTUBE
-from dataminer_dagster.assets.stage import (
+from dataminer_dagster.engine.registry import CATALOG
+from dataminer_dagster.engine.stage import (
     ItemResult,
     Postponed,
     StageContext,
     StageItem,
     stage_asset,
 )
-from dataminer_dagster.stages import CATALOG
 
 SOURCE_NAMES = {"search": "YouTube search", "url": "URL", "url_file": "URL file", "files": "files"}
 

@@ -16,9 +16,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dataminer_dagster.assets.filter import FRAME_COLUMNS, filtered_frames, load_scorer
-from dataminer_dagster.assets.previews import preview_metadata
-from dataminer_dagster.assets.stage import (
+from dataminer_dagster.assets.filter.scorer import load_scorer
+from dataminer_dagster.assets.filter.table import passed_frames
+from dataminer_dagster.core.dedup import deduplicate
+from dataminer_dagster.core.embedding_cache import EmbeddingCache
+from dataminer_dagster.core.files import publish, staging_path
+from dataminer_dagster.core.images import read_image
+from dataminer_dagster.core.pair_search import ENGINES
+from dataminer_dagster.core.visualize import PALETTE, contact_sheet
+from dataminer_dagster.engine.previews import preview_metadata
+from dataminer_dagster.engine.registry import DEDUP
+from dataminer_dagster.engine.stage import (
     CheckResult,
     ItemResult,
     PartitionCheck,
@@ -26,14 +34,7 @@ from dataminer_dagster.assets.stage import (
     StageItem,
     stage_asset,
 )
-from dataminer_dagster.core.dedup import deduplicate
-from dataminer_dagster.core.embedding_cache import EmbeddingCache
-from dataminer_dagster.core.files import publish, staging_path
-from dataminer_dagster.core.images import read_image
-from dataminer_dagster.core.pair_search import ENGINES
-from dataminer_dagster.core.visualize import PALETTE, contact_sheet
 from dataminer_dagster.paths import ProjectPaths
-from dataminer_dagster.stages import DEDUP
 
 
 def _no_duplicates_kept(ctx: StageContext, project_name: str) -> CheckResult:
@@ -133,7 +134,6 @@ def _groups_preview(frames: pd.DataFrame, titles: dict[str, str], directory: Pat
 @stage_asset(
     checks=DEDUP_CHECKS,
     stage=DEDUP,
-    deps=[filtered_frames],
     kinds={"faiss", "parquet"},
 )
 def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
@@ -225,22 +225,6 @@ def _record_unreadable(frames: pd.DataFrame, unreadable: dict[int, str]) -> pd.D
         frames.loc[rows, "readable"] = False
         frames.loc[rows, "error"] = list(unreadable.values())
     return frames
-
-
-def passed_frames(project, video_ids: list[str]) -> pd.DataFrame:
-    """Every passed frame of these videos of the project, in a stable order, with a stable id."""
-    paths = ProjectPaths(project.output_dir)
-    parts = []
-    for video_id in sorted(video_ids):
-        table = pd.read_parquet(paths.filter_table(video_id))
-        table = table[table["passed"]]
-        if len(table):
-            parts.append(table.assign(video_id=video_id))
-    if not parts:
-        return pd.DataFrame(columns=[*FRAME_COLUMNS, "video_id", "frame_id"])
-    frames = pd.concat(parts, ignore_index=True)
-    frames["frame_id"] = frames["video_id"] + "_" + frames["frame_index"].map("{:06d}".format)
-    return frames.sort_values("frame_id", ignore_index=True)
 
 
 def _embeddings(

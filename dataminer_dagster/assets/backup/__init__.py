@@ -1,0 +1,21 @@
+"""backup: copy a video's frames to the backup destination (rsync, verified)."""
+
+from dataminer_dagster.engine.registry import BACKUP, FRAMES, INGEST, VIDEOS, StageSpec
+
+STAGE = StageSpec(
+    BACKUP,
+    VIDEOS,
+    lane="backup",
+    asset="frames_backup",
+    description="copy a video's frames away",
+    reads=FRAMES,
+    on_board=False,
+    group=INGEST,
+    home=__name__,
+)
+
+# Recorded on frames_backup for a video none of whose projects names a backup destination: that
+# partition is never materialized, and this says why.
+NO_BACKUP = {
+    "outcome": "nothing to do: no backup configured (no project of the video has backup.dest)"
+}

@@ -1,0 +1,13 @@
+"""catalog: find a project's videos (searches, URL lists, files) and link them to it."""
+
+from dataminer_dagster.engine.registry import CATALOG, INGEST, PROJECTS, StageSpec
+
+STAGE = StageSpec(
+    CATALOG,
+    PROJECTS,
+    lane="catalog",
+    asset="video_catalog",
+    description="find a project's videos, link them",
+    group=INGEST,
+    home=__name__,
+)

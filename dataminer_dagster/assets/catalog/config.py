@@ -1,0 +1,57 @@
+"""The catalog stage's config: what a project's inputs are (`inputs:` in the project YAML)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from dataminer_dagster.core.config_section import Section
+
+
+class SearchConfig(Section):
+    queries: list[str] = Field(default_factory=list, description="YouTube search queries.")
+    queries_file: Path | None = Field(
+        None,
+        description="File with more queries: a YAML list under `queries:`, or one query per line.",
+    )
+    max_results_per_query: int = Field(
+        50, ge=1, le=1000, description="Videos taken from each query (the original's default)."
+    )
+
+
+class InputsConfig(Section):
+    search: SearchConfig | None = Field(
+        None, description="YouTube searches (run by the video_catalog asset)."
+    )
+    urls: list[str] = Field(
+        default_factory=list, description="Video URLs (YouTube or direct http(s) links)."
+    )
+    url_file: Path | None = Field(
+        None,
+        description="File with one URL per line; blank lines and lines starting with # or // are skipped.",
+    )
+    files: list[str] = Field(
+        default_factory=list, description="Local video files or glob patterns."
+    )
+    max_list_file_mb: float = Field(
+        16,
+        gt=0,
+        description="Largest url_file or search.queries_file read; a larger one is refused.",
+    )
+    max_list_file_lines: int = Field(
+        100_000,
+        ge=1,
+        description="Most lines in a url_file or search.queries_file; more are refused.",
+    )
+    max_file_matches: int = Field(
+        10_000,
+        ge=1,
+        description="Most video files one `files` pattern may match; more are refused.",
+    )
+
+    @model_validator(mode="after")
+    def _has_a_source(self) -> InputsConfig:
+        if not (self.search or self.urls or self.url_file or self.files):
+            raise ValueError("give at least one of search, urls, url_file or files")
+        return self

@@ -1,0 +1,37 @@
+"""The dedup stage's config (`dedup:` in the project YAML)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from dataminer_dagster.core.config_section import Probability, Section
+
+
+class DedupConfig(Section):
+    threshold: Probability = Field(
+        0.9, description="Frames at cosine similarity >= this are duplicates."
+    )
+    embeddings: Literal["filter", "dinov2"] = Field(
+        "filter",
+        description="filter: reuse the filter's SigLIP embeddings (no second model pass); dinov2: a DINOv2/DINOv3 model.",
+    )
+    model: str | None = Field(
+        None, description="Model for embeddings: dinov2 (e.g. facebook/dinov2-base)."
+    )
+    device: str = Field(
+        "auto",
+        description="auto, cpu, cuda, cuda:N or mps: for a dinov2 model and for the duplicate search (mps: the search on the CPU).",
+    )
+    exact_limit: int = Field(
+        20_000,
+        ge=100,
+        description="Exact neighbour search up to this many frames, an approximate index beyond.",
+    )
+
+    @model_validator(mode="after")
+    def _model_for_dinov2(self) -> DedupConfig:
+        if self.embeddings == "dinov2" and not self.model:
+            raise ValueError("dedup.model is required when dedup.embeddings is dinov2")
+        return self

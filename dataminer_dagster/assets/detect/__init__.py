@@ -1,0 +1,16 @@
+"""detect: detect objects in a project's deduplicated frames (YOLO, OWLv2, Grounding DINO)."""
+
+from dataminer_dagster.engine.registry import DEDUP, DETECT, PROJECTS, StageSpec
+
+STAGE = StageSpec(
+    DETECT,
+    PROJECTS,
+    lane="project",
+    asset="detections",
+    description="detect objects in the deduplicated frames",
+    reads=DEDUP,
+    after_members=True,
+    forceable=True,
+    gpu=True,
+    home=__name__,
+)

@@ -1,0 +1,14 @@
+"""filter: score each project video's frames against the project's prompts (SigLIP2)."""
+
+from dataminer_dagster.engine.registry import FILTER, FRAMES, PROJECT_VIDEOS, StageSpec
+
+STAGE = StageSpec(
+    FILTER,
+    PROJECT_VIDEOS,
+    lane="filter",
+    asset="filtered_frames",
+    description="score a video's frames",
+    reads=FRAMES,
+    gpu=True,
+    home=__name__,
+)

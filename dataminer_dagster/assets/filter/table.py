@@ -1,0 +1,51 @@
+"""The filter's table: one row per frame of a project video, with every prompt's score and the
+keep/drop decision, at `ProjectPaths.filter_table(video)` (`<output>/filter/<video>.parquet`).
+Other stages read it through this module only."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from dataminer_dagster.assets.filter.config import FilterConfig
+from dataminer_dagster.paths import ProjectPaths
+
+FRAME_COLUMNS = [
+    "frame_index",
+    "timestamp",
+    "file",
+    "width",
+    "height",
+    "sharpness",
+    "content_hash",
+    "readable",
+    "error",
+    "passed",
+    "pos_max",
+    "neg_max",
+    "junk_max",
+    "best_prompt",
+]  # then one score column per prompt (prompt_columns)
+
+
+def prompt_columns(config: FilterConfig) -> list[str]:
+    return (
+        [f"positive: {p}" for p in config.positive_prompts]
+        + [f"negative: {p}" for p in config.negative_prompts]
+        + [f"junk: {p}" for p in config.junk_prompts]
+    )
+
+
+def passed_frames(project, video_ids: list[str]) -> pd.DataFrame:
+    """Every passed frame of these videos of the project, in a stable order, with a stable id."""
+    paths = ProjectPaths(project.output_dir)
+    parts = []
+    for video_id in sorted(video_ids):
+        table = pd.read_parquet(paths.filter_table(video_id))
+        table = table[table["passed"]]
+        if len(table):
+            parts.append(table.assign(video_id=video_id))
+    if not parts:
+        return pd.DataFrame(columns=[*FRAME_COLUMNS, "video_id", "frame_id"])
+    frames = pd.concat(parts, ignore_index=True)
+    frames["frame_id"] = frames["video_id"] + "_" + frames["frame_index"].map("{:06d}".format)
+    return frames.sort_values("frame_id", ignore_index=True)
