@@ -98,7 +98,7 @@ def _overhead(url: str, rounds: int) -> float:
     from dataminer_dagster.acquisition.politeness import PausePolicy
     from dataminer_dagster.db.engine import get_engine
     from dataminer_dagster.db.leases import LeaseStore
-    from dataminer_dagster.resources.host_throttle import SharedThrottle
+    from dataminer_dagster.db.shared_throttle import SharedThrottle
 
     engine = get_engine(url)
     LeaseStore(engine).heartbeat("bench-overhead", "bench", os.getpid())

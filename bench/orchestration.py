@@ -39,11 +39,12 @@ def setup_project(videos: int, root: Path):
     """A project of `videos` local files, its catalog done: its downloads are queued."""
     from dataminer_dagster.config import parse_project_config
     from dataminer_dagster.db import migrate
-    from dataminer_dagster.db.catalog import Candidate, Catalog
+    from dataminer_dagster.db.catalog import Catalog
     from dataminer_dagster.db.engine import get_engine
     from dataminer_dagster.db.leases import LeaseStore
     from dataminer_dagster.db.schema import DONE
     from dataminer_dagster.db.server import claims_database_url
+    from dataminer_dagster.db.videos import Candidate
     from dataminer_dagster.engine.registry import CATALOG
     from dataminer_dagster.paths import DataPaths
     from dataminer_dagster.settings import load_settings

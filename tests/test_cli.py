@@ -17,10 +17,11 @@ from click.testing import CliRunner
 from dataminer_dagster.cli import dev as cli_dev
 from dataminer_dagster.cli import main
 from dataminer_dagster.config import parse_project_config
-from dataminer_dagster.db.catalog import Candidate, Catalog
+from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, PENDING, RUNNING
+from dataminer_dagster.db.videos import Candidate
 from dataminer_dagster.engine.registry import (
     CATALOG,
     DATASET,

@@ -10,7 +10,7 @@ downloads still transfer their bodies at once, up to a limit per host (`download
 `HostThrottle` is the interface the yt-dlp client uses (`ytdlp.py`): `request_turn` around each
 HTTP request, `download_slot` around each download. Two implementations:
 
-* `SharedThrottle` (resources/host_throttle.py, on db/host_pauses.py) keeps pauses, turns and
+* `SharedThrottle` (db/shared_throttle.py, on db/host_pauses.py) keeps pauses, turns and
   slots in the claim database, so that every run on every machine obeys them;
 * `LocalThrottle` keeps pauses in this process only (the yt-dlp functions called on their own,
   `dataminer populate`).

@@ -52,7 +52,7 @@ def add_video(url: str, project_name: str) -> None:
         video_id_for_url,
         youtube_watch_url,
     )
-    from dataminer_dagster.db.catalog import Candidate
+    from dataminer_dagster.db.videos import Candidate
 
     _, _, catalog = context()
     proj = catalog.project(project_name)
@@ -84,21 +84,20 @@ def populate(config: str, dry_run: bool) -> None:
     from dataminer_dagster.acquisition.ytdlp import YOUTUBE
     from dataminer_dagster.core.redact import redact
     from dataminer_dagster.db.schema import DONE
+    from dataminer_dagster.db.shared_throttle import SharedThrottle
     from dataminer_dagster.engine.registry import CATALOG
     from dataminer_dagster.resources.download_client import YtDlpClient
-    from dataminer_dagster.resources.host_throttle import SharedThrottle
 
     cfg = load_config(config)
     settings, store, catalog = context()
     # Searches as the catalog stage makes them: the project's cookies and proxies, and the host
     # pauses every run shares (a paused host is reported, not asked again).
     options = merged_download_options([cfg.download], YOUTUBE)
-    throttle = SharedThrottle(
+    throttle = SharedThrottle.for_download(
         store.engine,
-        run_id=f"cli-populate-{os.getpid()}",
-        policy=options.pauses,
+        f"cli-populate-{os.getpid()}",
+        options,
         stale_after_s=settings.lease.stale_after_s,
-        max_wait_s=options.max_pause_wait_s,
     )
     search = functools.partial(YtDlpClient().search, options=options, throttle=throttle)
     found = collect_candidates(cfg.inputs, search)

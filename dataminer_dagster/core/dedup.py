@@ -18,12 +18,12 @@ Beyond, it is an inverted-file (IVF) index: lists from FAISS k-means, each vecto
 `nprobe` nearest lists by a FAISS k-NN search of the centroids. Because the queries are the
 indexed vectors themselves, the index is searched list by list (a list's members against every
 vector that probes it, one block of products, as faiss.contrib.big_batch_search does for k-NN)
-rather than query by query: FAISS's own IndexIVFFlat.range_search on as many lists took 3.4x as
-long at 110,500 vectors and 8x at 1.1M. It only misses pairs, it never invents one (every
+rather than query by query, which took several times as long (FAISS's own
+IndexIVFFlat.range_search on as many lists). It only misses pairs, it never invents one (every
 reported pair is an exact product above the threshold); `measure_recall` says how many it missed
-on a sample. HNSW was measured and not chosen: at 110,500 vectors its build alone took over 3x
-this whole search, its k-NN search (k 50) left 28 of the 1,001 planted groups split, and
-faiss-cpu 1.15's HNSW range search aborts the process. Measurements: bench/dedup.md.
+on a sample. HNSW was measured and not chosen: its build alone cost more than this whole search,
+its k-NN search left planted groups split, and faiss-cpu 1.15's HNSW range search aborts the
+process. The figures: bench/dedup.md.
 
 The products themselves are computed by a search engine (`core/pair_search.py`): FAISS and NumPy
 on the CPU, and on a GPU when there is one, FAISS's GPU kernels (faiss-gpu) or torch. Every engine

@@ -1,7 +1,7 @@
 """The frame-filter decision: SigLIP prompt scores in, keep-or-drop per frame out.
 
 Prompts are ordered positive + negative + junk and scored per frame with SigLIP's sigmoid head.
-A frame passes when its best positive prompt clears `positive`, and, for each of the optional
+A frame passes when its best positive prompt clears `positive_threshold`, and, for each of the optional
 negative and junk groups, the group's best score stays below its threshold and the positive lead
 over it is larger than the margin. Every comparison is strict, so a score exactly on a threshold
 or a lead exactly equal to a margin fails. This is the reference system's rule, unchanged.
@@ -9,27 +9,42 @@ or a lead exactly equal to a margin fails. This is the reference system's rule, 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 
-@dataclass(frozen=True)
-class FilterThresholds:
-    """Thresholds of the decision rule. The project config supplies them; there are no defaults.
+class Thresholds(Protocol):
+    """Thresholds of the decision rule, by the names of the project config's `filter:` section,
+    which is one (it is passed as it is); there are no defaults.
 
-    positive:        best positive score must be above this.
-    negative:        best negative score must be below this (when there are negative prompts).
-    pos_neg_margin:  best positive minus best negative must be above this.
-    junk:            best junk score must be below this (when there are junk prompts).
-    pos_junk_margin: best positive minus best junk must be above this.
+    positive_threshold: best positive score must be above this.
+    negative_threshold: best negative score must be below this (when there are negative prompts).
+    pos_neg_margin:     best positive minus best negative must be above this.
+    junk_threshold:     best junk score must be below this (when there are junk prompts).
+    pos_junk_margin:    best positive minus best junk must be above this.
     """
 
-    positive: float
-    negative: float
+    positive_threshold: float
+    negative_threshold: float
     pos_neg_margin: float
-    junk: float
+    junk_threshold: float
     pos_junk_margin: float
+
+
+@dataclass(frozen=True)
+class FilterThresholds:
+    """Thresholds on their own, without a project config (tests, benchmarks)."""
+
+    positive_threshold: float
+    negative_threshold: float
+    pos_neg_margin: float
+    junk_threshold: float
+    pos_junk_margin: float
+
+
+_THRESHOLD_NAMES = tuple(FilterThresholds.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -72,7 +87,7 @@ def apply_filter_rule(
     n_positive: int,
     n_negative: int,
     n_junk: int,
-    thresholds: FilterThresholds,
+    thresholds: Thresholds,
 ) -> FilterDecision:
     """Decide for each frame (row of `scores`, shape (N, n_positive + n_negative + n_junk)).
 
@@ -95,21 +110,25 @@ def apply_filter_rule(
             f"{n_negative} negative and {n_junk} junk prompts, got {scores.shape}"
         )
     n_frames = scores.shape[0]
-    limit = {name: scores.dtype.type(value) for name, value in asdict(thresholds).items()}
+    limit = {name: scores.dtype.type(getattr(thresholds, name)) for name in _THRESHOLD_NAMES}
     positive = scores[:, :n_positive]
     pos_max = positive.max(axis=1)
     best_positive = positive.argmax(axis=1).astype(np.int64)
-    passed = pos_max > limit["positive"]
+    passed = pos_max > limit["positive_threshold"]
 
     neg_max = np.full(n_frames, np.nan, dtype=scores.dtype)
     if n_negative:
         neg_max = scores[:, n_positive : n_positive + n_negative].max(axis=1)
-        passed &= (neg_max < limit["negative"]) & (pos_max - neg_max > limit["pos_neg_margin"])
+        passed &= (neg_max < limit["negative_threshold"]) & (
+            pos_max - neg_max > limit["pos_neg_margin"]
+        )
 
     junk_max = np.full(n_frames, np.nan, dtype=scores.dtype)
     if n_junk:
         junk_max = scores[:, n_positive + n_negative :].max(axis=1)
-        passed &= (junk_max < limit["junk"]) & (pos_max - junk_max > limit["pos_junk_margin"])
+        passed &= (junk_max < limit["junk_threshold"]) & (
+            pos_max - junk_max > limit["pos_junk_margin"]
+        )
 
     return FilterDecision(
         passed=passed,

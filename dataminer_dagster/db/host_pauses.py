@@ -1,5 +1,5 @@
 """The host throttle's tables: pauses, request turns and download slots per host, shared by every
-run on every machine (`resources/host_throttle.py` puts them behind acquisition's interface).
+run on every machine (`db/shared_throttle.py` puts them behind acquisition's interface).
 
 * A **pause** is a row of `host_pauses`: no run sends the host a request before `paused_until`.
   The row stays after the pause ends; `strikes` (pauses in a row without a success in between)

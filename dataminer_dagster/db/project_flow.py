@@ -19,7 +19,15 @@ import sqlalchemy as sa
 
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, RUNNING, SCHEMA
+from dataminer_dagster.db.schema import (
+    BLOCKED,
+    DEAD,
+    DONE,
+    FAILED,
+    RUNNING,
+    SCHEMA,
+    project_video_key_sql,
+)
 from dataminer_dagster.engine.registry import CATALOG, DOWNLOAD, FILTER, FRAMES
 
 S = SCHEMA
@@ -34,7 +42,7 @@ MEMBER_FINISHED_SQL = f"""coalesce(
 MEMBERS_JOIN = f"""
     {S}.project_videos pv
     JOIN {S}.projects p ON p.id = pv.project_id
-    LEFT JOIN {S}.work_items fi ON fi.stage = '{FILTER}' AND fi.item_key = p.name || '.' || pv.video_id
+    LEFT JOIN {S}.work_items fi ON fi.stage = '{FILTER}' AND fi.item_key = {project_video_key_sql("p.name", "pv.video_id")}
     LEFT JOIN {S}.work_items d ON d.stage = '{DOWNLOAD}' AND d.item_key = pv.video_id
     LEFT JOIN {S}.work_items f ON f.stage = '{FRAMES}' AND f.item_key = pv.video_id
 """

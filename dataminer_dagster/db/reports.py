@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from dataminer_dagster.assets import REGISTRY
-from dataminer_dagster.db.catalog import Catalog, ProjectRow
+from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.projects import ProjectRow
 from dataminer_dagster.db.schema import (
     BLOCKED,
     DEAD,

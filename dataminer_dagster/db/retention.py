@@ -26,7 +26,8 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from dataminer_dagster.core.files import set_aside
-from dataminer_dagster.db.catalog import Catalog, ProjectRow
+from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.projects import ProjectRow
 
 COMPLETE = "complete"
 

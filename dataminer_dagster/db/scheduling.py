@@ -20,7 +20,14 @@ import sqlalchemy as sa
 
 from dataminer_dagster.db.leases import CONCERNS_PROJECTS
 from dataminer_dagster.db.project_flow import ACTIVE, MEMBER_FINISHED_SQL
-from dataminer_dagster.db.schema import DONE, FAILED, PENDING, RUNNING, SCHEMA
+from dataminer_dagster.db.schema import (
+    DONE,
+    FAILED,
+    PENDING,
+    RUNNING,
+    SCHEMA,
+    project_video_key_sql,
+)
 from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 
 S = SCHEMA
@@ -126,10 +133,10 @@ def _in_flight(alias: str) -> str:
 # A project video is coming to the filter when it has no filter item yet and its download or
 # extraction is in flight.
 _FILTER_COMING = f"""
-    SELECT p.name || '.' || pv.video_id AS key, pv.id AS position
+    SELECT {project_video_key_sql("p.name", "pv.video_id")} AS key, pv.id AS position
       FROM {S}.project_videos pv JOIN {S}.projects p ON p.id = pv.project_id
      WHERE NOT EXISTS (SELECT 1 FROM {W} fi WHERE fi.stage = '{FILTER}'
-                          AND fi.item_key = p.name || '.' || pv.video_id)
+                          AND fi.item_key = {project_video_key_sql("p.name", "pv.video_id")})
        AND EXISTS (SELECT 1 FROM {W} x WHERE x.stage IN ('{DOWNLOAD}', '{FRAMES}')
                       AND x.item_key = pv.video_id AND {_in_flight("x")})
 """
@@ -143,13 +150,13 @@ _PROJECT_COMING = f"""
      WHERE p.stage = '{ACTIVE}'
        AND EXISTS (
             SELECT 1 FROM {S}.project_videos pv
-              LEFT JOIN {W} fi ON fi.stage = '{FILTER}' AND fi.item_key = p.name || '.' || pv.video_id
+              LEFT JOIN {W} fi ON fi.stage = '{FILTER}' AND fi.item_key = {project_video_key_sql("p.name", "pv.video_id")}
               LEFT JOIN {W} d ON d.stage = '{DOWNLOAD}' AND d.item_key = pv.video_id
               LEFT JOIN {W} f ON f.stage = '{FRAMES}' AND f.item_key = pv.video_id
              WHERE pv.project_id = p.id AND NOT {MEMBER_FINISHED_SQL})
        AND NOT EXISTS (
             SELECT 1 FROM {S}.project_videos pv
-              LEFT JOIN {W} fi ON fi.stage = '{FILTER}' AND fi.item_key = p.name || '.' || pv.video_id
+              LEFT JOIN {W} fi ON fi.stage = '{FILTER}' AND fi.item_key = {project_video_key_sql("p.name", "pv.video_id")}
               LEFT JOIN {W} d ON d.stage = '{DOWNLOAD}' AND d.item_key = pv.video_id
               LEFT JOIN {W} f ON f.stage = '{FRAMES}' AND f.item_key = pv.video_id
              WHERE pv.project_id = p.id AND NOT {MEMBER_FINISHED_SQL}

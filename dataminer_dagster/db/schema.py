@@ -9,7 +9,16 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
+from dataminer_dagster.engine.registry import KEY_SEPARATOR
+
 SCHEMA = "dataminer"
+
+
+def project_video_key_sql(project_name: str, video_id: str) -> str:
+    """The SQL expression of a project video's key from two column expressions, as
+    `project_video_key` builds it in Python."""
+    return f"{project_name} || '{KEY_SEPARATOR}' || {video_id}"
+
 
 # Work-item statuses. `failed` waits for its back-off and is claimable again; `dead` and `blocked`
 # are terminal (dead: tried too often or failed permanently; blocked: skipped by a rule).

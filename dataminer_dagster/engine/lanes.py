@@ -47,10 +47,8 @@ class Lane:
 
 
 # What a lane's first item imports, named down to the modules that do the work: `transformers`
-# and `ultralytics` import lazily, so importing only them warms little. Measured on the demo's
-# tiny models (2 cores, imports done first): the filter's first batch 3.2 s after importing torch
-# and transformers, 0.4 s after these; YOLO's first detection 1.5-1.7 s after torch and
-# ultralytics, 0.2 s after these.
+# and `ultralytics` import lazily, so importing only them warms little (the first batch's time
+# either way: bench/README.md, "Figures behind the code").
 _TORCH_AT_FIRST_USE = ("torch", "torchvision", "torch._dynamo")
 _SIGLIP = (
     "transformers.modeling_utils",

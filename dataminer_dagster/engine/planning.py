@@ -18,6 +18,12 @@ import dagster as dg
 import sqlalchemy as sa
 
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.partition_rows import (
+    PARTITION_SETS,
+    all_keys,
+    projects_of_videos,
+    rows_after,
+)
 from dataminer_dagster.db.project_flow import Transition, advance_projects
 from dataminer_dagster.db.scheduling import (
     REREQUEST_AFTER_S,
@@ -25,9 +31,13 @@ from dataminer_dagster.db.scheduling import (
     mark_requested,
     requestable,
 )
-from dataminer_dagster.db.schema import SCHEMA
 from dataminer_dagster.engine.lanes import Lane
-from dataminer_dagster.engine.registry import PROJECT_VIDEOS, PROJECTS, split_project_video_key
+from dataminer_dagster.engine.registry import (
+    PROJECT_VIDEOS,
+    PROJECTS,
+    VIDEOS,
+    split_project_video_key,
+)
 from dataminer_dagster.engine.run_health import dead_runs, unfinished_runs
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.tags import (
@@ -45,8 +55,8 @@ from dataminer_dagster.tags import (
 )
 
 MAX_PARTITION_ADDS_PER_TICK = 25_000
-# The comparison of the catalog's keys with Dagster's reads them all (0.8 s at 100,000 videos and
-# as many project videos): done on a tick that finds nothing new, at most this often.
+# The comparison of the catalog's keys with Dagster's reads them all (its cost: bench/README.md,
+# the quiet tick's row): done on a tick that finds nothing new, at most this often.
 COMPARE_EVERY_S = 30.0
 # With the live runs known, a requested item that no live run covers was requested by a run that
 # never came to be: the tick's result was lost after the request was noted (the daemon killed, a
@@ -98,17 +108,8 @@ class Discovery:
                 instance.delete_dynamic_partition(name, key)
 
 
-# The catalog rows behind each partition set: (partitions name, cursor field, key query).
-_DISCOVERED = [
-    ("projects", "project", f"SELECT id, name AS key FROM {SCHEMA}.projects"),
-    ("videos", "video", f"SELECT id, video_id AS key FROM {SCHEMA}.videos"),
-    (
-        "project_videos",
-        "project_video",
-        f"""SELECT pv.id, p.name || '.' || pv.video_id AS key FROM {SCHEMA}.project_videos pv
-            JOIN {SCHEMA}.projects p ON p.id = pv.project_id""",
-    ),
-]
+# The cursor field of each partition set's rows.
+_CURSOR_FIELDS = {PROJECTS: "project", VIDEOS: "video", PROJECT_VIDEOS: "project_video"}
 
 
 def plan_discovery(
@@ -129,14 +130,12 @@ def plan_discovery(
     deleted are to be removed."""
     result = Discovery(cursor=DiscoveryCursor(**cursor.__dict__))
     with engine.connect() as c:
-        for partitions_name, field_name, query in _DISCOVERED:
+        for partitions_name in PARTITION_SETS:
+            field_name = _CURSOR_FIELDS[partitions_name]
             left = budget - result.count
             if left <= 0:
                 break
-            rows = c.execute(
-                sa.text(f"SELECT * FROM ({query}) q WHERE id > :after ORDER BY id LIMIT :n"),
-                {"after": getattr(cursor, field_name), "n": left},
-            ).all()
+            rows = rows_after(c, partitions_name, getattr(cursor, field_name), left)
             if rows:
                 result.additions[partitions_name] = [r.key for r in rows]
                 setattr(result.cursor, field_name, rows[-1].id)
@@ -154,12 +153,12 @@ def _compare_with_dagster(
     by partitions name. Dagster's keys are read before the catalog's, so that a row created
     meanwhile can only be missing from the first list (and is added: adding is idempotent),
     never wrongly pruned."""
-    listed = {name: instance.get_dynamic_partitions(name) for name, _, _ in _DISCOVERED}
+    listed = {name: instance.get_dynamic_partitions(name) for name in PARTITION_SETS}
     missed: dict[str, list[str]] = {}
     gone: dict[str, list[str]] = {}
     with engine.connect() as c:
-        for name, _, query in _DISCOVERED:
-            current = list(c.execute(sa.text(f"SELECT key FROM ({query}) q ORDER BY id")).scalars())
+        for name in PARTITION_SETS:
+            current = all_keys(c, name)
             known, present = set(listed[name]), set(current)
             left = budget - sum(len(keys) for keys in missed.values())
             if left > 0 and (keys := [k for k in current if k not in known][:left]):
@@ -332,15 +331,7 @@ def _project_names(engine: sa.Engine, lane: Lane, keys: Sequence[str], shown: in
     elif lane.partitions == PROJECT_VIDEOS:
         names = {split_project_video_key(key)[0] for key in keys}
     else:
-        with engine.connect() as c:
-            names = set(
-                c.execute(
-                    sa.text(f"""SELECT DISTINCT p.name FROM {SCHEMA}.project_videos pv
-                                 JOIN {SCHEMA}.projects p ON p.id = pv.project_id
-                                WHERE pv.video_id = ANY(CAST(:keys AS text[]))"""),
-                    {"keys": list(keys)},
-                ).scalars()
-            )
+        names = projects_of_videos(engine, keys)
     ordered = sorted(names)
     more = f" (+{len(ordered) - shown} more)" if len(ordered) > shown else ""
     return ", ".join(ordered[:shown]) + more

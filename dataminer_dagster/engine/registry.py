@@ -134,12 +134,17 @@ class StageRegistry:
         return tuple(s.name for s in self._specs if s.lane == lane)
 
 
+# Between the project and the video id in a project video's key; SQL that builds the key
+# (db/catalog.py, db/partition_rows.py) takes it from here.
+KEY_SEPARATOR = "."
+
+
 def project_video_key(project: str, video_id: str) -> str:
-    return f"{project}.{video_id}"
+    return f"{project}{KEY_SEPARATOR}{video_id}"
 
 
 def split_project_video_key(key: str) -> tuple[str, str]:
-    project, sep, video_id = key.rpartition(".")
+    project, sep, video_id = key.rpartition(KEY_SEPARATOR)
     if not sep or not project or not video_id:
         raise ValueError(f"{key!r} is not a <project>.<video id> key")
     return project, video_id

@@ -31,16 +31,10 @@ import importlib
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-import sqlalchemy as sa
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationTargetMaterializationData as TargetMaterialization,
-)
 
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.core.files import remove
@@ -49,9 +43,17 @@ from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
 from dataminer_dagster.db.project_flow import advance_projects
+from dataminer_dagster.engine.checks import PartitionCheck, evaluate_checks
 from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
+from dataminer_dagster.engine.outcomes import (
+    Blocked,
+    ItemResult,
+    PermanentFailure,
+    Postponed,
+    RequeueFirst,
+)
 from dataminer_dagster.engine.partitions import PARTITIONS
-from dataminer_dagster.engine.previews import readable, ui_metadata
+from dataminer_dagster.engine.previews import ui_metadata
 from dataminer_dagster.engine.registry import StageRegistry, split_project_video_key
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import DownloadClient
@@ -63,49 +65,6 @@ from dataminer_dagster.tags import (
     PROJECTS_TAG,
     REQUESTED_BY_TAG,
 )
-
-
-class Blocked(Exception):
-    """A rule says skip this item (blocked hashtag, too long...): terminal, and not a failure."""
-
-
-class PermanentFailure(Exception):
-    """Retrying cannot help (HTTP 404, an undecodable file): the item is dead at once."""
-
-
-class RequeueFirst(Exception):
-    """The item needs work done again before it can run (its frames were deleted): `requeue`
-    queues that work in the transaction that records this failure (the attempt counts)."""
-
-    def __init__(self, message: str, requeue: Callable[[sa.Connection], None]):
-        super().__init__(message)
-        self.requeue = requeue
-
-
-class Postponed(Exception):
-    """Not the item's fault (too little free disk space, a paused host): it is tried again after a
-    back-off, or at `not_before` when given, and the attempt does not count, so a full disk or a
-    throttling host never turns good items dead."""
-
-    def __init__(self, message: str, not_before: datetime | None = None):
-        super().__init__(message)
-        self.not_before = not_before
-
-
-@dataclass
-class ItemResult:
-    # Shown on the partition in the UI (engine/previews.py: `Preview`s and readable values).
-    metadata: dict[str, Any] = field(default_factory=dict)
-    outcome: dict[str, Any] | None = None  # short summary kept on the work item
-    commit: Callable[[sa.Connection], None] | None = (
-        None  # record + publish, inside the transaction
-    )
-    # Paths removed once the item is over (committed or not): staging directories, and what the
-    # commit set aside for deletion (which a rollback has put back in place).
-    staged: list[Path] = field(default_factory=list)
-    # What this item decided for another asset's same partition, recorded there as an observation
-    # (asset name -> metadata): frames telling frames_backup that it has nothing to do.
-    observed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -168,26 +127,6 @@ class StageContext:
     def check_lease(self, item: StageItem) -> None:
         """Call between units of long work: raises LeaseLost when the item was taken away."""
         self.db.leases.check(item.lease)
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """One partition's check result: flat numbers that the UI plots (`missing_files: 0`), and
-    on failure a description that says what is wrong in words."""
-
-    passed: bool
-    metadata: dict[str, int | float] = field(default_factory=dict)
-    description: str | None = None
-
-
-@dataclass(frozen=True)
-class PartitionCheck:
-    """An asset check evaluated for each partition a run finished, at the end of the run: its
-    result is recorded on that partition (the Checks tab's Partition column)."""
-
-    name: str
-    description: str
-    evaluate: Callable[[StageContext, str], CheckResult]
 
 
 class StageConfig(dg.Config):
@@ -412,7 +351,7 @@ def run_stage(
     finally:
         db.leases.release_many(pending)  # interrupted: give back what was never started
 
-    yield from _evaluate_checks(context, ctx, stage_def, finished)
+    yield from evaluate_checks(context, ctx, stage_def, finished)
 
     # The project that this run's items finished moves on now, not at the sensor's next tick.
     for t in advance_projects(db.store):
@@ -517,66 +456,6 @@ def _observation(
         partition=lease.key,
         metadata={**ui_metadata(about)[0], **_attempt(lease)},
     )
-
-
-def _evaluate_checks(
-    context: dg.AssetExecutionContext,
-    ctx: StageContext,
-    stage_def: StageAsset,
-    finished: list[str],
-) -> Iterator[dg.AssetCheckEvaluation]:
-    """The stage's selected checks, once per partition this run finished. A range run has no
-    single partition key, so each result is an AssetCheckEvaluation naming its partition and the
-    materialization it checked."""
-    key = stage_def.key
-    selected = {c.name for c in context.selected_asset_check_keys if c.asset_key == key}
-    checks = [c for c in stage_def.checks if c.name in selected]
-    if not checks or not finished:
-        return
-    targets = _latest_materializations(context.instance, key, finished)
-    for check in checks:
-        for partition in finished:
-            result = _evaluate_partition(ctx, check, partition)
-            yield dg.AssetCheckEvaluation(
-                asset_key=key,
-                check_name=check.name,
-                passed=result.passed,
-                metadata={k: readable(v) for k, v in result.metadata.items()},
-                description=result.description,
-                target_materialization_data=targets.get(partition),
-                partition=partition,
-            )
-
-
-def _evaluate_partition(ctx: StageContext, check: PartitionCheck, partition: str) -> CheckResult:
-    try:
-        result = check.evaluate(ctx, partition)
-    except Exception as error:  # a check that cannot run is a failed check, not a failed run
-        message = redact(f"{type(error).__name__}: {error}")
-        ctx.log.error(f"check {check.name} of {partition} could not run: {message}")
-        return CheckResult(False, {}, f"The check could not run: {message}")
-    if result.passed or result.description:
-        return result
-    summary = ", ".join(f"{k} {v}" for k, v in result.metadata.items())
-    return CheckResult(False, result.metadata, f"{check.description} Not so: {summary}.")
-
-
-def _latest_materializations(
-    instance: dg.DagsterInstance, key: dg.AssetKey, partitions: list[str]
-) -> dict[str, TargetMaterialization]:
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=key, asset_partitions=partitions), limit=len(partitions)
-    ).records
-    latest: dict[str, TargetMaterialization] = {}
-    for record in records:  # newest first
-        partition = record.partition_key
-        if partition is not None and partition not in latest:
-            latest[partition] = TargetMaterialization(
-                storage_id=record.storage_id,
-                run_id=record.run_id,
-                timestamp=record.timestamp,
-            )
-    return latest
 
 
 def _report_unclaimed(

@@ -15,6 +15,7 @@ import dagster as dg
 
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_flow import COMPLETE, PROJECT_FAILED
+from dataminer_dagster.db.projects import project_columns
 from dataminer_dagster.db.scheduling import next_due
 from dataminer_dagster.engine.jobs import lane_jobs, lanes_of
 from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
@@ -71,7 +72,7 @@ def drive(
     jobs = {name: job.name for name, job in lane_jobs(stages, lanes).items()}
     stage_keys = {stage: s.key for stage, s in stages.items()}
     engine = store.engine
-    project_ids = list(_by_name(store, projects, "id").values())
+    project_ids = list(project_columns(store.engine, projects, "id").values())
     cursor = DiscoveryCursor()
     started = time.monotonic()
     deadline = None if timeout_s is None else started + timeout_s
@@ -134,22 +135,4 @@ def _check_deadline(deadline: float | None, timeout_s: float | None, stages: dic
 
 
 def _stages(store: LeaseStore, projects: Sequence[str]) -> dict[str, str]:
-    return _by_name(store, projects, "stage")
-
-
-def _by_name(store: LeaseStore, projects: Sequence[str], column: str) -> dict:
-    """One column of each project's row, by name; ValueError for unknown names."""
-    import sqlalchemy as sa
-
-    with store.engine.connect() as c:
-        rows = c.execute(
-            sa.text(
-                f"SELECT name, {column} FROM dataminer.projects WHERE name = ANY(CAST(:n AS text[]))"
-            ),
-            {"n": list(projects)},
-        ).all()
-    found = dict(rows)
-    missing = set(projects) - set(found)
-    if missing:
-        raise ValueError(f"unknown projects: {sorted(missing)}")
-    return found
+    return project_columns(store.engine, projects, "stage")

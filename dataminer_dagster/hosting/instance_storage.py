@@ -39,8 +39,8 @@ class _UrlFromEnvironment:
         # dagster-postgres opens a new connection for every operation (a NullPool), so that no
         # DagsterInstance holds connections. Here the three storages share the process's pooled
         # autocommit engine for the URL instead (pre-pinged: a database restart costs no failed
-        # statement; a forked child gets its own). In `dataminer run`'s loop that was 3,182
-        # connections, 7.0 s of a 23 s run of 200 videos (bench/orchestration.py, cProfile).
+        # statement; a forked child gets its own). In `dataminer run`'s loop the storages' own
+        # connections were a large share of the run (bench/README.md, "Figures behind the code").
         # dagster-webserver swaps in its own pool the same way (optimize_for_webserver).
         storage._engine = get_engine(storage.postgres_url, autocommit=True)
         return storage

@@ -15,9 +15,9 @@ from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.run_leases import RunLeases
 from dataminer_dagster.db.server import claims_database_url
+from dataminer_dagster.db.shared_throttle import SharedThrottle
 from dataminer_dagster.engine.ahead import is_ahead, wait_for_input
 from dataminer_dagster.paths import DataPaths
-from dataminer_dagster.resources.host_throttle import SharedThrottle
 from dataminer_dagster.settings import Settings, load_settings
 
 _log = logging.getLogger(__name__)
@@ -107,12 +107,11 @@ class DatabaseResource(dg.ConfigurableResource):
     ) -> SharedThrottle:
         """The host throttle every run shares (pauses, request turns, download slots), with the
         pause policy of `options`, for run `run_id`, whose heartbeat keeps its download slots."""
-        return SharedThrottle(
+        return SharedThrottle.for_download(
             self.store.engine,
-            run_id=run_id,
-            policy=options.pauses,
+            run_id,
+            options,
             stale_after_s=self.settings.lease.stale_after_s,
-            max_wait_s=options.max_pause_wait_s,
             check=check,
             log=log,
         )

@@ -17,18 +17,24 @@ from dataminer_dagster.core.filter_rule import (
 
 # All values are multiples of 1/8, exact in binary, so margins compare without rounding.
 THRESHOLDS = FilterThresholds(
-    positive=0.5, negative=0.5, pos_neg_margin=0.25, junk=0.5, pos_junk_margin=0.25
+    positive_threshold=0.5,
+    negative_threshold=0.5,
+    pos_neg_margin=0.25,
+    junk_threshold=0.5,
+    pos_junk_margin=0.25,
 )
 
 
 def decide_one(pos, neg, junk, t=THRESHOLDS) -> bool:
     """The rule for one frame, written out literally as in the reference."""
     pos_max = max(pos)
-    passed = pos_max > t.positive
+    passed = pos_max > t.positive_threshold
     if neg:
-        passed = passed and max(neg) < t.negative and pos_max - max(neg) > t.pos_neg_margin
+        passed = (
+            passed and max(neg) < t.negative_threshold and pos_max - max(neg) > t.pos_neg_margin
+        )
     if junk:
-        passed = passed and max(junk) < t.junk and pos_max - max(junk) > t.pos_junk_margin
+        passed = passed and max(junk) < t.junk_threshold and pos_max - max(junk) > t.pos_junk_margin
     return passed
 
 
@@ -75,7 +81,11 @@ def test_rule_table(case, pos, neg, junk, expected):
 
 def test_margins_use_their_own_thresholds():
     t = FilterThresholds(
-        positive=0.25, negative=0.75, pos_neg_margin=0.5, junk=0.75, pos_junk_margin=0.125
+        positive_threshold=0.25,
+        negative_threshold=0.75,
+        pos_neg_margin=0.5,
+        junk_threshold=0.75,
+        pos_junk_margin=0.125,
     )
     # lead over the negative 0.5 == margin -> fails; lead over junk 0.5 > 0.125 -> fine
     assert not run([0.75], [0.25], [0.25], t=t).passed[0]
@@ -114,7 +124,11 @@ def test_float32_scores_compare_in_float32_like_the_reference():
     # float32(0.3) is slightly above the double 0.3, but equal to the threshold rounded to
     # float32: the model's float32 score fails, as it did in the reference.
     t = FilterThresholds(
-        positive=0.3, negative=0.3, pos_neg_margin=0.1, junk=0.3, pos_junk_margin=0.1
+        positive_threshold=0.3,
+        negative_threshold=0.3,
+        pos_neg_margin=0.1,
+        junk_threshold=0.3,
+        pos_junk_margin=0.1,
     )
     assert not run([0.3], t=t, dtype=np.float32).passed[0]
     assert run([float(np.float32(0.3))], t=t, dtype=np.float64).passed[0]

@@ -1,4 +1,4 @@
-"""The host throttle in the claim database (db/host_pauses.py behind resources/host_throttle.py):
+"""The host throttle in the claim database (db/host_pauses.py behind db/shared_throttle.py):
 pauses honour Retry-After or grow exponentially and are never shortened, request turns are
 exclusive across connections, download slots are limited per host across runs and freed by a stale
 run. Lengths are read from the database (`paused_until - paused_at`, both set by one statement),
@@ -16,7 +16,7 @@ from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.politeness import PausePolicy, ThrottleSignal
 from dataminer_dagster.db.host_pauses import active_pauses
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.resources.host_throttle import SharedThrottle
+from dataminer_dagster.db.shared_throttle import SharedThrottle
 
 RATE_LIMITED = ThrottleSignal("rate limited", "HTTP 429")
 BOT_CHECK = ThrottleSignal("bot check", "HTTP 403: the page asks to prove this is not a bot")

@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from dataminer_dagster.assets.backup.store import record_backup
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.files import remove
-from dataminer_dagster.db.catalog import Candidate, Catalog, ProjectRow
+from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.projects import ProjectRow
 from dataminer_dagster.db.retention import release_finished_frames
+from dataminer_dagster.db.videos import Candidate
 from dataminer_dagster.paths import DataPaths
 from tests.helpers.pipeline import work_items
 
@@ -85,11 +88,11 @@ def test_frames_with_a_named_backup_go_only_once_it_is_verified(catalog, tmp_pat
     assert frames.is_dir() and catalog.frame_profiles(["v0"])
 
     with catalog.engine.begin() as conn:
-        catalog.record_backup(conn, "v0", [str(tmp_path / "elsewhere")])
+        record_backup(conn, "v0", [str(tmp_path / "elsewhere")])
     assert _release(catalog, "v0") == [], "backed up, but not to this project's destination"
 
     with catalog.engine.begin() as conn:
-        catalog.record_backup(conn, "v0", [dest])
+        record_backup(conn, "v0", [dest])
     assert _release(catalog, "v0") == ["v0"]
     assert not frames.exists() and catalog.frame_profiles(["v0"]) == {}
     assert list(frames.parent.iterdir()) == [], "nothing left aside"
@@ -209,7 +212,7 @@ def test_frames_extracted_after_the_backup_are_backed_up_before_they_may_go(cata
     )
     _extracted(catalog, alpha, "v0")
     with catalog.engine.begin() as conn:
-        catalog.record_backup(conn, "v0", [dest])
+        record_backup(conn, "v0", [dest])
         other = catalog.paths.frames_dir("v0", "another-profile")
         other.mkdir(parents=True)
         catalog.record_frames(conn, "v0", "another-profile", {}, other, 1)

@@ -13,10 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from dataminer_dagster.assets.backup import NO_BACKUP
+from dataminer_dagster.assets.backup.store import record_backup
 from dataminer_dagster.core.rsync import copy_tree, is_remote, verify_tree
 from dataminer_dagster.db.retention import release_finished_frames
+from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.registry import BACKUP
-from dataminer_dagster.engine.stage import ItemResult, StageContext, StageItem, stage_asset
+from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
 from dataminer_dagster.paths import check_backup_dest
 
 
@@ -60,7 +62,7 @@ def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
     released: list[Path] = []  # removed once the commit is done
 
     def commit(conn) -> None:
-        catalog.record_backup(conn, item.video_id, destinations)
+        record_backup(conn, item.video_id, destinations)
         released.extend(release_finished_frames(catalog, conn, [item.video_id]).aside)
 
     return ItemResult(

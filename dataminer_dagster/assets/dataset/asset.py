@@ -27,16 +27,11 @@ from dataminer_dagster.core.redact import redact_url
 from dataminer_dagster.core.visualize import contact_sheet, draw_detections
 from dataminer_dagster.db.project_flow import project_members
 from dataminer_dagster.db.retention import release_finished_frames
+from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
+from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.previews import preview_metadata
 from dataminer_dagster.engine.registry import DATASET
-from dataminer_dagster.engine.stage import (
-    CheckResult,
-    ItemResult,
-    PartitionCheck,
-    StageContext,
-    StageItem,
-    stage_asset,
-)
+from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
 from dataminer_dagster.paths import ProjectPaths
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from dataminer_dagster.assets.filter.scorer import load_scorer
+from dataminer_dagster.assets.filter.store import videos_with_passed_frames
 from dataminer_dagster.assets.filter.table import passed_frames
 from dataminer_dagster.core.dedup import deduplicate
 from dataminer_dagster.core.embedding_cache import EmbeddingCache
@@ -24,16 +25,11 @@ from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.pair_search import ENGINES
 from dataminer_dagster.core.visualize import PALETTE, contact_sheet
+from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
+from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.previews import preview_metadata
 from dataminer_dagster.engine.registry import DEDUP
-from dataminer_dagster.engine.stage import (
-    CheckResult,
-    ItemResult,
-    PartitionCheck,
-    StageContext,
-    StageItem,
-    stage_asset,
-)
+from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
 from dataminer_dagster.paths import ProjectPaths
 
 
@@ -140,7 +136,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's passed frames grouped into near-duplicates, one kept per group."""
     catalog = ctx.catalog
     project = catalog.project(item.key)
-    frames = passed_frames(project, catalog.videos_with_passed_frames(project.id))
+    frames = passed_frames(project, videos_with_passed_frames(catalog.engine, project.id))
     started = time.monotonic()
     config = project.config.dedup
     unreadable: dict[int, str] = {}

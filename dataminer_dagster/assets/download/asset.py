@@ -28,18 +28,11 @@ from dataminer_dagster.acquisition.ytdlp import (
 from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds
-from dataminer_dagster.db.catalog import ProjectRow
+from dataminer_dagster.db.projects import ProjectRow
+from dataminer_dagster.engine.outcomes import Blocked, ItemResult, PermanentFailure, Postponed
 from dataminer_dagster.engine.previews import megabytes
 from dataminer_dagster.engine.registry import DOWNLOAD
-from dataminer_dagster.engine.stage import (
-    Blocked,
-    ItemResult,
-    PermanentFailure,
-    Postponed,
-    StageContext,
-    StageItem,
-    stage_asset,
-)
+from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
 
 
 @stage_asset(

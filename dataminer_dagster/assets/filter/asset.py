@@ -15,22 +15,18 @@ import pandas as pd
 
 from dataminer_dagster.assets.filter.config import FilterConfig
 from dataminer_dagster.assets.filter.scorer import load_scorer
+from dataminer_dagster.assets.filter.store import record_filter
 from dataminer_dagster.assets.filter.table import prompt_columns
 from dataminer_dagster.core.embedding_cache import EmbeddingCache, quantize
 from dataminer_dagster.core.extract import read_manifest
 from dataminer_dagster.core.files import publish, staging_path
-from dataminer_dagster.core.filter_rule import FilterThresholds, apply_filter_rule
+from dataminer_dagster.core.filter_rule import apply_filter_rule
 from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.visualize import contact_sheet, histogram
+from dataminer_dagster.engine.outcomes import ItemResult, RequeueFirst
 from dataminer_dagster.engine.previews import VIDEO_PREVIEW_BUDGET, preview_metadata
 from dataminer_dagster.engine.registry import FILTER
-from dataminer_dagster.engine.stage import (
-    ItemResult,
-    RequeueFirst,
-    StageContext,
-    StageItem,
-    stage_asset,
-)
+from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
 from dataminer_dagster.paths import FRAMES_MANIFEST, ProjectPaths
 
 
@@ -72,13 +68,7 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
         n_positive=len(config.positive_prompts),
         n_negative=len(config.negative_prompts),
         n_junk=len(config.junk_prompts),
-        thresholds=FilterThresholds(
-            positive=config.positive_threshold,
-            negative=config.negative_threshold,
-            pos_neg_margin=config.pos_neg_margin,
-            junk=config.junk_threshold,
-            pos_junk_margin=config.pos_junk_margin,
-        ),
+        thresholds=config,
     )
     table = _results_table(manifest, frames_dir, config, readable, errors, scores, decision)
     passed = int(table["passed"].sum())
@@ -91,7 +81,7 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
 
     def commit(conn) -> None:
         publish(staged, final)
-        catalog.record_filter(conn, project.id, item.video_id, total=len(table), passed=passed)
+        record_filter(conn, project.id, item.video_id, total=len(table), passed=passed)
 
     model = Path(config.model)
     return ItemResult(

@@ -27,19 +27,12 @@ from dataminer_dagster.core.files import (
 )
 from dataminer_dagster.core.media import VideoDecodeError
 from dataminer_dagster.core.progress import format_seconds
-from dataminer_dagster.db.catalog import ProjectRow
+from dataminer_dagster.db.projects import ProjectRow
 from dataminer_dagster.db.retention import delete_video_file, may_delete_video_file
+from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
+from dataminer_dagster.engine.outcomes import ItemResult, PermanentFailure, Postponed
 from dataminer_dagster.engine.registry import FRAMES
-from dataminer_dagster.engine.stage import (
-    CheckResult,
-    ItemResult,
-    PartitionCheck,
-    PermanentFailure,
-    Postponed,
-    StageContext,
-    StageItem,
-    stage_asset,
-)
+from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
 from dataminer_dagster.paths import FRAMES_MANIFEST
 
 

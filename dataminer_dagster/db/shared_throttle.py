@@ -1,6 +1,6 @@
 """The host throttle every run shares: acquisition's `HostThrottle` on the claim database's
 pauses, request turns and download slots (db/host_pauses.py). Stages get one from
-`DatabaseResource.host_throttle`."""
+`DatabaseResource.host_throttle`, commands from `SharedThrottle.for_download`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import random
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
@@ -26,6 +27,9 @@ from dataminer_dagster.db.host_pauses import (
     release_slot,
     take_slot,
 )
+
+if TYPE_CHECKING:
+    from dataminer_dagster.acquisition.ytdlp import DownloadOptions
 
 
 def _pause(row: HostPause, retry_after: float | None = None) -> Pause:
@@ -72,6 +76,28 @@ class SharedThrottle(HostThrottle):
         self.engine = engine
         self.run_id = run_id
         self.stale_after_s = stale_after_s
+
+    @classmethod
+    def for_download(
+        cls,
+        engine: sa.Engine,
+        run_id: str,
+        options: DownloadOptions,
+        *,
+        stale_after_s: float,
+        check: Callable[[], None] | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> SharedThrottle:
+        """The throttle with the pause policy and the longest wait of a download's `options`."""
+        return cls(
+            engine,
+            run_id=run_id,
+            policy=options.pauses,
+            stale_after_s=stale_after_s,
+            max_wait_s=options.max_pause_wait_s,
+            check=check,
+            log=log,
+        )
 
     def current_pause(self, key: str) -> Pause | None:
         row = read_pause(self.engine, key)

@@ -1,0 +1,31 @@
+"""The filter's SQL: a project video's frame counts in `project_videos`, and the videos with
+frames that passed (what dedup reads)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from dataminer_dagster.db.schema import SCHEMA
+
+S = SCHEMA
+
+
+def record_filter(
+    conn: sa.Connection, project_id: int, video_id: str, *, total: int, passed: int
+) -> None:
+    conn.execute(
+        sa.text(f"""UPDATE {S}.project_videos SET frames_total = :t, frames_passed = :p, updated_at = now()
+                     WHERE project_id = :project AND video_id = :v"""),
+        {"t": total, "p": passed, "project": project_id, "v": video_id},
+    )
+
+
+def videos_with_passed_frames(engine: sa.Engine, project_id: int) -> list[str]:
+    with engine.connect() as c:
+        return list(
+            c.execute(
+                sa.text(f"""SELECT video_id FROM {S}.project_videos WHERE project_id = :p
+                               AND frames_passed > 0 ORDER BY video_id"""),
+                {"p": project_id},
+            ).scalars()
+        )

@@ -1,0 +1,100 @@
+"""A stage's asset checks, evaluated per partition: each check runs at the end of a run, once for
+each partition the run finished, and its result is recorded on that partition (the Checks tab's
+Partition column) against that partition's latest materialization."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData as TargetMaterialization,
+)
+
+from dataminer_dagster.core.redact import redact
+from dataminer_dagster.engine.previews import readable
+
+if TYPE_CHECKING:
+    from dataminer_dagster.engine.stage import StageAsset, StageContext
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One partition's check result: flat numbers that the UI plots (`missing_files: 0`), and
+    on failure a description that says what is wrong in words."""
+
+    passed: bool
+    metadata: dict[str, int | float] = field(default_factory=dict)
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class PartitionCheck:
+    """An asset check evaluated for each partition a run finished, at the end of the run: its
+    result is recorded on that partition (the Checks tab's Partition column)."""
+
+    name: str
+    description: str
+    evaluate: Callable[[StageContext, str], CheckResult]
+
+
+def evaluate_checks(
+    context: dg.AssetExecutionContext,
+    ctx: StageContext,
+    stage_def: StageAsset,
+    finished: list[str],
+) -> Iterator[dg.AssetCheckEvaluation]:
+    """The stage's selected checks, once per partition this run finished. A range run has no
+    single partition key, so each result is an AssetCheckEvaluation naming its partition and the
+    materialization it checked."""
+    key = stage_def.key
+    selected = {c.name for c in context.selected_asset_check_keys if c.asset_key == key}
+    checks = [c for c in stage_def.checks if c.name in selected]
+    if not checks or not finished:
+        return
+    targets = _latest_materializations(context.instance, key, finished)
+    for check in checks:
+        for partition in finished:
+            result = _evaluate_partition(ctx, check, partition)
+            yield dg.AssetCheckEvaluation(
+                asset_key=key,
+                check_name=check.name,
+                passed=result.passed,
+                metadata={k: readable(v) for k, v in result.metadata.items()},
+                description=result.description,
+                target_materialization_data=targets.get(partition),
+                partition=partition,
+            )
+
+
+def _evaluate_partition(ctx: StageContext, check: PartitionCheck, partition: str) -> CheckResult:
+    try:
+        result = check.evaluate(ctx, partition)
+    except Exception as error:  # a check that cannot run is a failed check, not a failed run
+        message = redact(f"{type(error).__name__}: {error}")
+        ctx.log.error(f"check {check.name} of {partition} could not run: {message}")
+        return CheckResult(False, {}, f"The check could not run: {message}")
+    if result.passed or result.description:
+        return result
+    summary = ", ".join(f"{k} {v}" for k, v in result.metadata.items())
+    return CheckResult(False, result.metadata, f"{check.description} Not so: {summary}.")
+
+
+def _latest_materializations(
+    instance: dg.DagsterInstance, key: dg.AssetKey, partitions: list[str]
+) -> dict[str, TargetMaterialization]:
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=partitions), limit=len(partitions)
+    ).records
+    latest: dict[str, TargetMaterialization] = {}
+    for record in records:  # newest first
+        partition = record.partition_key
+        if partition is not None and partition not in latest:
+            latest[partition] = TargetMaterialization(
+                storage_id=record.storage_id,
+                run_id=record.run_id,
+                timestamp=record.timestamp,
+            )
+    return latest

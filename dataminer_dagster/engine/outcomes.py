@@ -1,0 +1,55 @@
+"""What a stage's function gives back for an item: an `ItemResult` (done), or one of the
+exceptions that say what else happened to it (engine/stage.py's table of outcomes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+
+class Blocked(Exception):
+    """A rule says skip this item (blocked hashtag, too long...): terminal, and not a failure."""
+
+
+class PermanentFailure(Exception):
+    """Retrying cannot help (HTTP 404, an undecodable file): the item is dead at once."""
+
+
+class RequeueFirst(Exception):
+    """The item needs work done again before it can run (its frames were deleted): `requeue`
+    queues that work in the transaction that records this failure (the attempt counts)."""
+
+    def __init__(self, message: str, requeue: Callable[[sa.Connection], None]):
+        super().__init__(message)
+        self.requeue = requeue
+
+
+class Postponed(Exception):
+    """Not the item's fault (too little free disk space, a paused host): it is tried again after a
+    back-off, or at `not_before` when given, and the attempt does not count, so a full disk or a
+    throttling host never turns good items dead."""
+
+    def __init__(self, message: str, not_before: datetime | None = None):
+        super().__init__(message)
+        self.not_before = not_before
+
+
+@dataclass
+class ItemResult:
+    # Shown on the partition in the UI (engine/previews.py: `Preview`s and readable values).
+    metadata: dict[str, Any] = field(default_factory=dict)
+    outcome: dict[str, Any] | None = None  # short summary kept on the work item
+    commit: Callable[[sa.Connection], None] | None = (
+        None  # record + publish, inside the transaction
+    )
+    # Paths removed once the item is over (committed or not): staging directories, and what the
+    # commit set aside for deletion (which a rollback has put back in place).
+    staged: list[Path] = field(default_factory=list)
+    # What this item decided for another asset's same partition, recorded there as an observation
+    # (asset name -> metadata): frames telling frames_backup that it has nothing to do.
+    observed: dict[str, dict[str, Any]] = field(default_factory=dict)
