@@ -648,7 +648,7 @@ def _yolo_predict(detector: Any, frames: list[np.ndarray], batch: int) -> list[l
     frames, batch by batch, Results converted to detections."""
     import torch
 
-    from dataminer_dagster.models.detectors import _to_detections
+    from dataminer_dagster.models.detection_boxes import to_detections
 
     precision = {"quantize": 16} if detector.network.dtype == torch.float16 else {}
     results = []
@@ -666,7 +666,7 @@ def _yolo_predict(detector: Any, frames: list[np.ndarray], batch: int) -> list[l
             boxes = prediction.boxes
             labels = [detector.names[int(c)] for c in boxes.cls.tolist()]
             results.append(
-                _to_detections(boxes.xyxy, boxes.conf, labels, frame.shape, detector.confidence)
+                to_detections(boxes.xyxy, boxes.conf, labels, frame.shape, detector.confidence)
             )
     return results
 
@@ -825,7 +825,8 @@ def _owlv2_library_path(detector: Any, frames: list[np.ndarray], batch: int) -> 
     forward on the device, post-processing and NMS on the CPU in float32."""
     import torch
 
-    from dataminer_dagster.models.detectors import _nms, _to_detections
+    from dataminer_dagster.models.detection_boxes import to_detections
+    from dataminer_dagster.models.open_vocabulary_detectors import _nms
 
     device, results = detector.plan.device, []
     for start in range(0, len(frames), batch):
@@ -854,7 +855,7 @@ def _owlv2_library_path(detector: Any, frames: list[np.ndarray], batch: int) -> 
         for frame, found in zip(part, processed, strict=True):
             boxes, scores, ids = _nms(found["boxes"], found["scores"], found["labels"])
             labels = [PROMPTS[int(k)] for k in ids.tolist()]
-            results.append(_to_detections(boxes, scores, labels, frame.shape, detector.confidence))
+            results.append(to_detections(boxes, scores, labels, frame.shape, detector.confidence))
     return results
 
 
@@ -1462,7 +1463,7 @@ def _check_yolo(name: str) -> str:
     import torch
     from ultralytics.nn.tasks import DetectionModel
 
-    from dataminer_dagster.models.detectors import Letterbox
+    from dataminer_dagster.models.yolo_detector import Letterbox
 
     # ultralytics computes its strides with a forward pass, which the meta device cannot run
     model = DetectionModel(name, verbose=False).eval()

@@ -19,20 +19,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, synthetic_frames
-from dataminer_dagster.models.detectors import (
-    AUTO_BATCH_LIMIT,
-    DEFAULT_BATCH_SIZE,
-    Detection,
-    Letterbox,
-    UltralyticsDetector,
+from dataminer_dagster.models.batched_detector import AUTO_BATCH_LIMIT, DEFAULT_BATCH_SIZE
+from dataminer_dagster.models.detection_boxes import to_detections
+from dataminer_dagster.models.detectors import Detection, load_detector
+from dataminer_dagster.models.device import DevicePlan
+from dataminer_dagster.models.open_vocabulary_detectors import (
     _nms,
     _preprocess_on_device,
     _runs_on_tensors,
-    _to_detections,
-    load_detector,
 )
-from dataminer_dagster.models.device import DevicePlan
 from dataminer_dagster.models.tiny_detectors import build_tiny_detectors
+from dataminer_dagster.models.yolo_detector import Letterbox, UltralyticsDetector
 from tests.models.cuda_stand_ins import StandInMemory
 
 PROMPTS = ["a red car", "dog", "person on a bike"]
@@ -136,7 +133,7 @@ def yolo_predict(detector: UltralyticsDetector, frames: list[np.ndarray]) -> lis
             verbose=False,
         )[0].boxes
         labels = [detector.names[int(c)] for c in boxes.cls.tolist()]
-        results.append(_to_detections(boxes.xyxy, boxes.conf, labels, frame.shape, CONFIDENCE))
+        results.append(to_detections(boxes.xyxy, boxes.conf, labels, frame.shape, CONFIDENCE))
     return results
 
 
@@ -194,7 +191,7 @@ def owlv2_reference(detector, frames: list[np.ndarray]) -> list[list[Detection]]
         )[0]
         boxes, scores, ids = _nms(found["boxes"], found["scores"], found["labels"])
         labels = [PROMPTS[int(k)] for k in ids.tolist()]
-        results.append(_to_detections(boxes, scores, labels, frame.shape, CONFIDENCE))
+        results.append(to_detections(boxes, scores, labels, frame.shape, CONFIDENCE))
     return results
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from dataminer_dagster.core.coco import ImageDetections, build_coco, read_coco, write_coco
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, synthetic_frames
-from dataminer_dagster.models.detectors import Detection, ModelUnavailableError, load_detector
+from dataminer_dagster.models.detectors import Detection, load_detector
+from dataminer_dagster.models.loading import ModelUnavailableError
 from dataminer_dagster.models.tiny_detectors import (
     build_tiny_detectors,
     build_tiny_grounding_dino,

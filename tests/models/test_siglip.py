@@ -14,13 +14,14 @@ import cv2
 import numpy as np
 import pytest
 
+from dataminer_dagster.models.image_embedder import ImageEmbedder
 from dataminer_dagster.models.loading import (
     ModelUnavailableError,
     load_pretrained,
     resolve_device,
     resolve_model,
 )
-from dataminer_dagster.models.siglip import ImageEmbedder, SiglipScorer
+from dataminer_dagster.models.siglip import SiglipScorer
 from dataminer_dagster.models.tiny import build_tiny_dinov2, build_tiny_siglip
 
 PROMPTS = ["a photo of a glass door", "a person on the street", "a blurry dark image"]
@@ -251,7 +252,7 @@ def test_the_batch_is_sized_from_the_devices_free_memory(name, tmp_path):
     """The CUDA code path with a CPU stand-in for the memory figures: the batch is what fits in
     half the free memory, measured once with a real batch of the model's inputs (naflex: with
     its patch mask and shapes), capped by the limit."""
-    from dataminer_dagster.models.siglip import AUTO_BATCH_LIMIT, DEFAULT_BATCH_SIZE
+    from dataminer_dagster.models.image_embedder import AUTO_BATCH_LIMIT, DEFAULT_BATCH_SIZE
     from tests.models.cuda_stand_ins import StandInMemory
 
     embedder_class, build = TINY_IMAGE_MODELS[name]

@@ -16,15 +16,15 @@ import pytest
 import torch
 
 from dataminer_dagster.core.images import read_image
-from dataminer_dagster.models.loading import resolve_dtype
-from dataminer_dagster.models.siglip import (
+from dataminer_dagster.models.device_preprocessing import (
     DevicePreprocessing,
-    ImageEmbedder,
-    SiglipScorer,
-    _jpeg_bytes,
-    default_prefetch_workers,
+    decode_jpegs,
     device_input_path,
+    jpeg_bytes,
 )
+from dataminer_dagster.models.image_embedder import ImageEmbedder, default_prefetch_workers
+from dataminer_dagster.models.loading import resolve_dtype
+from dataminer_dagster.models.siglip import SiglipScorer
 from dataminer_dagster.models.tiny import build_tiny_dinov2, build_tiny_siglip
 
 # One uint8 level after rescaling by 1/255 and normalising with std 0.5.
@@ -101,7 +101,7 @@ def test_device_preprocessing_matches_the_pil_processor(tmp_path, resample, heig
     processor = pil_processor(resample)
     expected = processor([read_image(path)], return_tensors="pt")["pixel_values"]
 
-    decoded = decode_jpeg(_jpeg_bytes(path), mode=ImageReadMode.RGB)
+    decoded = decode_jpeg(jpeg_bytes(path), mode=ImageReadMode.RGB)
     # libjpeg-turbo in torchvision and in OpenCV: the same pixels
     np.testing.assert_array_equal(decoded.permute(1, 2, 0).numpy(), read_image(path))
     got = DevicePreprocessing.of(processor)([decoded], torch.float32)
@@ -207,19 +207,18 @@ def test_prepared_batch_is_in_the_model_dtype_and_input_order(siglip_dir, frames
     torch.testing.assert_close(pixels, torch.stack(one_by_one), rtol=0, atol=0)
 
 
-def test_a_corrupt_jpeg_leaves_the_rest_of_the_batch_decoded(siglip_dir, frames):
-    scorer = SiglipScorer(siglip_dir, device="cpu", decode_on_device=True)
-    encoded = {i: _jpeg_bytes(frames[i]) for i in (0, 3, 1)}
-    decoded = scorer._decode_jpegs(encoded)
+def test_a_corrupt_jpeg_leaves_the_rest_of_the_batch_decoded(frames):
+    encoded = {i: jpeg_bytes(frames[i]) for i in (0, 3, 1)}
+    decoded = decode_jpegs(encoded, torch.device("cpu"))
     assert list(decoded) == [0, 1]
     assert decoded[1].shape == (3, 41, 29)  # the grey JPEG, as RGB
 
 
 def test_only_plain_jpegs_are_decoded_on_the_device(frames):
-    assert _jpeg_bytes(frames[0]) is not None and _jpeg_bytes(frames[3]) is not None
-    assert _jpeg_bytes(frames[4]) is None  # PNG
-    assert _jpeg_bytes(frames[6]) is None  # missing
-    assert _jpeg_bytes(frames[7]) is None  # EXIF orientation: OpenCV applies it, nvjpeg not
+    assert jpeg_bytes(frames[0]) is not None and jpeg_bytes(frames[3]) is not None
+    assert jpeg_bytes(frames[4]) is None  # PNG
+    assert jpeg_bytes(frames[6]) is None  # missing
+    assert jpeg_bytes(frames[7]) is None  # EXIF orientation: OpenCV applies it, nvjpeg not
 
 
 CUDA = torch.device("cuda")

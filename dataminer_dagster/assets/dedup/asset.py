@@ -235,7 +235,7 @@ def _embeddings(
         slug = resolve_model(config.filter.model).slug
         embedder = None
     else:
-        from dataminer_dagster.models.siglip import ImageEmbedder
+        from dataminer_dagster.models.image_embedder import ImageEmbedder
 
         embedder = ImageEmbedder(config.dedup.model, device=config.dedup.device)
         slug = embedder.model_slug
