@@ -81,7 +81,7 @@ def populate(config: str, dry_run: bool) -> None:
 
     from dataminer_dagster.acquisition.inputs import collect_candidates
     from dataminer_dagster.acquisition.options import merged_download_options
-    from dataminer_dagster.acquisition.ytdlp import YOUTUBE
+    from dataminer_dagster.acquisition.ytdlp_search import YOUTUBE
     from dataminer_dagster.core.redact import redact
     from dataminer_dagster.db.schema import DONE
     from dataminer_dagster.engine.registry import CATALOG
