@@ -12,12 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dataminer_dagster.assets.backup import NO_BACKUP
-from dataminer_dagster.core.extract import (
-    ExtractionOptions,
-    extract_frames,
-    read_manifest,
-    write_manifest,
-)
+from dataminer_dagster.core.extraction_options import ExtractionOptions
 from dataminer_dagster.core.files import (
     InsufficientDiskSpace,
     make_read_only,
@@ -25,6 +20,8 @@ from dataminer_dagster.core.files import (
     require_free_space,
     staging_path,
 )
+from dataminer_dagster.core.frame_extraction import extract_frames
+from dataminer_dagster.core.frame_manifest import read_manifest, write_manifest
 from dataminer_dagster.core.media import VideoDecodeError
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.catalog import ProjectRow
