@@ -16,7 +16,7 @@ from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import DONE
-from dataminer_dagster.db.videos import Candidate
+from dataminer_dagster.db.video_records import Candidate
 from dataminer_dagster.engine.ahead import wait_for_input
 from dataminer_dagster.engine.lanes import DEFAULT_LANES
 from dataminer_dagster.engine.planning import DiscoveryCursor, plan_discovery

@@ -21,7 +21,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, PENDING, RUNNING
-from dataminer_dagster.db.videos import Candidate
+from dataminer_dagster.db.video_records import Candidate
 from dataminer_dagster.engine.registry import (
     CATALOG,
     DATASET,

@@ -10,7 +10,7 @@ import pytest
 from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.inputs import PROBLEMS_KEPT, collect_candidates
 from dataminer_dagster.acquisition.politeness import Pause
-from dataminer_dagster.acquisition.ytdlp import SearchHit
+from dataminer_dagster.acquisition.ytdlp_search import SearchHit
 from dataminer_dagster.assets.catalog.config import InputsConfig, SearchConfig
 
 

@@ -28,9 +28,9 @@ from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.deletions import delete_orphan_videos, delete_project
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.projects import ProjectRow
+from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import DEAD, DONE, FAILED, PENDING, RUNNING
-from dataminer_dagster.db.videos import Candidate
+from dataminer_dagster.db.video_records import Candidate
 from dataminer_dagster.engine.jobs import lane_jobs
 from dataminer_dagster.engine.lanes import DEFAULT_LANES, LANES_BY_NAME, lane_of
 from dataminer_dagster.engine.planning import (

@@ -14,26 +14,32 @@ from pathlib import Path
 
 import pytest
 
-from dataminer_dagster.acquisition.errors import HostPaused
-from dataminer_dagster.acquisition.politeness import LocalThrottle, ThrottleSignal, throttle_key
-from dataminer_dagster.acquisition.ytdlp import (
+from dataminer_dagster.acquisition.download_rules import blocked_hashtag, check_download_rules
+from dataminer_dagster.acquisition.errors import (
     DownloadBlocked,
-    DownloadOptions,
-    DownloadProgress,
+    HostPaused,
     PermanentDownloadError,
     RetryableDownloadError,
-    SearchHit,
-    blocked_hashtag,
-    check_download_rules,
-    classify_ytdlp_error,
+)
+from dataminer_dagster.acquisition.politeness import (
+    LocalThrottle,
+    ThrottleSignal,
+    parse_retry_after,
+    throttle_key,
+)
+from dataminer_dagster.acquisition.ytdlp_download import DownloadProgress, download_video
+from dataminer_dagster.acquisition.ytdlp_errors import classify_ytdlp_error
+from dataminer_dagster.acquisition.ytdlp_params import (
+    DownloadOptions,
     default_format,
     deno_path,
     download_params,
-    download_video,
-    parse_retry_after,
+    ytdlp_params,
+)
+from dataminer_dagster.acquisition.ytdlp_search import (
+    SearchHit,
     parse_search_results,
     search_videos,
-    ytdlp_params,
 )
 from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
@@ -89,7 +95,7 @@ def test_download_puts_one_probed_file_in_place(http_server, clips, tmp_path, ex
 def test_ytdlp_output_goes_to_logging_not_the_terminal(http_server, clips, tmp_path, capfd, caplog):
     url = serve_copy(http_server, clips["mp4"], "quiet.mp4")
     capfd.readouterr()
-    with caplog.at_level(logging.DEBUG, logger="dataminer_dagster.acquisition.ytdlp"):
+    with caplog.at_level(logging.DEBUG, logger="dataminer_dagster.acquisition.ytdlp_params"):
         download_video(url, "vid", tmp_path, DownloadOptions())
     assert capfd.readouterr() == ("", "")
     ytdlp_lines = [r.message for r in caplog.records if r.name.endswith(".yt_dlp")]

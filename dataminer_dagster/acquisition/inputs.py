@@ -28,7 +28,7 @@ from dataminer_dagster.acquisition.video_ids import (
 )
 from dataminer_dagster.assets.catalog.config import InputsConfig
 from dataminer_dagster.core.redact import redact
-from dataminer_dagster.db.videos import Candidate
+from dataminer_dagster.db.video_records import Candidate
 
 VIDEO_SUFFIXES = {".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".mpg", ".mpeg", ".ts"}
 

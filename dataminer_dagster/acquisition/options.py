@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dataminer_dagster.acquisition.politeness import PausePolicy, default_sleeps
-from dataminer_dagster.acquisition.ytdlp import DownloadOptions
+from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
 from dataminer_dagster.assets.download.config import DownloadConfig
 
 

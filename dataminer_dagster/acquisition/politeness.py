@@ -7,8 +7,8 @@ one host also take turns: a request is sent only once the previous one to that h
 answer, so that the answer "stop" reaches every run before any other request leaves; several
 downloads still transfer their bodies at once, up to a limit per host (`download_slot`).
 
-`HostThrottle` is the interface the yt-dlp client uses (`ytdlp.py`): `request_turn` around each
-HTTP request, `download_slot` around each download. Two implementations:
+`HostThrottle` is the interface the yt-dlp client uses (`throttled_ytdlp.py`, `ytdlp_download.py`):
+`request_turn` around each HTTP request, `download_slot` around each download. Two implementations:
 
 * `SharedThrottle` (db/shared_throttle.py, on db/host_pauses.py) keeps pauses, turns and
   slots in the claim database, so that every run on every machine obeys them;

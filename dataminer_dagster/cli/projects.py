@@ -52,7 +52,7 @@ def add_video(url: str, project_name: str) -> None:
         video_id_for_url,
         youtube_watch_url,
     )
-    from dataminer_dagster.db.videos import Candidate
+    from dataminer_dagster.db.video_records import Candidate
 
     _, _, catalog = context()
     proj = catalog.project(project_name)
@@ -81,7 +81,7 @@ def populate(config: str, dry_run: bool) -> None:
 
     from dataminer_dagster.acquisition.inputs import collect_candidates
     from dataminer_dagster.acquisition.options import merged_download_options
-    from dataminer_dagster.acquisition.ytdlp import YOUTUBE
+    from dataminer_dagster.acquisition.ytdlp_search import YOUTUBE
     from dataminer_dagster.core.redact import redact
     from dataminer_dagster.db.schema import DONE
     from dataminer_dagster.db.shared_throttle import SharedThrottle

@@ -1,5 +1,5 @@
 """The catalog: projects, videos and their links, frames (`Catalog` joins their records:
-db/projects.py, db/videos.py, db/frames.py), and the rule that decides each video's next work item.
+db/project_records.py, db/video_records.py, db/frame_records.py), and the rule that decides each video's next work item.
 
 `advance_videos` is the one place that knows the per-video chain (download -> frames -> each linked
 project's filter). It derives the next work from the current state, so it is idempotent and can be
@@ -14,11 +14,11 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from dataminer_dagster.db.frames import FrameRecords
+from dataminer_dagster.db.frame_records import FrameRecords
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.projects import ProjectRow
+from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import DEAD, DONE, FAILED, RUNNING, SCHEMA, project_video_key_sql
-from dataminer_dagster.db.videos import Candidate, LinkResult, VideoRecords
+from dataminer_dagster.db.video_records import Candidate, LinkResult, VideoRecords
 from dataminer_dagster.engine.registry import (
     BACKUP,
     DOWNLOAD,

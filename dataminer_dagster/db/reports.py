@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.db.catalog import Catalog
-from dataminer_dagster.db.projects import ProjectRow
+from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import (
     BLOCKED,
     DEAD,

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.core.files import set_aside
 from dataminer_dagster.db.catalog import Catalog
-from dataminer_dagster.db.projects import ProjectRow
+from dataminer_dagster.db.project_records import ProjectRow
 
 COMPLETE = "complete"
 

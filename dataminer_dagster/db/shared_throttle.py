@@ -29,7 +29,7 @@ from dataminer_dagster.db.host_pauses import (
 )
 
 if TYPE_CHECKING:
-    from dataminer_dagster.acquisition.ytdlp import DownloadOptions
+    from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
 
 
 def _pause(row: HostPause, retry_after: float | None = None) -> Pause:

@@ -15,7 +15,7 @@ import dagster as dg
 
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_flow import COMPLETE, PROJECT_FAILED
-from dataminer_dagster.db.projects import project_columns
+from dataminer_dagster.db.project_records import project_columns
 from dataminer_dagster.db.scheduling import next_due
 from dataminer_dagster.engine.jobs import lane_jobs, lanes_of
 from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane

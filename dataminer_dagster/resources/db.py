@@ -9,7 +9,7 @@ from collections.abc import Callable
 import dagster as dg
 from pydantic import PrivateAttr
 
-from dataminer_dagster.acquisition.ytdlp import DownloadOptions
+from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore

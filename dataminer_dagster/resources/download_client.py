@@ -1,9 +1,10 @@
 """The download client: searching for videos and downloading one, behind a small interface.
 
-`YtDlpClient` is the real thing (yt-dlp's Python API, `acquisition.ytdlp`). Tests replace search
-results, which need YouTube, with canned ones and keep the real downloads against a local HTTP
-server. Both calls take the project's options (cookies, proxies, politeness) and the host throttle
-that every run shares (`DatabaseResource.host_throttle`).
+`YtDlpClient` is the real thing (yt-dlp's Python API, `acquisition.ytdlp_search` and
+`acquisition.ytdlp_download`). Tests replace search results, which need YouTube, with canned ones
+and keep the real downloads against a local HTTP server. Both calls take the project's options
+(cookies, proxies, politeness) and the host throttle that every run shares
+(`DatabaseResource.host_throttle`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,9 @@ from pathlib import Path
 import dagster as dg
 
 from dataminer_dagster.acquisition.politeness import HostThrottle
-from dataminer_dagster.acquisition.ytdlp import (
-    DownloadedVideo,
-    DownloadOptions,
-    DownloadProgress,
-    SearchHit,
-)
+from dataminer_dagster.acquisition.ytdlp_download import DownloadedVideo, DownloadProgress
+from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
+from dataminer_dagster.acquisition.ytdlp_search import SearchHit
 
 
 class DownloadClient(dg.ConfigurableResource):
@@ -51,14 +49,14 @@ class YtDlpClient(DownloadClient):
     """YouTube search and downloads of any URL yt-dlp supports."""
 
     def search(self, query, max_results, options=None, throttle=None) -> list[SearchHit]:
-        from dataminer_dagster.acquisition.ytdlp import search_videos
+        from dataminer_dagster.acquisition.ytdlp_search import search_videos
 
         return search_videos(query, max_results, options=options, throttle=throttle)
 
     def download(
         self, url, video_id, dest_dir, options, progress=None, throttle=None
     ) -> DownloadedVideo:
-        from dataminer_dagster.acquisition.ytdlp import download_video
+        from dataminer_dagster.acquisition.ytdlp_download import download_video
 
         return download_video(
             url, video_id, dest_dir, options, progress=progress, throttle=throttle

@@ -15,9 +15,9 @@ from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.files import remove
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.projects import ProjectRow
+from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.retention import release_finished_frames
-from dataminer_dagster.db.videos import Candidate
+from dataminer_dagster.db.video_records import Candidate
 from dataminer_dagster.paths import DataPaths
 from tests.helpers.pipeline import work_items
 

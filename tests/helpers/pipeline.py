@@ -10,7 +10,7 @@ from pathlib import Path
 import dagster as dg
 import sqlalchemy as sa
 
-from dataminer_dagster.acquisition.ytdlp import SearchHit
+from dataminer_dagster.acquisition.ytdlp_search import SearchHit
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane, lane_of

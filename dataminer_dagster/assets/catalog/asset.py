@@ -14,7 +14,7 @@ import functools
 from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.inputs import collect_candidates
 from dataminer_dagster.acquisition.options import merged_download_options
-from dataminer_dagster.acquisition.ytdlp import YOUTUBE
+from dataminer_dagster.acquisition.ytdlp_search import YOUTUBE
 from dataminer_dagster.engine.outcomes import ItemResult, Postponed
 from dataminer_dagster.engine.registry import CATALOG
 from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset

@@ -16,19 +16,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from dataminer_dagster.acquisition.errors import HostPaused
+from dataminer_dagster.acquisition.download_rules import check_download_rules
+from dataminer_dagster.acquisition.errors import DownloadBlocked, HostPaused, PermanentDownloadError
 from dataminer_dagster.acquisition.options import merged_download_options
 from dataminer_dagster.acquisition.politeness import host_key
-from dataminer_dagster.acquisition.ytdlp import (
-    DownloadBlocked,
-    DownloadOptions,
-    PermanentDownloadError,
-    check_download_rules,
-)
+from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
 from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds
-from dataminer_dagster.db.projects import ProjectRow
+from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.engine.outcomes import Blocked, ItemResult, PermanentFailure, Postponed
 from dataminer_dagster.engine.previews import megabytes
 from dataminer_dagster.engine.registry import DOWNLOAD

@@ -12,12 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dataminer_dagster.assets.backup import NO_BACKUP
-from dataminer_dagster.core.extract import (
-    ExtractionOptions,
-    extract_frames,
-    read_manifest,
-    write_manifest,
-)
+from dataminer_dagster.core.extraction_options import ExtractionOptions
 from dataminer_dagster.core.files import (
     InsufficientDiskSpace,
     make_read_only,
@@ -25,9 +20,11 @@ from dataminer_dagster.core.files import (
     require_free_space,
     staging_path,
 )
+from dataminer_dagster.core.frame_extraction import extract_frames
+from dataminer_dagster.core.frame_manifest import read_manifest, write_manifest
 from dataminer_dagster.core.media import VideoDecodeError
 from dataminer_dagster.core.progress import format_seconds
-from dataminer_dagster.db.projects import ProjectRow
+from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.retention import delete_video_file, may_delete_video_file
 from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.outcomes import ItemResult, PermanentFailure, Postponed

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from dataminer_dagster.core.config_section import Section
-from dataminer_dagster.core.extract import DEFAULT_MAX_FRAME_PIXELS, DEFAULT_MAX_FRAMES
+from dataminer_dagster.core.extraction_options import DEFAULT_MAX_FRAME_PIXELS, DEFAULT_MAX_FRAMES
 
 
 class ExtractConfig(Section):
@@ -40,8 +40,9 @@ class ExtractConfig(Section):
     )
 
     def options(self):
-        """The extraction options of core.extract (the profile a video's frames are made with)."""
-        from dataminer_dagster.core.extract import ExtractionOptions
+        """This section's `ExtractionOptions` (core.extraction_options): the profile a video's
+        frames are made with."""
+        from dataminer_dagster.core.extraction_options import ExtractionOptions
 
         return ExtractionOptions(
             strategy=self.strategy,

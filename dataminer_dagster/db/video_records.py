@@ -11,7 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from dataminer_dagster.db.projects import ProjectRecords, ProjectRow
+from dataminer_dagster.db.project_records import ProjectRecords, ProjectRow
 from dataminer_dagster.db.schema import BLOCKED, SCHEMA
 from dataminer_dagster.engine.registry import FILTER, project_video_key
 
