@@ -22,6 +22,7 @@ PROJECTS_TAG = "dataminer/projects"  # ids, comma-separated: claim only items of
 DEADLINE_TAG = "dataminer/deadline"  # Unix time after which the run starts no new item
 PRIORITY_TAG = "dagster/priority"  # the run queue starts higher values first
 
-# Dagster's own tags for a run over a range of partitions.
+# Dagster's own tags: a run of a backfill, a run over a range of partitions.
+BACKFILL_TAG = "dagster/backfill"
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"

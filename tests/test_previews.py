@@ -71,28 +71,41 @@ def test_a_tight_budget_makes_a_smaller_picture_not_none():
     assert widths[0] < widths[1] == 900
 
 
-def test_ui_metadata_puts_previews_first_and_their_pictures_side_by_side(tmp_path):
+def test_ui_metadata_puts_previews_first_and_keeps_pictures_out_of_the_description(tmp_path):
     sheet = contact_sheet([noise(90, 120, s) for s in range(12)], columns=6)
     chart = histogram([0.2, 0.4, 0.9], thresholds={"positive threshold": 0.5})
     metadata = {
+        "outcome": "12 of 40 frames kept",
         "frames": 12,
         **preview_metadata("kept_frames", sheet, tmp_path, budget=40_000),
         **preview_metadata("scores", chart, tmp_path, chart=True),
     }
     shown, description = ui_metadata(metadata)
 
-    assert list(shown) == ["kept_frames", "kept_frames_file", "scores", "scores_file", "frames"]
+    assert list(shown) == [
+        "kept_frames",
+        "kept_frames_picture",
+        "kept_frames_file",
+        "scores",
+        "scores_picture",
+        "scores_file",
+        "outcome",
+        "frames",
+    ]
     assert isinstance(shown["kept_frames"], dg.MarkdownMetadataValue)
     assert shown["kept_frames_file"] == dg.MetadataValue.path(tmp_path / "kept_frames.png")
     assert cv2.imread(str(tmp_path / "kept_frames.png")).shape[:2] == sheet.shape[:2]
-    pictures = decoded(description)
-    assert [kind for kind, _ in pictures] == ["jpeg", "jpeg"]
-    assert IMAGE.sub("", description).strip() == ""
-    assert max(p.shape[0] for _, p in pictures) <= DESCRIPTION_HEIGHT
-    assert sum(p.shape[1] + 8 for _, p in pictures) <= DESCRIPTION_WIDTH
+    # The run log shows the description as text: the outcome, no image data.
+    assert description == "12 of 40 frames kept"
+    for name, budget in (("kept_frames", 40_000), ("scores", None)):
+        ((kind, picture),) = decoded(shown[f"{name}_picture"].md_str)
+        assert kind == "jpeg"
+        assert picture.shape[0] <= DESCRIPTION_HEIGHT and picture.shape[1] <= DESCRIPTION_WIDTH
+        if budget:
+            assert len(shown[f"{name}_picture"].md_str) <= 4 / 3 * budget + 100
 
 
-def test_without_previews_there_is_no_description():
+def test_without_an_outcome_there_is_no_description():
     assert ui_metadata({"frames": 3}) == ({"frames": 3}, None)
 
 

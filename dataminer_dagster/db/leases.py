@@ -76,6 +76,8 @@ class Unclaimed:
     owner: str | None
     next_attempt_at: datetime | None
     last_error: str | None
+    finished_at: datetime | None = None
+    outcome: dict | None = None  # a done item's summary
 
     def describe(self) -> str:
         if self.status is None:
@@ -374,15 +376,18 @@ class LeaseStore:
         owner: str,
         *,
         redo: bool = False,
+        revive_dead: bool = False,
         respect_backoff: bool = True,
         projects: Sequence[int] | None = None,
     ) -> tuple[list[Lease], list[Unclaimed]]:
-        """Claim the named items that are claimable (with `redo`, finished ones too) and, with
-        `projects`, concern one of these projects. Returns the leases and, for every other key,
-        why it was not claimed."""
+        """Claim the named items that are claimable (with `revive_dead`, dead ones too, with fresh
+        attempts; with `redo`, every finished one) and, with `projects`, concern one of these
+        projects. Returns the leases and, for every other key, why it was not claimed."""
         if not keys:
             return [], []
-        statuses = [PENDING, FAILED] + ([DONE, DEAD, BLOCKED] if redo else [])
+        statuses = [PENDING, FAILED] + (
+            [DONE, DEAD, BLOCKED] if redo else [DEAD] if revive_dead else []
+        )
         statement = sa.text(f"""
             UPDATE {W} w
                SET status = '{RUNNING}', lease_owner = :owner, lease_token = gen_random_uuid(),
@@ -416,8 +421,8 @@ class LeaseStore:
         if not keys:
             return []
         statement = sa.text(f"""
-            SELECT item_key, status, lease_owner, next_attempt_at, last_error FROM {W}
-             WHERE stage = :stage AND item_key = ANY(CAST(:keys AS text[]))
+            SELECT item_key, status, lease_owner, next_attempt_at, last_error, finished_at, outcome
+              FROM {W} WHERE stage = :stage AND item_key = ANY(CAST(:keys AS text[]))
         """)
         with self.engine.connect() as c:
             found = {
@@ -430,7 +435,13 @@ class LeaseStore:
                 Unclaimed(key, None, None, None, None)
                 if row is None
                 else Unclaimed(
-                    key, row.status, row.lease_owner, row.next_attempt_at, row.last_error
+                    key,
+                    row.status,
+                    row.lease_owner,
+                    row.next_attempt_at,
+                    row.last_error,
+                    row.finished_at,
+                    row.outcome,
                 )
             )
         return result

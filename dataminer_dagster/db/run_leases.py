@@ -83,6 +83,7 @@ class RunLeases:
         keys: Sequence[str],
         *,
         redo: bool = False,
+        revive_dead: bool = False,
         respect_backoff: bool = True,
         projects: Sequence[int] | None = None,
     ) -> tuple[list[Lease], list[Unclaimed]]:
@@ -92,6 +93,7 @@ class RunLeases:
                 keys,
                 self.owner,
                 redo=redo,
+                revive_dead=revive_dead,
                 respect_backoff=respect_backoff,
                 projects=projects,
             )

@@ -32,7 +32,9 @@ SETTLE_S = 10.0
 
 
 def is_ahead(run: dg.DagsterRun | None) -> bool:
-    return run is not None and run.tags.get(AHEAD_TAG) == "true"
+    """Requested ahead, and not a re-execution: a re-executed run (the UI's Re-execute copies the
+    tags) is about work that was there when its first run ran."""
+    return run is not None and run.tags.get(AHEAD_TAG) == "true" and run.parent_run_id is None
 
 
 def run_keys(instance: dg.DagsterInstance, run: dg.DagsterRun, lane: Lane) -> list[str]:

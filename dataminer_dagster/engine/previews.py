@@ -1,21 +1,20 @@
 """What the Dagster UI shows of a stage's result: previews (pictures) and readable metadata values.
 
-Where Dagster 1.13 shows pictures without a click (checked in its UI source, ui-core):
-* a Markdown metadata value is drawn in place on the Overview and Partitions tabs only when it is
-  shorter than 1000 characters (`MetadataEntry.tsx`: `expandSmallValues && mdStr.length < 1000`);
-  a longer one hides behind [Show Markdown];
-* the description of a materialization is drawn as Markdown in full on the asset's Events tab
-  (`AssetEventDetail.tsx`), cut at 320 pixels high behind "Show more".
+Where Dagster 1.13 shows pictures (checked in its UI source, ui-core):
+* a Markdown metadata value is drawn in place on the Overview, Partitions and Events tabs only when
+  it is shorter than 1000 characters (`MetadataEntry.tsx`: `expandSmallValues && mdStr.length <
+  1000`); a longer one opens behind [Show Markdown];
+* a materialization's description is its message in the run log, as text: so it holds no picture.
 
-So a preview is three things: a thumbnail that fits the 1000 characters (in the metadata), the
-picture as a JPEG within a size budget (in the event's description, the event's pictures side by
-side and scaled to fit `DESCRIPTION_WIDTH` x `DESCRIPTION_HEIGHT`, what the Events tab shows of a
-description at 1600x1000 before "Show more"), and the full-size PNG on disk (its path in the
-metadata). A picture that does not fit its budget is made smaller, never left out.
+So a preview is three metadata values: a thumbnail that fits the 1000 characters (drawn in place),
+the picture (at most `DESCRIPTION_WIDTH` x `DESCRIPTION_HEIGHT`, a JPEG within a size budget)
+behind [Show Markdown] as `<name>_picture`, and the full-size PNG on disk (`<name>_file`). A
+picture that does not fit its budget is made smaller, never left out. The description is the
+item's outcome in words ("12 of 40 frames kept"), what the run log then shows for the event.
 
 A stage puts `Preview`s and plain values in its `ItemResult.metadata`; `ui_metadata` (called by the
 stage machinery for every event) turns them into what the UI receives: typed values, floats
-rounded to 3 places, previews split into thumbnail, file and description.
+rounded to 3 places, previews split into thumbnail, picture and file.
 """
 
 from __future__ import annotations
@@ -35,10 +34,9 @@ from dataminer_dagster.core.visualize import encode_jpeg, encode_palette_png, re
 INLINE_MARKDOWN_LIMIT = 1000  # characters; Dagster shows shorter Markdown values in place
 PREVIEW_BUDGET = 120_000  # bytes of JPEG per picture in a project's event
 VIDEO_PREVIEW_BUDGET = 30_000  # per picture in a per-video event (there are many of those)
-DESCRIPTION_HEIGHT = 290  # pixels; the Events tab shows 320 of a description before "Show more"
-DESCRIPTION_WIDTH = 940  # pixels; its description column at a 1600-pixel-wide window
+DESCRIPTION_HEIGHT = 290  # pixels of a picture: what a [Show Markdown] dialog shows unscrolled
+DESCRIPTION_WIDTH = 940  # pixels; the dialog's width at a 1600-pixel-wide window
 DECIMALS = 3  # every float the UI shows is rounded to this many places
-_GAP = 8  # pixels between two pictures of a description (a space between inline images)
 
 _THUMBNAIL_WIDTHS = (200, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32)
 _THUMBNAIL_QUALITIES = (50, 35, 25)
@@ -47,8 +45,8 @@ _THUMBNAIL_QUALITIES = (50, 35, 25)
 @dataclass(frozen=True)
 class Preview:
     """A picture for the UI: the full-size PNG `file`, the thumbnail's Markdown image, and the
-    picture (at most DESCRIPTION_HEIGHT high) that the event description shows within `budget`
-    bytes."""
+    picture (at most DESCRIPTION_WIDTH x DESCRIPTION_HEIGHT) shown behind [Show Markdown] within
+    `budget` bytes."""
 
     name: str
     file: Path
@@ -56,10 +54,8 @@ class Preview:
     picture: np.ndarray
     budget: int
 
-    def picture_markdown(self, scale: float = 1.0) -> str:
-        height, width = self.picture.shape[:2]
-        image = resize_to(self.picture, max(1, int(width * scale)), max(1, int(height * scale)))
-        return _markdown_image(self.name, jpeg_within(image, self.budget), "jpeg")
+    def picture_markdown(self) -> str:
+        return _markdown_image(self.name, jpeg_within(self.picture, self.budget), "jpeg")
 
 
 def preview_metadata(
@@ -125,23 +121,20 @@ def _markdown_image(name: str, data: bytes, kind: str) -> str:
 
 
 def ui_metadata(metadata: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """What the UI receives for a stage's metadata: previews first (thumbnail, then the file's
-    path), then every value made readable (`readable`); and the event description that shows the
-    previews' pictures side by side (None without previews)."""
-    previews = [v for v in metadata.values() if isinstance(v, Preview)]
+    """What the UI receives for a stage's metadata: previews first (thumbnail, picture, the file's
+    path), then every value made readable (`readable`); and the event's description: its
+    `outcome` in words (None without one), which the run log shows as the event's message."""
     shown: dict[str, Any] = {}
-    for preview in previews:
+    for preview in (v for v in metadata.values() if isinstance(v, Preview)):
         if preview.thumbnail_markdown is not None:
             shown[preview.name] = dg.MetadataValue.md(preview.thumbnail_markdown)
+        shown[f"{preview.name}_picture"] = dg.MetadataValue.md(preview.picture_markdown())
         shown[f"{preview.name}_file"] = dg.MetadataValue.path(preview.file)
     for key, value in metadata.items():
         if not isinstance(value, Preview):
             shown[key] = readable(value)
-    if not previews:
-        return shown, None
-    room = DESCRIPTION_WIDTH - _GAP * len(previews)
-    scale = min(1.0, room / sum(p.picture.shape[1] for p in previews))
-    return shown, " ".join(p.picture_markdown(scale) for p in previews)
+    outcome = metadata.get("outcome")
+    return shown, outcome if isinstance(outcome, str) else None
 
 
 def readable(value: Any) -> Any:

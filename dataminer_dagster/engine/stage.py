@@ -43,6 +43,7 @@ from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
 from dataminer_dagster.db.project_flow import advance_projects
+from dataminer_dagster.db.schema import DEAD, DONE
 from dataminer_dagster.engine.checks import PartitionCheck, evaluate_checks
 from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
 from dataminer_dagster.engine.outcomes import (
@@ -58,6 +59,7 @@ from dataminer_dagster.engine.registry import StageRegistry, split_project_video
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import DownloadClient
 from dataminer_dagster.tags import (
+    BACKFILL_TAG,
     DEADLINE_TAG,
     GPU_OP_TAGS,
     GPU_POOL,
@@ -148,7 +150,7 @@ class StageAsset:
     process: StageFunction
     partitions_def: dg.PartitionsDefinition
     description: str | None
-    deps: tuple[dg.AssetKey, ...]
+    deps: tuple[dg.AssetDep, ...]
     required_resource_keys: frozenset[str]
     op_tags: Mapping[str, Any]
     pool: str | None
@@ -188,7 +190,7 @@ def stage_asset(
     *,
     stage: str,
     description: str | None = None,
-    deps: Sequence[StageAsset | str] = (),
+    deps: Sequence[StageAsset | str | dg.AssetDep] = (),
     required_resource_keys: Sequence[str] = (),
     kinds: set[str] | None = None,
     checks: Sequence[PartitionCheck] = (),
@@ -197,20 +199,28 @@ def stage_asset(
     (`lane_asset` makes the Dagster asset). Its registry entry (its folder's `STAGE`) gives the
     asset's name, its partition set, its upstream (the asset of the stage it `reads`), its group
     in the UI and, for a model stage, the GPU op tags and the `gpu` pool. `deps`: more upstream
-    assets, for a stage that reads beyond its registry entry."""
+    assets (a StageAsset, an asset name or a `dg.AssetDep`), for a stage that reads beyond its
+    registry entry."""
     spec = REGISTRY[stage]
-    upstream = [dg.AssetKey(REGISTRY[spec.reads].asset)] if spec.reads else []
+    partitions_def = PARTITIONS[spec.keys]
+    upstream = (
+        [_dependency(REGISTRY[spec.reads].asset, PARTITIONS[REGISTRY[spec.reads].keys], spec.keys)]
+        if spec.reads
+        else []
+    )
+    upstream += [
+        _dependency(d.name, d.partitions_def, spec.keys) if isinstance(d, StageAsset) else d
+        for d in deps
+    ]
 
     def decorator(process: StageFunction) -> StageAsset:
         return StageAsset(
             name=spec.asset,
             stage=stage,
             process=process,
-            partitions_def=PARTITIONS[spec.keys],
+            partitions_def=partitions_def,
             description=description or (process.__doc__ or "").strip() or None,
-            deps=tuple(
-                upstream + [d.key if isinstance(d, StageAsset) else dg.AssetKey(d) for d in deps]
-            ),
+            deps=tuple(dg.AssetDep(d) if isinstance(d, str) else d for d in upstream),
             required_resource_keys=frozenset({"db", *required_resource_keys}),
             op_tags=dict(GPU_OP_TAGS) if spec.gpu else {},
             pool=GPU_POOL if spec.gpu else None,
@@ -220,6 +230,18 @@ def stage_asset(
         )
 
     return decorator
+
+
+def _dependency(asset: str, upstream: dg.PartitionsDefinition, keys: str) -> dg.AssetDep:
+    """The dependency on `asset` of an asset partitioned by `keys`. Within one partition set a
+    partition depends on the same partition upstream. Across sets (a project's videos, a video's
+    projects) Dagster has no mapping that follows the claim tables' links, and a bare dependency
+    would claim the identity (false lineage, backfills refused): each partition is said to depend
+    on all of the upstream's, the one true statement Dagster can express (docs/architecture.md,
+    "Partitions")."""
+    if upstream.name == keys:  # type: ignore[attr-defined]
+        return dg.AssetDep(asset)
+    return dg.AssetDep(asset, partition_mapping=dg.AllPartitionMapping())
 
 
 def stage_assets(registry: StageRegistry = REGISTRY) -> dict[str, StageAsset]:
@@ -279,9 +301,17 @@ def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
         )
         def lane_fn(context: dg.AssetExecutionContext, config: StageConfig):
             selected = [s for s in stages if s.key in context.selected_asset_keys]
+            dead: list[str] = []
             for position, stage in enumerate(selected):
                 following = [s.stage for s in selected[position + 1 :]]
-                yield from run_stage(context, config, stage, following)
+                yield from run_stage(context, config, stage, following, dead)
+            if dead:  # after every stage of the lane: the batch's good items went on
+                raise dg.Failure(
+                    description=f"{len(dead)} items are dead: "
+                    + "; ".join(dead[:5])
+                    + (f" (and {len(dead) - 5} more)" if len(dead) > 5 else ""),
+                    metadata={"dead_items": len(dead)},
+                )
 
     return lane_fn
 
@@ -315,7 +345,14 @@ def run_stage(
     config: StageConfig,
     stage_def: StageAsset,
     following: Sequence[str] = (),
+    dead: list[str] | None = None,
 ) -> Iterator[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckResult]:
+    """Run one stage over the run's partitions: claim their items, process each, and tell Dagster
+    what became of every partition. Done now or earlier: a materialization (an earlier one is
+    recorded as current, so that a backfill or a re-execution counts it). Dead: named in `dead`,
+    for the lane to fail the run once all its stages ran (the partition shows failed). A run a
+    person launched to retry (`_launched_to_retry`) gives dead items fresh attempts, as
+    `dataminer retry` does."""
     stage, process, key = stage_def.stage, stage_def.process, stage_def.key
     db: DatabaseResource = context.resources.db
     keys = list(context.partition_keys)
@@ -323,9 +360,17 @@ def run_stage(
     by_sensor = tags.get(REQUESTED_BY_TAG) == "sensor"
     only = [int(p) for p in tags[PROJECTS_TAG].split(",")] if PROJECTS_TAG in tags else None
     leases, unclaimed = db.leases.claim_keys(
-        stage, keys, redo=config.redo, respect_backoff=by_sensor, projects=only
+        stage,
+        keys,
+        redo=config.redo,
+        revive_dead=_launched_to_retry(context.run, keys),
+        respect_backoff=by_sensor,
+        projects=only,
     )
     _report_unclaimed(context, stage, unclaimed, len(keys))
+    for earlier in unclaimed:
+        if earlier.status == DONE:
+            yield _current(key, earlier)
     deadline = float(tags[DEADLINE_TAG]) if DEADLINE_TAG in tags else None
 
     ctx = StageContext(context, db, following)
@@ -343,7 +388,16 @@ def run_stage(
                 )
                 break
             lease = pending.pop(0)
-            for event in _process_item(context, key, ctx, process, lease, titles, failures):
+            for event in _process_item(
+                context,
+                key,
+                ctx,
+                process,
+                lease,
+                titles,
+                failures,
+                dead if dead is not None else [],
+            ):
                 if isinstance(event, dg.AssetMaterialization):
                     finished.append(lease.key)
                 yield event
@@ -373,6 +427,7 @@ def _process_item(
     lease: Lease,
     titles: _VideoTitles,
     failures: list[str],
+    dead: list[str],
 ) -> Iterator[dg.AssetMaterialization | dg.AssetObservation]:
     leases = ctx.db.leases
     item = StageItem(lease)
@@ -436,10 +491,32 @@ def _process_item(
         text = f"{lease.stage} {lease.key} failed on attempt {lease.attempt}: {message}; {when}"
         context.log.error(text)
         failures.append(text)
+        if outcome.status == DEAD:
+            dead.append(f"{lease.stage} {lease.key}: {message}")
         yield _observation(titles, asset_key, lease, outcome.status or "failed", message)
     finally:
         for path in result.staged if result else ():
             remove(path)
+
+
+def _launched_to_retry(run: dg.DagsterRun, keys: Sequence[str]) -> bool:
+    """Whether a person launched this run for its partitions whatever became of them: a backfill
+    (the UI's, "materialize failed partitions" included), a re-execution, or one partition
+    (the UI's Materialize, `dagster asset materialize --partition`). Its dead items get fresh
+    attempts. The sensors' runs, and ranges run otherwise, leave them dead."""
+    if run.tags.get(REQUESTED_BY_TAG) == "sensor":
+        return False
+    return BACKFILL_TAG in run.tags or run.parent_run_id is not None or len(keys) == 1
+
+
+def _current(asset_key: dg.AssetKey, earlier: Unclaimed) -> dg.AssetMaterialization:
+    """A partition whose item an earlier run finished, recorded as current by this run."""
+    when = f"{earlier.finished_at:%Y-%m-%d %H:%M:%S %Z}" if earlier.finished_at else "earlier"
+    shown, _ = ui_metadata({"outcome": f"current: done by an earlier run ({when})"})
+    summary = {k: v for k, v in (earlier.outcome or {}).items() if isinstance(v, int | float | str)}
+    return dg.AssetMaterialization(
+        asset_key=asset_key, partition=earlier.key, metadata={**shown, **summary}
+    )
 
 
 def _attempt(lease: Lease) -> dict[str, int]:

@@ -125,11 +125,18 @@ def materialize_partitions(
 
 
 def materialized_partitions(result: dg.ExecuteInProcessResult, asset: str) -> list[str]:
+    """The partitions of `asset` the run did the work of (not those it recorded as current)."""
     return sorted(
         e.event_specific_data.materialization.partition
         for e in result.get_asset_materialization_events()
-        if e.asset_key == dg.AssetKey(asset)
+        if e.asset_key == dg.AssetKey(asset) and not recorded_as_current(e)
     )
+
+
+def recorded_as_current(event) -> bool:
+    """A materialization that says an earlier run did the partition's work."""
+    outcome = event.event_specific_data.materialization.metadata.get("outcome")
+    return outcome is not None and str(outcome.value).startswith("current:")
 
 
 def work_items(engine: sa.Engine, stage: str) -> dict[str, sa.Row]:

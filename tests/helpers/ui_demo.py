@@ -146,11 +146,13 @@ EXPANDED_GROUPS = ",".join(
 
 @dataclass(frozen=True)
 class Page:
-    """A page of the UI, and how many previews (data-URI images) it must show without a click."""
+    """A page of the UI, how many previews (data-URI images) it must show without a click, and
+    how many pictures it keeps behind [Show Markdown] (a stage's `..._picture` values)."""
 
     name: str  # the screenshot's file name, without .png
     path: str
     previews: int
+    pictures: int = 0
 
 
 def pages(video_partition: str) -> list[Page]:
@@ -161,16 +163,18 @@ def pages(video_partition: str) -> list[Page]:
             "filtered-frames-partition",
             f"/assets/filtered_frames?view=partitions&partition={video_partition}",
             2,
+            2,
         ),
         Page(
             "filtered-frames-events",
             f"/assets/filtered_frames?view=events&partition={video_partition}",
-            4,
+            2,
+            2,
         ),
-        Page("deduped-set-overview", "/assets/deduped_set", 1),
-        Page("deduped-set-events", "/assets/deduped_set?view=events", 2),
-        Page("detections-events", "/assets/detections?view=events", 2),
-        Page("dataset-events", "/assets/dataset?view=events", 2),
+        Page("deduped-set-overview", "/assets/deduped_set", 1, 1),
+        Page("deduped-set-events", "/assets/deduped_set?view=events", 1, 1),
+        Page("detections-events", "/assets/detections?view=events", 1, 1),
+        Page("dataset-events", "/assets/dataset?view=events", 1, 1),
         Page("frames-backup-events", "/assets/frames_backup?view=events", 0),
         Page("dataset-checks", "/assets/dataset?view=checks", 0),
     ]
