@@ -55,8 +55,10 @@ from dataminer_dagster.engine.outcomes import (
 from dataminer_dagster.engine.partitions import PARTITIONS
 from dataminer_dagster.engine.previews import ui_metadata
 from dataminer_dagster.engine.registry import StageRegistry, split_project_video_key
+from dataminer_dagster.outputs import OUTPUTS_IO_MANAGER_KEY
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import DownloadClient
+from dataminer_dagster.resources.outputs import stage_outputs_io_manager
 from dataminer_dagster.tags import (
     DEADLINE_TAG,
     GPU_OP_TAGS,
@@ -64,6 +66,7 @@ from dataminer_dagster.tags import (
     LANE_TAG,
     PROJECTS_TAG,
     REQUESTED_BY_TAG,
+    STAGE_TAG,
 )
 
 
@@ -155,19 +158,27 @@ class StageAsset:
     kinds: frozenset[str]
     group_name: str
     checks: tuple[PartitionCheck, ...]
+    # Its output loads as the input of another asset (outputs.py, the stages' IO manager).
+    loadable: bool = False
 
     @property
     def key(self) -> dg.AssetKey:
         return dg.AssetKey(self.name)
 
     def spec(self) -> dg.AssetSpec:
-        return dg.AssetSpec(
+        spec = dg.AssetSpec(
             self.key,
             deps=self.deps,
             description=self.description,
             kinds=set(self.kinds),
             group_name=self.group_name,
             skippable=True,  # a run may have nothing to do for some of its partitions
+        )
+        if not self.loadable:
+            return spec
+        # The IO manager finds the stage, under any key prefix, in the definition's metadata.
+        return spec.merge_attributes(metadata={STAGE_TAG: self.stage}).with_io_manager_key(
+            OUTPUTS_IO_MANAGER_KEY
         )
 
     def check_specs(self) -> list[dg.AssetCheckSpec]:
@@ -192,12 +203,15 @@ def stage_asset(
     required_resource_keys: Sequence[str] = (),
     kinds: set[str] | None = None,
     checks: Sequence[PartitionCheck] = (),
+    loadable: bool = False,
 ) -> Callable[[StageFunction], StageAsset]:
     """Declare a per-item stage function as a partitioned asset that processes batches of items
     (`lane_asset` makes the Dagster asset). Its registry entry (its folder's `STAGE`) gives the
     asset's name, its partition set, its upstream (the asset of the stage it `reads`), its group
     in the UI and, for a model stage, the GPU op tags and the `gpu` pool. `deps`: more upstream
-    assets, for a stage that reads beyond its registry entry."""
+    assets, for a stage that reads beyond its registry entry. `loadable`: a downstream asset may
+    take the stage's output as an input, a typed value of outputs.py (the stage returns
+    nothing: its files are its output)."""
     spec = REGISTRY[stage]
     upstream = [dg.AssetKey(REGISTRY[spec.reads].asset)] if spec.reads else []
 
@@ -217,6 +231,7 @@ def stage_asset(
             kinds=frozenset(kinds or ()),
             group_name=spec.group,
             checks=tuple(checks),
+            loadable=loadable,
         )
 
     return decorator
@@ -254,7 +269,8 @@ def lane_assets(
 def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
     """The stages of a lane (one partition set, in order) as one multi-asset: one step that runs
     each selected stage over the run's partitions in turn. It takes the `gpu` pool slot for the
-    whole step when one of its stages needs it."""
+    whole step when one of its stages needs it. A lane with loadable stages carries their IO
+    manager (on the `db` resource), so that a code location's resources need not name it."""
     partitions = {s.partitions_def for s in stages}
     pools = {s.pool for s in stages} - {None}
     if len(partitions) != 1 or len(pools) > 1:
@@ -276,6 +292,11 @@ def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
             required_resource_keys=set().union(*(s.required_resource_keys for s in stages)),
             op_tags={LANE_TAG: name, **op_tags},
             pool=pools.pop() if pools else None,
+            resource_defs=(
+                {OUTPUTS_IO_MANAGER_KEY: stage_outputs_io_manager}
+                if any(s.loadable for s in stages)
+                else None
+            ),
         )
         def lane_fn(context: dg.AssetExecutionContext, config: StageConfig):
             selected = [s for s in stages if s.key in context.selected_asset_keys]
