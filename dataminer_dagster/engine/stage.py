@@ -27,6 +27,7 @@ partition key, and the attempt only when it was a retry. A stage's `PartitionChe
 of the run, once for each partition it finished, and are recorded on that partition.
 """
 
+import dataclasses
 import importlib
 import time
 import warnings
@@ -44,6 +45,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
 from dataminer_dagster.db.project_flow import advance_projects
 from dataminer_dagster.engine.checks import PartitionCheck, evaluate_checks
+from dataminer_dagster.engine.jobs import name_prefix
 from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
 from dataminer_dagster.engine.outcomes import (
     Blocked,
@@ -160,10 +162,11 @@ class StageAsset:
     checks: tuple[PartitionCheck, ...]
     # Its output loads as the input of another asset (outputs.py, the stages' IO manager).
     loadable: bool = False
+    key_prefix: tuple[str, ...] = ()  # build_definitions(prefix=...)
 
     @property
     def key(self) -> dg.AssetKey:
-        return dg.AssetKey(self.name)
+        return dg.AssetKey([*self.key_prefix, self.name])
 
     def spec(self) -> dg.AssetSpec:
         spec = dg.AssetSpec(
@@ -255,6 +258,35 @@ def stage_assets(registry: StageRegistry = REGISTRY) -> dict[str, StageAsset]:
     return found
 
 
+def with_key_prefix(
+    stages: Mapping[str, StageAsset], prefix: Sequence[str], group: str | None = None
+) -> dict[str, StageAsset]:
+    """The stages with their asset keys (and their dependencies on one another) under `prefix`,
+    and every asset in `group` when one is given: a copy of the pipeline whose names cannot
+    collide with a code location's own (definitions.build_definitions)."""
+    own = {s.key for s in stages.values()}
+
+    def moved(dep: dg.AssetKey | dg.AssetDep) -> dg.AssetKey | dg.AssetDep:
+        key = dep.asset_key if isinstance(dep, dg.AssetDep) else dep
+        if key not in own:
+            return dep
+        if isinstance(dep, dg.AssetDep):
+            return dg.AssetDep(
+                key.with_prefix(list(prefix)), partition_mapping=dep.partition_mapping
+            )
+        return key.with_prefix(list(prefix))
+
+    return {
+        name: dataclasses.replace(
+            s,
+            key_prefix=(*prefix, *s.key_prefix),
+            deps=tuple(moved(d) for d in s.deps),
+            group_name=group or s.group_name,
+        )
+        for name, s in stages.items()
+    }
+
+
 def lane_assets(
     stages: Mapping[str, StageAsset], lanes: Sequence[Lane] = DEFAULT_LANES
 ) -> dict[str, dg.AssetsDefinition]:
@@ -283,7 +315,7 @@ def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
         warnings.simplefilter("ignore", dg.BetaWarning)
 
         @dg.multi_asset(
-            name=f"{name}_lane",
+            name=f"{name_prefix(stages)}{name}_lane",
             specs=[s.spec() for s in stages],
             check_specs=[c for s in stages for c in s.check_specs()],
             partitions_def=partitions.pop(),
@@ -415,7 +447,9 @@ def _process_item(
         )
         for name, metadata in elsewhere.items():
             yield dg.AssetObservation(
-                asset_key=dg.AssetKey(name), partition=lease.key, metadata={**about, **metadata}
+                asset_key=dg.AssetKey([*asset_key.path[:-1], name]),  # under the same prefix
+                partition=lease.key,
+                metadata={**about, **metadata},
             )
     except LeaseLost as lost:
         context.log.warning(str(lost))
