@@ -144,3 +144,30 @@ def test_a_project_without_output_says_what_to_do(engine, tmp_path, resources):
     message = failure.step_failure_data.error.cause.message
     assert "dataset alpha has no output yet" in message
     assert "Materialize dataset for alpha first" in message
+
+
+def test_an_eager_asset_is_requested_when_its_projects_dataset_is_done():
+    """What README says a user's asset does to follow each project: eager() asks for its
+    partition once the stage has recorded the dataset's materialization."""
+
+    @dg.asset(
+        partitions_def=projects_partitions,
+        ins={"dataset": dg.AssetIn()},
+        automation_condition=dg.AutomationCondition.eager(),
+    )
+    def follows(dataset: Dataset) -> None: ...
+
+    assets = dg.Definitions(
+        assets=[LANE_ASSETS["project"], follows], resources={"db": DatabaseResource()}
+    )
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(projects_partitions.name, ["alpha", "beta"])
+        first = dg.evaluate_automation_conditions(defs=assets, instance=instance)
+        assert not first.get_requested_partitions(dg.AssetKey("follows"))
+        instance.report_runless_asset_event(
+            dg.AssetMaterialization(asset_key="dataset", partition="alpha")
+        )
+        second = dg.evaluate_automation_conditions(
+            defs=assets, instance=instance, cursor=first.cursor
+        )
+    assert second.get_requested_partitions(dg.AssetKey("follows")) == {"alpha"}
