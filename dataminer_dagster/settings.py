@@ -216,10 +216,14 @@ def _describe(error: ValidationError, path: Path | None) -> str:
     return f"{path or 'settings'}: " + "; ".join(problems)
 
 
-def load_settings() -> Settings:
+def load_settings(file: str | os.PathLike | None = None) -> Settings:
+    """The settings of this process: `file` (default: $DATAMINER_SETTINGS, else
+    $DATAMINER_HOME/settings.yaml when it exists) with the environment's overrides."""
     home = Path(os.environ.get(ENV_HOME) or ".dataminer").expanduser().resolve()
     data_dir = Path(os.environ.get(ENV_DATA_DIR) or home / "data").expanduser().resolve()
-    path = settings_path(home)
+    path = Path(file).expanduser() if file is not None else settings_path(home)
+    if path is not None and not path.is_file():
+        raise SettingsError(f"settings file {path}: no such file")
     try:
         parsed = SettingsFile.model_validate(_apply_env(_read_file(path)))
     except ValidationError as exc:

@@ -13,7 +13,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dataminer_dagster"
 HEAVY = ("torch", "transformers", "ultralytics", "faiss")
-ROOT_SIDE = ("cli", "hosting", "definitions", "demo")
+ROOT_SIDE = ("cli", "hosting", "definitions", "demo", "components", "testing")
 PKG = "dataminer_dagster."
 # A stage's code: every module of a stage folder but its registry entry (the folder's package)
 # and its config section, which the project config composes.

@@ -739,10 +739,10 @@ def test_dev_without_a_checkout_copies_dagster_yaml(dataminer_env, monkeypatch, 
     assert f"DAGSTER_HOME={dataminer_env / 'dagster'}" in out
 
 
-def test_dev_runs_dagster_dev(dataminer_env, capfd):
+def test_dev_runs_dg_dev(dataminer_env, capfd):
     result = invoke("dev", "--", "--help")
     assert "running:" in result.output
-    assert "dagster dev" in capfd.readouterr().out.replace("\n", " ")
+    assert "Usage: dg dev" in capfd.readouterr().out.replace("\n", " ")
 
 
 def _dataset(world: World, project) -> Path:

@@ -18,7 +18,8 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.engine.planning import DiscoveryCursor, plan_discovery
 from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from dataminer_dagster.paths import DataPaths, ProjectPaths
-from tests.helpers.pipeline import keep_every_frame, materialize_partitions, resources, work_items
+from dataminer_dagster.testing import keep_every_frame
+from tests.helpers.pipeline import materialize_partitions, resources, work_items
 from tests.helpers.stages import STAGES
 
 pytestmark = pytest.mark.slow

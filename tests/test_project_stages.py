@@ -17,9 +17,9 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.reports import stage_counts
 from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.testing import keep_every_frame
 from tests.helpers.pipeline import (
     drive_quietly,
-    keep_every_frame,
     pipeline_definitions,
     resources,
     write_videos,

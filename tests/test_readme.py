@@ -54,3 +54,20 @@ def test_the_settings_block_lists_every_setting_with_its_default():
     }
     assert documented == defaults
     SettingsFile.model_validate(documented)
+
+
+def test_the_testing_example_is_the_test_that_runs():
+    match = re.search(
+        r"<!-- user-assets-test:start -->\n```python\n(.*)```\n<!-- user-assets-test:end -->",
+        README,
+        re.S,
+    )
+    assert match, "README.md lost its user-assets-test markers"
+    assert match.group(1) == (ROOT / "tests" / "test_user_assets.py").read_text()
+
+
+def test_no_command_is_one_that_dg_supersedes():
+    """Dagster 1.13 prints a SupersessionWarning for these; `dg` has their successors."""
+    commands = "\n".join(re.findall(r"```bash\n(.*?)\n```", README, re.S))
+    for superseded in ("dagster dev", "dagster asset materialize", "dagster definitions validate"):
+        assert superseded not in commands

@@ -41,9 +41,9 @@ from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, 
 from dataminer_dagster.hosting.driver import DriveResult, drive
 from dataminer_dagster.paths import FRAMES_MANIFEST, DataPaths, ProjectPaths
 from dataminer_dagster.settings import LeasePolicy, RunPolicy, load_settings
+from dataminer_dagster.testing import keep_every_frame
 from tests.helpers.pipeline import (
     CannedSearchClient,
-    keep_every_frame,
     materialize_partitions,
     one_stage_lanes,
     pipeline_definitions,

@@ -24,9 +24,9 @@ from dataminer_dagster.db.reports import stage_counts
 from dataminer_dagster.engine.lanes import DEFAULT_LANES
 from dataminer_dagster.engine.registry import DATASET, PROJECTS, StageSpec
 from dataminer_dagster.paths import DataPaths, ProjectPaths
+from dataminer_dagster.testing import keep_every_frame
 from tests.helpers.pipeline import (
     drive_quietly,
-    keep_every_frame,
     resources,
     work_items,
     write_videos,

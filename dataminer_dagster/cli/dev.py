@@ -44,12 +44,28 @@ def _dev_plan(settings) -> tuple[Path, Path, Path | None]:
     return repository / "workspace.yaml", home, copy_from
 
 
+def _dev_executable() -> str:
+    """`dg` (dagster-dg-cli, the dev extra: what Dagster 1.13 recommends), else `dagster`, whose
+    `dev` prints a SupersessionWarning pointing at `dg dev`."""
+    import shutil
+    import sys
+
+    for name in ("dg", "dagster"):
+        beside = Path(sys.executable).with_name(name)
+        if beside.is_file():
+            return str(beside)
+        if shutil.which(name):
+            return shutil.which(name)
+    return "dagster"
+
+
 @main.command("dev", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--dry-run", is_flag=True, help="Only print the command and its environment.")
 @click.argument("dagster_args", nargs=-1, type=click.UNPROCESSED)
 def dev(dry_run: bool, dagster_args: tuple[str, ...]) -> None:
-    """Run `dagster dev -w <repository>/workspace.yaml`: the Dagster UI, and the sensors that
-    drive every registered project. Other arguments go to `dagster dev` (e.g. `-p 3001`).
+    """Run `dg dev -w <repository>/workspace.yaml` (`dagster dev` where dagster-dg-cli is not
+    installed): the Dagster UI, and the sensors that drive every registered project. Other
+    arguments go to it (e.g. `-p 3001`).
 
     DAGSTER_HOME, unless set, is the repository itself (its dagster.yaml: Dagster's storage in
     the same PostgreSQL) when this package is installed editable from a checkout; otherwise
@@ -58,15 +74,13 @@ def dev(dry_run: bool, dagster_args: tuple[str, ...]) -> None:
     import os
     import shutil
     import subprocess
-    import sys
 
     from dataminer_dagster.settings import load_settings
 
     settings = load_settings()
     workspace, dagster_home, copy_from = _dev_plan(settings)
-    executable = Path(sys.executable).with_name("dagster")
     command = [
-        str(executable) if executable.is_file() else (shutil.which("dagster") or "dagster"),
+        _dev_executable(),
         "dev",
         "-w",
         str(workspace),

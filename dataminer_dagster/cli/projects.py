@@ -16,7 +16,7 @@ def project() -> None:
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 def project_add(config: str) -> None:
     """Register a project from its YAML CONFIG, or update it; its video catalog is (re)queued
-    when the config is new or changed. With `dagster dev` running, the sensors take it from there."""
+    when the config is new or changed. With `dg dev` running, the sensors take it from there."""
     cfg = load_config(config)
     settings, _, catalog = context()
     result = catalog.register_project(cfg, protected=settings.protected_dirs)

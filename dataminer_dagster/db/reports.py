@@ -236,3 +236,15 @@ def overview(catalog: Catalog) -> list[dict]:
             }
         )
     return result
+
+
+def item_state(engine: sa.Engine, stage: str, key: str) -> sa.Row | None:
+    """The work item of `stage` for `key` (status, attempts, last error); None: there is none."""
+    with engine.connect() as c:
+        return c.execute(
+            sa.text(
+                f"SELECT status, attempts, last_error FROM {S}.work_items"
+                " WHERE stage = :stage AND item_key = :key"
+            ),
+            {"stage": stage, "key": key},
+        ).first()

@@ -3,7 +3,7 @@ the sensors and `dataminer run` alike."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import dagster as dg
@@ -20,16 +20,31 @@ def lanes_of(stages: Mapping[str, StageAsset], lanes: Sequence[Lane]) -> list[La
     return [lane for lane in lanes if all(stage in stages for stage in lane.stages)]
 
 
+def name_prefix(stages: Iterable[StageAsset]) -> str:
+    """What the names of a pipeline's ops, jobs and sensors start with: its assets' key prefix
+    (`build_definitions(prefix=...)`), joined by underscores, or nothing."""
+    prefixes = {tuple(stage.key.path[:-1]) for stage in stages}
+    if len(prefixes) > 1:
+        raise ValueError(f"the stages' asset keys have different prefixes: {sorted(prefixes)}")
+    prefix = prefixes.pop() if prefixes else []
+    return "".join(f"{part}_" for part in prefix)
+
+
 def lane_jobs(
-    stages: Mapping[str, StageAsset], lanes: Sequence[Lane]
+    stages: Mapping[str, StageAsset],
+    lanes: Sequence[Lane],
+    executor: dg.ExecutorDefinition | None = None,
 ) -> dict[str, dg.UnresolvedAssetJobDefinition]:
-    """One job per lane: its stages' assets (one multi-asset, one partition set)."""
+    """One job per lane: its stages' assets (one multi-asset, one partition set); `executor`, when
+    given, is the one its runs use whatever the code location's default."""
+    prefix = name_prefix(stages.values())
     return {
         lane.name: dg.define_asset_job(
-            lane.job_name,
+            f"{prefix}{lane.job_name}",
             selection=[stages[stage].key for stage in lane.stages],
             tags={LANE_TAG: lane.name},
             description=lane.description,
+            executor_def=executor,
         )
         for lane in lanes_of(stages, lanes)
     }

@@ -27,6 +27,7 @@ partition key, and the attempt only when it was a retry. A stage's `PartitionChe
 of the run, once for each partition it finished, and are recorded on that partition.
 """
 
+import dataclasses
 import importlib
 import time
 import warnings
@@ -45,6 +46,7 @@ from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
 from dataminer_dagster.db.project_flow import advance_projects
 from dataminer_dagster.db.schema import DEAD, DONE
 from dataminer_dagster.engine.checks import PartitionCheck, evaluate_checks
+from dataminer_dagster.engine.jobs import name_prefix
 from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
 from dataminer_dagster.engine.outcomes import (
     Blocked,
@@ -56,8 +58,10 @@ from dataminer_dagster.engine.outcomes import (
 from dataminer_dagster.engine.partitions import PARTITIONS
 from dataminer_dagster.engine.previews import ui_metadata
 from dataminer_dagster.engine.registry import StageRegistry, split_project_video_key
+from dataminer_dagster.outputs import OUTPUTS_IO_MANAGER_KEY
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import DownloadClient
+from dataminer_dagster.resources.outputs import stage_outputs_io_manager
 from dataminer_dagster.tags import (
     BACKFILL_TAG,
     DEADLINE_TAG,
@@ -66,6 +70,7 @@ from dataminer_dagster.tags import (
     LANE_TAG,
     PROJECTS_TAG,
     REQUESTED_BY_TAG,
+    STAGE_TAG,
 )
 
 
@@ -157,19 +162,28 @@ class StageAsset:
     kinds: frozenset[str]
     group_name: str
     checks: tuple[PartitionCheck, ...]
+    # Its output loads as the input of another asset (outputs.py, the stages' IO manager).
+    loadable: bool = False
+    key_prefix: tuple[str, ...] = ()  # build_definitions(prefix=...)
 
     @property
     def key(self) -> dg.AssetKey:
-        return dg.AssetKey(self.name)
+        return dg.AssetKey([*self.key_prefix, self.name])
 
     def spec(self) -> dg.AssetSpec:
-        return dg.AssetSpec(
+        spec = dg.AssetSpec(
             self.key,
             deps=self.deps,
             description=self.description,
             kinds=set(self.kinds),
             group_name=self.group_name,
             skippable=True,  # a run may have nothing to do for some of its partitions
+        )
+        if not self.loadable:
+            return spec
+        # The IO manager finds the stage, under any key prefix, in the definition's metadata.
+        return spec.merge_attributes(metadata={STAGE_TAG: self.stage}).with_io_manager_key(
+            OUTPUTS_IO_MANAGER_KEY
         )
 
     def check_specs(self) -> list[dg.AssetCheckSpec]:
@@ -194,13 +208,15 @@ def stage_asset(
     required_resource_keys: Sequence[str] = (),
     kinds: set[str] | None = None,
     checks: Sequence[PartitionCheck] = (),
+    loadable: bool = False,
 ) -> Callable[[StageFunction], StageAsset]:
     """Declare a per-item stage function as a partitioned asset that processes batches of items
     (`lane_asset` makes the Dagster asset). Its registry entry (its folder's `STAGE`) gives the
     asset's name, its partition set, its upstream (the asset of the stage it `reads`), its group
     in the UI and, for a model stage, the GPU op tags and the `gpu` pool. `deps`: more upstream
     assets (a StageAsset, an asset name or a `dg.AssetDep`), for a stage that reads beyond its
-    registry entry."""
+    registry entry. `loadable`: a downstream asset may take the stage's output as an input, a
+    typed value of outputs.py (the stage returns nothing: its files are its output)."""
     spec = REGISTRY[stage]
     partitions_def = PARTITIONS[spec.keys]
     upstream = (
@@ -227,6 +243,7 @@ def stage_asset(
             kinds=frozenset(kinds or ()),
             group_name=spec.group,
             checks=tuple(checks),
+            loadable=loadable,
         )
 
     return decorator
@@ -262,6 +279,35 @@ def stage_assets(registry: StageRegistry = REGISTRY) -> dict[str, StageAsset]:
     return found
 
 
+def with_key_prefix(
+    stages: Mapping[str, StageAsset], prefix: Sequence[str], group: str | None = None
+) -> dict[str, StageAsset]:
+    """The stages with their asset keys (and their dependencies on one another) under `prefix`,
+    and every asset in `group` when one is given: a copy of the pipeline whose names cannot
+    collide with a code location's own (definitions.build_definitions)."""
+    own = {s.key for s in stages.values()}
+
+    def moved(dep: dg.AssetKey | dg.AssetDep) -> dg.AssetKey | dg.AssetDep:
+        key = dep.asset_key if isinstance(dep, dg.AssetDep) else dep
+        if key not in own:
+            return dep
+        if isinstance(dep, dg.AssetDep):
+            return dg.AssetDep(
+                key.with_prefix(list(prefix)), partition_mapping=dep.partition_mapping
+            )
+        return key.with_prefix(list(prefix))
+
+    return {
+        name: dataclasses.replace(
+            s,
+            key_prefix=(*prefix, *s.key_prefix),
+            deps=tuple(moved(d) for d in s.deps),
+            group_name=group or s.group_name,
+        )
+        for name, s in stages.items()
+    }
+
+
 def lane_assets(
     stages: Mapping[str, StageAsset], lanes: Sequence[Lane] = DEFAULT_LANES
 ) -> dict[str, dg.AssetsDefinition]:
@@ -276,7 +322,8 @@ def lane_assets(
 def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
     """The stages of a lane (one partition set, in order) as one multi-asset: one step that runs
     each selected stage over the run's partitions in turn. It takes the `gpu` pool slot for the
-    whole step when one of its stages needs it."""
+    whole step when one of its stages needs it. A lane with loadable stages carries their IO
+    manager (on the `db` resource), so that a code location's resources need not name it."""
     partitions = {s.partitions_def for s in stages}
     pools = {s.pool for s in stages} - {None}
     if len(partitions) != 1 or len(pools) > 1:
@@ -289,7 +336,7 @@ def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
         warnings.simplefilter("ignore", dg.BetaWarning)
 
         @dg.multi_asset(
-            name=f"{name}_lane",
+            name=f"{name_prefix(stages)}{name}_lane",
             specs=[s.spec() for s in stages],
             check_specs=[c for s in stages for c in s.check_specs()],
             partitions_def=partitions.pop(),
@@ -298,6 +345,11 @@ def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
             required_resource_keys=set().union(*(s.required_resource_keys for s in stages)),
             op_tags={LANE_TAG: name, **op_tags},
             pool=pools.pop() if pools else None,
+            resource_defs=(
+                {OUTPUTS_IO_MANAGER_KEY: stage_outputs_io_manager}
+                if any(s.loadable for s in stages)
+                else None
+            ),
         )
         def lane_fn(context: dg.AssetExecutionContext, config: StageConfig):
             selected = [s for s in stages if s.key in context.selected_asset_keys]
@@ -449,7 +501,9 @@ def _process_item(
         )
         for name, metadata in elsewhere.items():
             yield dg.AssetObservation(
-                asset_key=dg.AssetKey(name), partition=lease.key, metadata={**about, **metadata}
+                asset_key=dg.AssetKey([*asset_key.path[:-1], name]),  # under the same prefix
+                partition=lease.key,
+                metadata={**about, **metadata},
             )
     except LeaseLost as lost:
         context.log.warning(str(lost))

@@ -28,18 +28,23 @@ class DatabaseResource(dg.ConfigurableResource):
     $DATAMINER_DATABASE_URL, or the embedded PostgreSQL under $DATAMINER_HOME.
 
     Set up once per run (the in-process executor) it starts the run's heartbeat, and a run the
-    sensors requested ahead of its input waits here for that input (engine/ahead.py)."""
+    sensors requested ahead of its input waits here for that input (engine/ahead.py).
+
+    `settings_file`: the settings file to read (default: $DATAMINER_SETTINGS, else
+    $DATAMINER_HOME/settings.yaml), so that a code location built with another one
+    (`build_definitions(settings=...)`) uses it in its runs and sensors too."""
 
     database_url: str | None = None
     data_dir: str | None = None
     heartbeat_seconds: float | None = None
+    settings_file: str | None = None
 
     _settings: Settings | None = PrivateAttr(default=None)
     _store: LeaseStore | None = PrivateAttr(default=None)
     _run_leases: RunLeases | None = PrivateAttr(default=None)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        settings = load_settings()
+        settings = load_settings(self.settings_file)
         self._settings = settings
         self._store = claims_store(settings, self.database_url)
         if context.run_id:
@@ -76,7 +81,7 @@ class DatabaseResource(dg.ConfigurableResource):
     @property
     def settings(self) -> Settings:
         if self._settings is None:
-            self._settings = load_settings()
+            self._settings = load_settings(self.settings_file)
         return self._settings
 
     @property

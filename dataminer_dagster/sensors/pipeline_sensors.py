@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from dataminer_dagster.db.scheduling import clear_requested
-from dataminer_dagster.engine.jobs import lanes_of
+from dataminer_dagster.engine.jobs import lanes_of, name_prefix
 from dataminer_dagster.engine.lanes import Lane
 from dataminer_dagster.engine.planning import (
     DiscoveryCursor,
@@ -67,9 +67,12 @@ def build_sensors(
     jobs: Mapping[str, dg.UnresolvedAssetJobDefinition],
     lanes: Sequence[Lane],
     settings: Settings,
+    *,
+    ahead: bool | None = None,
 ) -> list[dg.SensorDefinition]:
     """The pipeline's sensors for these stages (work-item stage -> declared asset), lanes and
-    their jobs."""
+    their jobs; their names start with the stages' key prefix. `ahead`: request runs ahead of
+    their input (default: when $DATAMINER_EXECUTOR is the in-process executor)."""
     partitions = {s.partitions_def.name: s.partitions_def for s in stages.values()}
     lanes = lanes_of(stages, lanes)
     job_names = {name: job.name for name, job in jobs.items()}
@@ -77,10 +80,12 @@ def build_sensors(
     # A run requested ahead waits for its input in its database resource's set-up: before any
     # step and its `gpu` slot only where the run worker sets resources up, in process. Under the
     # other executors the step's process does, holding the slot that the work it waits for needs.
-    ahead = executor_name() == EXECUTORS[0]
+    if ahead is None:
+        ahead = executor_name() == EXECUTORS[0]
+    prefix = name_prefix(stages.values())
 
     @dg.sensor(
-        name="work",
+        name=f"{prefix}work",
         minimum_interval_seconds=settings.sensors.work_interval_s,
         default_status=RUNNING,
         jobs=list(jobs.values()),
@@ -111,7 +116,7 @@ def build_sensors(
         )
 
     @dg.sensor(
-        name="lease_reaper",
+        name=f"{prefix}lease_reaper",
         minimum_interval_seconds=settings.sensors.reaper_interval_s,
         default_status=RUNNING,
         description=_LEASE_REAPER_DESCRIPTION,
@@ -140,7 +145,7 @@ def build_sensors(
         return dg.SkipReason("; ".join(done) or "every lease belongs to a live run")
 
     @dg.run_failure_sensor(
-        name="release_failed_runs",
+        name=f"{prefix}release_failed_runs",
         default_status=RUNNING,
         monitor_all_code_locations=True,
         description=_RELEASE_FAILED_RUNS_DESCRIPTION,
@@ -149,7 +154,7 @@ def build_sensors(
         _release(context, db, "failed", count_attempt=True)
 
     @dg.run_status_sensor(
-        name="release_cancelled_runs",
+        name=f"{prefix}release_cancelled_runs",
         run_status=dg.DagsterRunStatus.CANCELED,
         default_status=RUNNING,
         monitor_all_code_locations=True,

@@ -149,16 +149,3 @@ def work_items(engine: sa.Engine, stage: str) -> dict[str, sa.Row]:
 
 def write_videos(root: Path, names: dict[str, SyntheticVideoSpec]) -> dict[str, Path]:
     return {name: write_opencv_video(root / name, spec) for name, spec in names.items()}
-
-
-def keep_every_frame(model: Path | str, prompts: Sequence[str] = ("a shape",)) -> dict:
-    """A project's `filter` section that scores every frame with `model` on the CPU and keeps
-    them all (no threshold can drop one)."""
-    return {
-        "model": str(model),
-        "device": "cpu",
-        "positive_prompts": list(prompts),
-        "positive_threshold": 0.0,
-        "negative_threshold": 1.0,
-        "junk_threshold": 1.0,
-    }

@@ -147,6 +147,7 @@ def _sample_preview(staging: Path, manifest: pd.DataFrame, with_coco: bool, prev
 @stage_asset(
     stage=DATASET,
     kinds={"image", "parquet", "json"},
+    loadable=True,  # a downstream asset loads it (outputs.py)
     checks=[
         PartitionCheck(
             "dataset_complete",

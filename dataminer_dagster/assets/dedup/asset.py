@@ -131,6 +131,7 @@ def _groups_preview(frames: pd.DataFrame, titles: dict[str, str], directory: Pat
     checks=DEDUP_CHECKS,
     stage=DEDUP,
     kinds={"faiss", "parquet"},
+    loadable=True,  # a downstream asset loads it (outputs.py)
 )
 def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's passed frames grouped into near-duplicates, one kept per group."""

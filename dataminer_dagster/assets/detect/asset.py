@@ -147,6 +147,7 @@ def check_coco_file(path: Path) -> CheckResult:
     ],
     stage=DETECT,
     kinds={"pytorch", "parquet", "json"},
+    loadable=True,  # a downstream asset loads it (outputs.py)
 )
 def detections(item: StageItem, ctx: StageContext) -> ItemResult:
     """Detected objects on the kept frames: a table and a COCO file."""
