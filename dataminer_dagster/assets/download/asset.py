@@ -5,6 +5,11 @@ still valid is not fetched again. Projects can have different rules (hashtags, d
 video is fetched when at least one linked project accepts it, and the projects whose rules reject
 it record it as blocked for themselves.
 
+Each video's file is hashed once (SHA-256 of its bytes, core/content_hash.py). A video whose
+content an earlier video already has is a copy of it (`videos.same_as`): its chain ends here, and
+its projects use the original's frames and results (Catalog.advance_videos); a copy's downloaded
+file is deleted at once (the original's holds the same bytes), a local one is left in place.
+
 Downloads are polite to their host across every run (acquisition/politeness.py): a host that said
 stop is paused for all of them; a run waits for a short pause and gives its items back (no attempt
 used) for a long one, and the log and the partition's observation say which host, until when and
@@ -21,10 +26,12 @@ from dataminer_dagster.acquisition.errors import DownloadBlocked, HostPaused, Pe
 from dataminer_dagster.acquisition.options import merged_download_options
 from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
+from dataminer_dagster.core.content_hash import file_content_hash
 from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.project_records import ProjectRow
+from dataminer_dagster.db.video_records import VideoRow
 from dataminer_dagster.engine.outcomes import Blocked, ItemResult, PermanentFailure, Postponed
 from dataminer_dagster.engine.previews import megabytes
 from dataminer_dagster.engine.registry import DOWNLOAD
@@ -43,9 +50,11 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
     projects = catalog.linked_projects([item.video_id]).get(item.video_id, [])
     if not projects:
         raise Blocked("no project uses this video")
+    if video.same_as:
+        return _known_copy(item, ctx, video.same_as)
 
     if video.source_path:
-        return _local_file(item, ctx, Path(video.source_path))
+        return _local_file(item, ctx, video)
     if video.file_path and (
         existing := _valid_file(ctx.db.paths.absolute(video.file_path), item.video_id)
     ):
@@ -53,7 +62,10 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
             item,
             ctx,
             video.file_path,
-            existing,
+            {
+                **existing,
+                "content_hash": _content_hash(video, ctx.db.paths.absolute(video.file_path)),
+            },
             {"outcome": "nothing to do: downloaded already and still valid"},
         )
 
@@ -99,6 +111,7 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
         "uploader": meta.uploader,
         "upload_date": meta.upload_date,
         "tags": list(meta.tags),
+        "content_hash": _content_hash(video, downloaded.path),
     }
     extra = {
         "outcome": "downloaded",
@@ -133,15 +146,32 @@ def _rejecting_projects(projects: list[ProjectRow], meta, video_id: str) -> dict
     return rejected
 
 
-def _local_file(item: StageItem, ctx: StageContext, path: Path) -> ItemResult:
+def _local_file(item: StageItem, ctx: StageContext, video: VideoRow) -> ItemResult:
+    path = Path(video.source_path)
     facts = _valid_file(path, item.video_id, raise_reason=True)
     return _record(
         item,
         ctx,
         None,
-        {**facts, "title": path.stem},
+        {**facts, "title": path.stem, "content_hash": _content_hash(video, path)},
         {"outcome": "local file, probed in place", "file": path},
     )
+
+
+def _known_copy(item: StageItem, ctx: StageContext, original: str) -> ItemResult:
+    """A video known to be a copy (its download is done again, e.g. with `redo`): nothing to
+    fetch, its original's file is the one decoded."""
+    catalog = ctx.catalog
+    return ItemResult(
+        metadata={"outcome": f"nothing to do: same content as video {original}"},
+        outcome={"status": "same content as another video", "same_as": original},
+        commit=lambda conn: catalog.advance_videos(conn, [item.video_id]),
+    )
+
+
+def _content_hash(video: VideoRow, path: Path) -> str:
+    """The video's content hash: the one recorded, or the file's (hashed once per video)."""
+    return video.content_hash or file_content_hash(path)
 
 
 def _valid_file(path: Path, video_id: str, *, raise_reason: bool = False) -> dict | None:
@@ -168,17 +198,31 @@ def _record(
     extra: dict,
     rejected: dict[str, str] | None = None,
 ) -> ItemResult:
-    catalog = ctx.catalog
+    catalog, paths = ctx.catalog, ctx.db.paths
+    original = catalog.original_for(item.video_id, facts["content_hash"])
 
     def commit(conn) -> None:
-        catalog.record_video_file(conn, item.video_id, file_path, facts)
+        if catalog.record_content(conn, item.video_id, facts["content_hash"]) != original:
+            raise Postponed(  # rolled back: the next attempt sees the other video
+                f"video {item.video_id}: another video with the same content was recorded "
+                "meanwhile; tried again"
+            )
+        if original and file_path:  # the original's file holds the same bytes
+            paths.absolute(file_path).unlink(missing_ok=True)
+        catalog.record_video_file(conn, item.video_id, None if original else file_path, facts)
         if rejected:
             catalog.block_project_videos(conn, item.video_id, rejected)
         catalog.advance_videos(conn, [item.video_id])
 
+    if original:
+        extra = {**extra, "outcome": f"{extra['outcome']}; same content as video {original}"}
     return ItemResult(
-        metadata={k: v for k, v in {**extra, **_shown(facts)}.items() if v is not None},
-        outcome={"status": extra["outcome"]},
+        metadata={
+            k: v
+            for k, v in {**extra, **_shown(facts), "same_content_as": original}.items()
+            if v is not None
+        },
+        outcome={"status": extra["outcome"], **({"same_as": original} if original else {})},
         commit=commit,
     )
 
