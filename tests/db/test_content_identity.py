@@ -12,6 +12,11 @@ import sqlalchemy as sa
 
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.deletions import (
+    delete_orphan_videos,
+    delete_project,
+    delete_project_videos,
+)
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import DONE
@@ -177,3 +182,35 @@ def test_a_copy_rejected_by_a_projects_rule_links_nothing(catalog, tmp_path):
         catalog.advance_videos(conn, ["copy-000000000000002"])
     assert work_items(catalog.engine, "filter")["q.copy-000000000000002"].status == "blocked"
     assert _links(catalog.engine, q) == {"copy-000000000000002": ("url", None)}
+
+
+def test_the_original_stays_while_a_project_uses_a_copy(catalog, tmp_path):
+    p = _project(catalog, "p", tmp_path)
+    q = _project(catalog, "q", tmp_path)
+    _link(catalog, p, "original-0000000001")
+    _downloaded(catalog, "original-0000000001")
+    frames = _extracted(catalog, p, "original-0000000001")
+    _link(catalog, q, "copy-000000000000002")
+    _downloaded(catalog, "copy-000000000000002")
+    engine, paths = catalog.engine, catalog.paths
+
+    deleted = delete_project(engine, paths, "p", delete_unused_videos=True)
+    assert deleted.deleted_videos == []
+    assert delete_orphan_videos(engine, paths, remove_files=True).deleted_videos == []
+    assert frames.is_dir()
+
+    # Without the catalog's link, the copy's project still keeps the original.
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("DELETE FROM dataminer.project_videos WHERE source = 'copy'"),
+        )
+    assert delete_orphan_videos(engine, paths, remove_files=True).deleted_videos == []
+    assert frames.is_dir()
+
+    # Removing the copy from its project removes it with its original (one video to q), and then
+    # both are orphans, deleted with the frames.
+    _link(catalog, q, "copy-000000000000002")
+    removed = delete_project_videos(engine, paths, "q", "done", delete_unused_videos=True)
+    assert sorted(removed.matched) == ["copy-000000000000002", "original-0000000001"]
+    assert sorted(removed.deleted_videos) == ["copy-000000000000002", "original-0000000001"]
+    assert not frames.exists()
