@@ -134,6 +134,39 @@ class VideoRecords(ProjectRecords):
             for r in rows
         }
 
+    def project_sources(
+        self, project_id: int, video_ids: Iterable[str]
+    ) -> dict[str, list[tuple[str | None, str | None]]]:
+        """Where a project found each of these videos: (url, source path) of its link to the
+        video and of its links to copies of it, in the order it linked them. The catalog's own
+        links (to an original, through a copy) are not sources."""
+        with self.engine.connect() as c:
+            rows = c.execute(
+                sa.text(f"""SELECT coalesce(v.same_as, v.video_id) AS video_id, v.url, v.source_path
+                              FROM {S}.project_videos pv JOIN {S}.videos v ON v.video_id = pv.video_id
+                             WHERE pv.project_id = :p AND pv.source <> '{LINKED_THROUGH_COPY}'
+                               AND coalesce(v.same_as, v.video_id) = ANY(CAST(:ids AS text[]))
+                             ORDER BY pv.id"""),
+                {"p": project_id, "ids": list(video_ids)},
+            ).all()
+        result: dict[str, list[tuple[str | None, str | None]]] = defaultdict(list)
+        for r in rows:
+            result[r.video_id].append((r.url, r.source_path))
+        return dict(result)
+
+    def project_copies(self, project_id: int) -> list[sa.Row]:
+        """The project's videos that are copies of another (video_id, same_as, url, source_path,
+        and the original's url and source_path), in the order it linked them."""
+        with self.engine.connect() as c:
+            return c.execute(
+                sa.text(f"""SELECT v.video_id, v.same_as, v.url, v.source_path,
+                                   o.url AS original_url, o.source_path AS original_path
+                              FROM {S}.project_videos pv JOIN {S}.videos v ON v.video_id = pv.video_id
+                              JOIN {S}.videos o ON o.video_id = v.same_as
+                             WHERE pv.project_id = :p ORDER BY pv.id"""),
+                {"p": project_id},
+            ).all()
+
     def linked_projects(
         self, video_ids: Iterable[str], conn: sa.Connection | None = None
     ) -> dict[str, list[ProjectRow]]:

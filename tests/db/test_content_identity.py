@@ -165,6 +165,13 @@ def test_a_copy_is_processed_as_its_original(catalog, tmp_path):
     # Naming the original itself makes the catalog's link the project's own.
     _link(catalog, q, "original-0000000001")
     assert _links(catalog.engine, q)["original-0000000001"] == ("url", None)
+    assert catalog.project_sources(q.id, ["original-0000000001"]) == {
+        "original-0000000001": [
+            ("https://example.com/copy-000000000000002.mp4", None),
+            ("https://example.com/original-0000000001.mp4", None),
+        ]
+    }
+    assert [r.video_id for r in catalog.project_copies(q.id)] == ["copy-000000000000002"]
 
 
 def test_a_copy_rejected_by_a_projects_rule_links_nothing(catalog, tmp_path):
