@@ -221,3 +221,20 @@ def test_the_original_stays_while_a_project_uses_a_copy(catalog, tmp_path):
     assert sorted(removed.matched) == ["copy-000000000000002", "original-0000000001"]
     assert sorted(removed.deleted_videos) == ["copy-000000000000002", "original-0000000001"]
     assert not frames.exists()
+
+
+def test_a_copy_whose_original_is_gone_is_processed_as_any_video(catalog, tmp_path):
+    p = _project(catalog, "p", tmp_path)
+    _link(catalog, p, "original-0000000001", "copy-000000000000002")
+    _downloaded(catalog, "original-0000000001")
+    _downloaded(catalog, "copy-000000000000002")
+    assert work_items(catalog.engine, "filter")["p.copy-000000000000002"].status == "done"
+
+    with catalog.engine.begin() as conn:  # what no deletion does while a project uses the copy
+        conn.execute(sa.text("DELETE FROM dataminer.videos WHERE video_id = 'original-0000000001'"))
+    assert catalog.videos(["copy-000000000000002"])["copy-000000000000002"].same_as is None
+    with catalog.engine.begin() as conn:
+        catalog.advance_videos(conn, ["copy-000000000000002"])
+    assert "p.copy-000000000000002" not in work_items(catalog.engine, "filter")
+    # Its downloaded file went when it became a copy: it is downloaded again, then extracted.
+    assert work_items(catalog.engine, "download")["copy-000000000000002"].status == "pending"
