@@ -164,7 +164,7 @@ def _known_copy(item: StageItem, ctx: StageContext, original: str) -> ItemResult
     catalog = ctx.catalog
     return ItemResult(
         metadata={"outcome": f"nothing to do: same content as video {original}"},
-        outcome={"status": "same content as another video", "same_as": original},
+        outcome={"status": f"same content as video {original}"},
         commit=lambda conn: catalog.advance_videos(conn, [item.video_id]),
     )
 
@@ -199,30 +199,31 @@ def _record(
     rejected: dict[str, str] | None = None,
 ) -> ItemResult:
     catalog, paths = ctx.catalog, ctx.db.paths
+    # What the commit will decide, for the UI; a video of the same content committed in between
+    # (another run) may change it, and the commit's decision is the one kept.
     original = catalog.original_for(item.video_id, facts["content_hash"])
 
     def commit(conn) -> None:
-        if catalog.record_content(conn, item.video_id, facts["content_hash"]) != original:
-            raise Postponed(  # rolled back: the next attempt sees the other video
-                f"video {item.video_id}: another video with the same content was recorded "
-                "meanwhile; tried again"
+        same_as = catalog.record_content(conn, item.video_id, facts["content_hash"])
+        if same_as != original:
+            ctx.log.info(
+                f"download {item.video_id}: "
+                + (f"a copy of video {same_as}" if same_as else "no copy of another video")
+                + ", as a video of the same content committed meanwhile decided"
             )
-        if original and file_path:  # the original's file holds the same bytes
+        if same_as and file_path:  # the original's file holds the same bytes
             paths.absolute(file_path).unlink(missing_ok=True)
-        catalog.record_video_file(conn, item.video_id, None if original else file_path, facts)
+        catalog.record_video_file(conn, item.video_id, None if same_as else file_path, facts)
         if rejected:
             catalog.block_project_videos(conn, item.video_id, rejected)
         catalog.advance_videos(conn, [item.video_id])
 
+    shown = {**extra, **_shown(facts), "same_content_as": original}
     if original:
-        extra = {**extra, "outcome": f"{extra['outcome']}; same content as video {original}"}
+        shown["outcome"] = f"{extra['outcome']}; same content as video {original}"
     return ItemResult(
-        metadata={
-            k: v
-            for k, v in {**extra, **_shown(facts), "same_content_as": original}.items()
-            if v is not None
-        },
-        outcome={"status": extra["outcome"], **({"same_as": original} if original else {})},
+        metadata={k: v for k, v in shown.items() if v is not None},
+        outcome={"status": extra["outcome"]},
         commit=commit,
     )
 
