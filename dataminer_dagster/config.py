@@ -45,7 +45,10 @@ class ProjectConfig(Section):
         "in or above the data directory, DATAMINER_HOME or DAGSTER_HOME (relative: to the config "
         "file); default $DATAMINER_DATA_DIR/projects/<name>.",
     )
-    inputs: InputsConfig = Field(description="Where the videos come from (at least one source).")
+    inputs: InputsConfig = Field(
+        description="Where the videos come from (at least one source). Sources with the same "
+        "content (a copied file, a video behind two URLs) are one video, processed once."
+    )
     download: DownloadConfig = Field(
         default_factory=DownloadConfig, description="How videos are fetched, and which are skipped."
     )

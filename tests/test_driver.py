@@ -40,8 +40,13 @@ def test_run_drives_only_its_project_and_stops_at_its_deadline(
     tmp_path, database_url, engine, tiny_siglip
 ):
     www = tmp_path / "www"
-    clip = SyntheticVideoSpec(width=96, height=64, fps=10, seconds=1.0)
-    write_videos(www, {f"{name}.mp4": clip for name in ("mine", "slow0", "slow1", "slow2")})
+    write_videos(
+        www,
+        {
+            f"{name}.mp4": SyntheticVideoSpec(width=96, height=64, fps=10, seconds=1.0, seed=i)
+            for i, name in enumerate(("mine", "slow0", "slow1", "slow2"))
+        },
+    )
     data_dir = tmp_path / "data"
     store = LeaseStore(engine)
     catalog = Catalog(engine, store, DataPaths(data_dir))

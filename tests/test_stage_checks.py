@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import stat
+from dataclasses import replace
 
 import dagster as dg
 import numpy as np
@@ -33,7 +34,7 @@ SPEC = SyntheticVideoSpec(width=96, height=64, fps=10, seconds=1.0)
 def test_a_missing_frame_fails_its_own_partitions_check_and_says_which(
     tmp_path, database_url, engine
 ):
-    clips = write_videos(tmp_path / "videos", {"a.mp4": SPEC, "b.mp4": SPEC})
+    clips = write_videos(tmp_path / "videos", {"a.mp4": SPEC, "b.mp4": replace(SPEC, seed=1)})
     broken, intact = (video_id_for_file(clips[n]) for n in ("a.mp4", "b.mp4"))
     data_dir = tmp_path / "data"
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import dagster as dg
@@ -51,7 +52,8 @@ def served(tmp_path: Path):
 
 
 def _project(server, tmp_path, **extract):
-    local = write_videos(tmp_path / "local", {"clip.mp4": SPEC})["clip.mp4"]
+    # Another clip than the served ones: the same bytes would be one video (a copy).
+    local = write_videos(tmp_path / "local", {"clip.mp4": replace(SPEC, seed=1)})["clip.mp4"]
     names = ["good.mp4", "good.webm", "missing.mp4", "notvideo.mp4", "empty.mp4", "truncated.mp4"]
     return parse_project_config(
         {

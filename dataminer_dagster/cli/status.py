@@ -38,6 +38,13 @@ def _print_project_status(data: dict) -> None:
         f"frames: {frames['extracted']} extracted, {frames['passed_filter']} passed the filter, "
         f"{frames['kept_after_dedup']} kept after dedup, {frames['in_dataset']} in the dataset"
     )
+    if data["copies"]:
+        click.echo("")
+        click.echo("copies (the same content as another video: processed once, as that video):")
+        for c in data["copies"]:
+            click.echo(
+                f"  {c['video']} ({c['source']}) is a copy of {c['same_as']} ({c['original_source']})"
+            )
     if data["long_running"]:
         click.echo("")
         click.echo("long-running (held far longer than their stage usually takes):")
@@ -140,7 +147,8 @@ def status(project_name: str | None, as_json: bool, window: float) -> None:
     Without PROJECT: one line per project (stage, videos, finished/queued items of the
     per-video stages, problems). With PROJECT: its work items per stage and status, throughput
     (items finished per minute over the last --window minutes) and ETA per stage (queued items
-    only), frames kept at each stage, and the latest failures with their reasons.
+    only), frames kept at each stage, the videos that are copies of another (the same content,
+    processed once), and the latest failures with their reasons.
     """
     _show_status(project_name, as_json, window)
 

@@ -17,7 +17,16 @@ import sqlalchemy as sa
 from dataminer_dagster.db.frame_records import FrameRecords
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_records import ProjectRow
-from dataminer_dagster.db.schema import DEAD, DONE, FAILED, RUNNING, SCHEMA, project_video_key_sql
+from dataminer_dagster.db.schema import (
+    BLOCKED,
+    DEAD,
+    DONE,
+    FAILED,
+    LINKED_THROUGH_COPY,
+    RUNNING,
+    SCHEMA,
+    project_video_key_sql,
+)
 from dataminer_dagster.db.video_records import Candidate, LinkResult, VideoRecords
 from dataminer_dagster.engine.registry import (
     BACKUP,
@@ -66,17 +75,20 @@ class Catalog(VideoRecords, FrameRecords):
     ) -> int:
         """Queue whatever each video needs next, for every project linked to it.
 
-        download missing -> queue it; frames missing, or missing a linked project's extraction
-        profile -> (re)queue extraction, or the download first when the video file is gone; frames
-        present -> queue each linked project's filter, and a backup when a linked project names a
-        destination the frames have not been copied to. With `reset_failed`, failed and dead items
-        on the way are queued again (a project (re)linking a video that had failed)."""
+        download missing -> queue it; the video a copy of another (`same_as`) -> it is processed
+        as its original (`_as_originals`); frames missing, or missing a linked project's
+        extraction profile -> (re)queue extraction, or the download first when the video file is
+        gone; frames present -> queue each linked project's filter, and a backup when a linked
+        project names a destination the frames have not been copied to. With `reset_failed`,
+        failed and dead items on the way are queued again (a project (re)linking a video that had
+        failed)."""
         if not video_ids:
             return 0
         state = conn.execute(
             sa.text(f"""
-                SELECT v.video_id, v.file_path, v.source_path, v.backup_dest, d.status AS download,
-                       f.status AS frames, b.status AS backup
+                SELECT v.video_id, v.file_path, v.source_path, v.backup_dest, v.same_as,
+                       d.status AS download, f.status AS frames, f.outcome ->> 'same_as' AS frames_as,
+                       b.status AS backup
                   FROM {S}.videos v
                   LEFT JOIN {S}.work_items d ON d.stage = '{DOWNLOAD}' AND d.item_key = v.video_id
                   LEFT JOIN {S}.work_items f ON f.stage = '{FRAMES}' AND f.item_key = v.video_id
@@ -88,7 +100,8 @@ class Catalog(VideoRecords, FrameRecords):
         links = conn.execute(
             sa.text(f"""
                 SELECT pv.video_id, p.id AS project_id, p.name, p.config -> 'extract' AS extract,
-                       p.config -> 'backup' ->> 'dest' AS backup_to, fi.status AS filter
+                       p.config -> 'backup' ->> 'dest' AS backup_to, fi.status AS filter,
+                       fi.outcome ->> 'same_as' AS filter_as
                   FROM {S}.project_videos pv
                   JOIN {S}.projects p ON p.id = pv.project_id
                   LEFT JOIN {S}.work_items fi ON fi.stage = '{FILTER}' AND fi.item_key = {project_video_key_sql("p.name", "pv.video_id")}
@@ -103,6 +116,7 @@ class Catalog(VideoRecords, FrameRecords):
         links_by_video: dict[str, list] = defaultdict(list)
         for link in links:
             links_by_video[link.video_id].append(link)
+        copies = []
         for video in state:
             vid = video.video_id
             needed = {_profile_id(link.extract) for link in links_by_video[vid]}
@@ -113,6 +127,10 @@ class Catalog(VideoRecords, FrameRecords):
                 continue
             if video.download != DONE:
                 continue
+            if video.same_as:
+                copies.append(video)
+                continue
+            self._forget_copy_marks(conn, vid, links_by_video[vid])
             if missing_profiles and not file_ok:
                 queue[(DOWNLOAD, (DONE,))].append((vid, None, vid))  # files gone: fetch it again
                 continue
@@ -141,17 +159,81 @@ class Catalog(VideoRecords, FrameRecords):
                 conn=conn,
                 requested=stage in self.requested_stages,
             )
-        return queued
+        return queued + self._as_originals(conn, copies, links_by_video, reset_failed)
+
+    def _as_originals(
+        self,
+        conn: sa.Connection,
+        copies: Sequence[sa.Row],
+        links_by_video: dict,
+        reset_failed: bool,
+    ) -> int:
+        """A copy's chain ends at its download. Its frames item and each linked project's filter
+        item are marked done with the original's id as their outcome's `same_as`, and each of
+        those projects is linked to the original (source `copy`), whose frames and filter results
+        it uses: the content is extracted once and filtered once per project. A project whose
+        rules rejected the copy (its filter item blocked) is not linked. Then the originals are
+        advanced."""
+        if not copies:
+            return 0
+        through: list[tuple[int, str, str]] = []  # (project, original, copy)
+        for copy in copies:
+            vid, original = copy.video_id, copy.same_as
+            mark = {"same_as": original}
+            note = f"same content as video {original}: processed as that video"
+            if copy.frames_as != original and copy.frames != RUNNING:
+                self.store.mark(FRAMES, vid, DONE, note, video_id=vid, outcome=mark, conn=conn)
+            for link in links_by_video[vid]:
+                if link.filter == BLOCKED:
+                    continue
+                if link.filter_as != original and link.filter != RUNNING:
+                    self.store.mark(
+                        FILTER,
+                        project_video_key(link.name, vid),
+                        DONE,
+                        note,
+                        project_id=link.project_id,
+                        video_id=vid,
+                        outcome=mark,
+                        conn=conn,
+                    )
+                through.append((link.project_id, original, vid))
+        if through:
+            projects, originals, via = zip(*through, strict=True)
+            conn.execute(
+                sa.text(f"""
+                    INSERT INTO {S}.project_videos (project_id, video_id, source, source_info)
+                    SELECT p, v, '{LINKED_THROUGH_COPY}', c
+                      FROM unnest(CAST(:projects AS int[]), CAST(:originals AS text[]),
+                                  CAST(:copies AS text[])) AS t(p, v, c)
+                    ON CONFLICT (project_id, video_id) DO NOTHING
+                """),
+                {"projects": list(projects), "originals": list(originals), "copies": list(via)},
+            )
+        originals = sorted({copy.same_as for copy in copies})
+        return self.advance_videos(conn, originals, reset_failed=reset_failed)
+
+    def _forget_copy_marks(self, conn: sa.Connection, video_id: str, links: Sequence) -> None:
+        """A video marked as a copy that is an original again (its original was deleted) has its
+        projects' filter marks dropped: it is extracted and filtered as any other video."""
+        if any(link.filter_as for link in links):
+            conn.execute(
+                sa.text(f"""DELETE FROM {S}.work_items WHERE stage = '{FILTER}' AND video_id = :v
+                               AND status = '{DONE}' AND outcome ? 'same_as'"""),
+                {"v": video_id},
+            )
 
     def filtered_without_frames(self, conn: sa.Connection, project: ProjectRow) -> list[str]:
         """The project's videos whose filter is done but whose frames (of its extraction
-        profile) are gone: released after a backup or a cleanup, or deleted by hand."""
+        profile) are gone: released after a backup or a cleanup, or deleted by hand. Copies,
+        whose filter is their original's, are not among them."""
         filtered = list(
             conn.execute(
                 sa.text(f"""SELECT pv.video_id FROM {S}.project_videos pv
                               JOIN {S}.work_items fi ON fi.stage = '{FILTER}'
                                AND fi.item_key = {project_video_key_sql(":name", "pv.video_id")}
                              WHERE pv.project_id = :p AND fi.status = '{DONE}'
+                               AND NOT coalesce(fi.outcome ? 'same_as', false)
                              ORDER BY pv.id"""),
                 {"p": project.id, "name": project.name},
             ).scalars()

@@ -11,7 +11,8 @@ what would happen.
 Deletions return the files they free and, when asked to delete files, remove them before they
 commit (`_remove_before_commit`). A video's files are listed only when the video itself is
 deleted, i.e. when no remaining project uses it, and a local source file (`source_path`) is never
-listed.
+listed. A video is used while a project links it or a copy of it (a copy's projects use its
+original's frames).
 """
 
 from __future__ import annotations
@@ -185,9 +186,16 @@ def running_items(items: Sequence[sa.Row]) -> list[RunningItem]:
     return [RunningItem(i.stage, i.item_key, i.lease_owner) for i in items if i.status == RUNNING]
 
 
+# No project links the video, nor a copy of it (whose projects use its frames).
+_UNUSED_SQL = f"""NOT EXISTS (SELECT 1 FROM {S}.project_videos pv WHERE pv.video_id = v.video_id)
+    AND NOT EXISTS (SELECT 1 FROM {S}.videos c JOIN {S}.project_videos pv ON pv.video_id = c.video_id
+                     WHERE c.same_as = v.video_id)"""
+
+
 def _lock_unused_videos(conn: sa.Connection, video_ids: Sequence[str]) -> list[str]:
-    """Of these videos, those that no project uses, locked so that no project can link them
-    before this transaction ends (linking needs a key-share lock on the video row)."""
+    """Of these videos, those that no project uses, directly or through a copy, locked so that
+    no project can link them before this transaction ends (linking needs a key-share lock on the
+    video row, and on its original's)."""
     if not video_ids:
         return []
     conn.execute(
@@ -199,8 +207,7 @@ def _lock_unused_videos(conn: sa.Connection, video_ids: Sequence[str]) -> list[s
     return list(
         conn.execute(
             sa.text(f"""SELECT v.video_id FROM {S}.videos v
-                         WHERE v.video_id = ANY(CAST(:ids AS text[])) AND NOT EXISTS
-                               (SELECT 1 FROM {S}.project_videos pv WHERE pv.video_id = v.video_id)
+                         WHERE v.video_id = ANY(CAST(:ids AS text[])) AND {_UNUSED_SQL}
                         ORDER BY v.id"""),
             {"ids": list(video_ids)},
         ).scalars()
@@ -342,13 +349,17 @@ def _members_with_status(
 ) -> tuple[list[str], set[str], set[str]]:
     """Lock the download, extraction and filter items of a project's videos; returns the videos
     with an item in `status` (in discovery order), those of them with a running item, and those
-    whose filter is done."""
-    members = list(
+    whose own filter is done. A video and its copies are one video to the project: when one of
+    them has an item in `status` they all do, and when one has a running item they all do."""
+    content = dict(
         conn.execute(
-            sa.text(f"SELECT video_id FROM {S}.project_videos WHERE project_id = :p ORDER BY id"),
+            sa.text(f"""SELECT pv.video_id, coalesce(v.same_as, v.video_id) FROM {S}.project_videos pv
+                          JOIN {S}.videos v ON v.video_id = pv.video_id
+                         WHERE pv.project_id = :p ORDER BY pv.id"""),
             {"p": project.id},
-        ).scalars()
+        ).all()
     )
+    members = list(content)
     filter_keys = {project_video_key(project.name, v): v for v in members}
     items = lock_items(
         conn,
@@ -360,10 +371,22 @@ def _members_with_status(
     for item in items:
         video = filter_keys[item.item_key] if item.stage == FILTER else item.item_key
         by_video.setdefault(video, []).append(item)
-    wanted = [v for v in members if any(i.status == status for i in by_video.get(v, []))]
-    busy = {v for v in wanted if any(i.status == RUNNING for i in by_video[v])}
-    filtered = {
-        v for v in wanted if any(i.stage == FILTER and i.status == DONE for i in by_video[v])
+
+    def contents_with(wanted_status: str) -> set[str]:
+        return {
+            content[v]
+            for v in members
+            if any(i.status == wanted_status for i in by_video.get(v, []))
+        }
+
+    matching, running = contents_with(status), contents_with(RUNNING)
+    wanted = [v for v in members if content[v] in matching]
+    busy = {v for v in wanted if content[v] in running}
+    filtered = {  # a copy's filter item only names its original
+        v
+        for v in wanted
+        if content[v] == v
+        and any(i.stage == FILTER and i.status == DONE for i in by_video.get(v, []))
     }
     return wanted, busy, filtered
 
@@ -378,9 +401,11 @@ def delete_project_videos(
     dry_run: bool = False,
 ) -> VideoDeletion:
     """Remove from a project the videos whose download, extraction or (this project's) filter
-    item has `status`. Videos with a running item are never removed, and nothing is while one of
-    the project's own stages (dedup, detect, dataset) runs. The removed videos' filter items go;
-    videos that no other project uses become orphans, or are deleted with `delete_unused_videos`."""
+    item has `status`, each with its copies and original (one video to the project). Videos with
+    a running item are never removed, and nothing is while one of the project's own stages
+    (dedup, detect, dataset) runs. The removed videos' filter items go; videos that no other
+    project uses (directly or through a copy) become orphans, or are deleted with
+    `delete_unused_videos`."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
     with _transaction(engine, dry_run) as conn:
@@ -434,9 +459,7 @@ def delete_project_videos(
 def _orphan_videos(conn: sa.Connection) -> list[str]:
     return list(
         conn.execute(
-            sa.text(f"""SELECT v.video_id FROM {S}.videos v WHERE NOT EXISTS
-                          (SELECT 1 FROM {S}.project_videos pv WHERE pv.video_id = v.video_id)
-                        ORDER BY v.id""")
+            sa.text(f"SELECT v.video_id FROM {S}.videos v WHERE {_UNUSED_SQL} ORDER BY v.id")
         ).scalars()
     )
 

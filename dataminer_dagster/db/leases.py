@@ -331,11 +331,13 @@ class LeaseStore:
         *,
         project_id: int | None = None,
         video_id: str | None = None,
+        outcome: dict | None = None,
         conn: sa.Connection | None = None,
     ) -> bool:
         """Set a finished status (blocked, dead, done) on an item that is not running, creating it
         if needed: for outcomes decided outside the item's own stage (a project's rule, work done
-        by the CLI). `reason` is kept as the error, or as the outcome note for done."""
+        by the CLI, a copy processed as its original). `reason` is kept as the error, or as the
+        outcome's note for done (with `outcome`'s entries)."""
         if status not in (DONE, DEAD, BLOCKED):
             raise ValueError(f"mark() sets a finished status, not {status!r}")
         statement = sa.text(f"""
@@ -343,7 +345,8 @@ class LeaseStore:
                              outcome, finished_at)
             VALUES (:stage, :key, :project, :video, :max_attempts, :status,
                     CASE WHEN :status = '{DONE}' THEN NULL ELSE :reason END,
-                    CASE WHEN :status = '{DONE}' THEN jsonb_build_object('note', CAST(:reason AS text)) END, now())
+                    CASE WHEN :status = '{DONE}' THEN jsonb_build_object('note', CAST(:reason AS text))
+                                                        || coalesce(CAST(:outcome AS jsonb), '{{}}') END, now())
             ON CONFLICT (stage, item_key) DO UPDATE
                SET status = EXCLUDED.status, last_error = EXCLUDED.last_error, outcome = EXCLUDED.outcome,
                    finished_at = now(), updated_at = now()
@@ -358,6 +361,7 @@ class LeaseStore:
             "max_attempts": self.policy.max_attempts,
             "status": status,
             "reason": redact(reason),
+            "outcome": _json(outcome),
         }
         return bool(self._run(statement, params, conn))
 

@@ -5,7 +5,9 @@
        +---- new unfinished members (never while a stage's item is running) ------+---- also from
                                                                                          complete/failed
 A member video is finished when its filter item is done, dead or blocked for this project, or when
-its download or extraction is dead or blocked. A project with no member video, or none whose filter
+its download or extraction is dead or blocked. A copy of another video is finished once its
+download is: its filter item is marked done, and the project is linked to the original, a
+member like any other (Catalog.advance_videos); only the original's filter feeds the dataset. A project with no member video, or none whose filter
 is done (each dead or blocked), fails instead of completing with an empty dataset. A dead
 project-stage item fails the project with its error; `dataminer retry` or new videos bring it
 back.
@@ -63,7 +65,7 @@ class _ProjectState:
     stage: str
     members: int
     unfinished: int
-    usable: int  # members whose filter is done: the ones that feed the dataset
+    usable: int  # members whose own filter is done (not a copy's): the ones that feed the dataset
     items: dict[str, tuple[str, str | None]]  # project-level stage -> (status, last error)
 
 
@@ -148,7 +150,8 @@ def _states(engine: sa.Engine) -> list[_ProjectState]:
             for r in c.execute(
                 sa.text(f"""SELECT pv.project_id, count(*) AS members,
                                    count(*) FILTER (WHERE NOT {MEMBER_FINISHED_SQL}) AS unfinished,
-                                   count(*) FILTER (WHERE fi.status = '{DONE}') AS usable
+                                   count(*) FILTER (WHERE fi.status = '{DONE}'
+                                                      AND NOT coalesce(fi.outcome ? 'same_as', false)) AS usable
                               FROM {MEMBERS_JOIN} GROUP BY pv.project_id""")
             )
         )

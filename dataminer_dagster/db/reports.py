@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from dataminer_dagster.assets import REGISTRY
+from dataminer_dagster.core.redact import redact_url
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import (
@@ -171,7 +172,8 @@ def project_status(
     catalog: Catalog, project: ProjectRow, window: float, long_running: LongRunningPolicy
 ) -> dict:
     """What `dataminer status PROJECT` shows (and prints as JSON): work items, throughput and ETA
-    per stage of the board, frames kept at each stage, latest failures, long-running items."""
+    per stage of the board, frames kept at each stage, the videos that are copies of another
+    (processed as it), latest failures, long-running items."""
     engine = catalog.engine
     stages = [
         {
@@ -205,12 +207,22 @@ def project_status(
         }
         for held in catalog.store.long_running(long_running, project.id)
     ]
+    copies = [
+        {
+            "video": r.video_id,
+            "source": redact_url(r.url) if r.url else r.source_path,
+            "same_as": r.same_as,
+            "original_source": redact_url(r.original_url) if r.original_url else r.original_path,
+        }
+        for r in catalog.project_copies(project.id)
+    ]
     return {
         "project": project.name,
         "stage": project.stage,
         "error": project.error,
         "output_dir": str(project.output_dir),
         "videos": catalog.member_counts().get(project.id, 0),
+        "copies": copies,
         "window_minutes": window,
         "stages": stages,
         "frames": frame_counts(engine, project.id),

@@ -34,6 +34,10 @@ STATUSES = (PENDING, RUNNING, DONE, FAILED, DEAD, BLOCKED)
 CLAIMABLE = (PENDING, FAILED)
 FINISHED = (DONE, DEAD, BLOCKED)
 
+# How a project came to a video; `copy`: through a copy of it (the link is the catalog's own).
+LINKED_THROUGH_COPY = "copy"
+PROJECT_VIDEO_SOURCES = ("search", "url", "url_file", "file", "manual", LINKED_THROUGH_COPY)
+
 metadata = sa.MetaData(schema=SCHEMA)
 
 _now = sa.text("now()")
@@ -82,9 +86,19 @@ videos = sa.Table(
     sa.Column("tags", JSONB),
     sa.Column("backed_up_at", sa.DateTime(timezone=True)),
     sa.Column("backup_dest", sa.Text),
+    # SHA-256 of the file's bytes, computed once by the download stage: the video's content identity.
+    sa.Column("content_hash", sa.Text),
+    # The earlier video with the same content, which this one is processed as (a copy's chain ends
+    # at its download; its projects use the original's frames). Always an original, never a copy.
+    sa.Column("same_as", sa.Text, sa.ForeignKey(f"{SCHEMA}.videos.video_id", ondelete="SET NULL")),
     *_timestamps(),
     sa.CheckConstraint("video_id ~ '^[A-Za-z0-9_-]{1,64}$'", name="video_id_safe"),
     sa.CheckConstraint("url IS NOT NULL OR source_path IS NOT NULL", name="video_has_source"),
+    sa.CheckConstraint("same_as <> video_id", name="video_not_same_as_itself"),
+    sa.Index(
+        "videos_content_hash", "content_hash", postgresql_where=sa.text("content_hash IS NOT NULL")
+    ),
+    sa.Index("videos_same_as", "same_as", postgresql_where=sa.text("same_as IS NOT NULL")),
 )
 
 # One row per (video, extraction profile): projects with different sampling needs get their own
@@ -126,8 +140,10 @@ project_videos = sa.Table(
     sa.Column("frames_total", sa.Integer),
     sa.Column("frames_passed", sa.Integer),
     *_timestamps(),
+    # `copy`: linked to the original because the project links a copy of it (source_info: the copy)
     sa.CheckConstraint(
-        "source IN ('search', 'url', 'url_file', 'file', 'manual')", name="pv_source"
+        f"source IN {PROJECT_VIDEO_SOURCES!r}",
+        name="pv_source",
     ),
     sa.Index("project_videos_video", "video_id"),
 )

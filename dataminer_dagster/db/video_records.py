@@ -12,10 +12,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from dataminer_dagster.db.project_records import ProjectRecords, ProjectRow
-from dataminer_dagster.db.schema import BLOCKED, SCHEMA
+from dataminer_dagster.db.schema import BLOCKED, LINKED_THROUGH_COPY, SCHEMA
 from dataminer_dagster.engine.registry import FILTER, project_video_key
 
 S = SCHEMA
+_CONTENT_LOCKS = 0x68617368  # advisory lock namespace 'hash' (db/host_pauses.py has the others)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class VideoRow:
     width: int | None
     height: int | None
     tags: list[str] | None
+    content_hash: str | None = None
+    same_as: str | None = None  # the original, when this video is a copy of it
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,10 @@ class VideoRecords(ProjectRecords):
         """Add unseen videos and link all candidates to the project (idempotent)."""
         if not candidates:
             return LinkResult(0, 0, 0)
+        first: dict[str, Candidate] = {}
+        for c in candidates:  # one row per video: an upsert may not touch a row twice
+            first.setdefault(c.video_id, c)
+        candidates = list(first.values())
         new_videos = conn.execute(
             sa.text(f"""
                 INSERT INTO {S}.videos (video_id, url, source_path)
@@ -74,17 +81,25 @@ class VideoRecords(ProjectRecords):
         ).all()
         # The links' foreign keys take a share of each video row in discovery order; taken here
         # first, in id order, as a release of frames takes the rows (db/retention.py): the two
-        # cannot deadlock.
+        # cannot deadlock. The originals of copies among them too: advance_videos links the
+        # project to those.
         conn.execute(
             sa.text(f"""SELECT 1 FROM {S}.videos WHERE video_id = ANY(CAST(:ids AS text[]))
+                            OR video_id IN (SELECT same_as FROM {S}.videos
+                                             WHERE video_id = ANY(CAST(:ids AS text[])))
                          ORDER BY video_id FOR KEY SHARE"""),
             {"ids": [c.video_id for c in candidates]},
         )
+        # A link the catalog made through a copy becomes the project's own when it names the
+        # video itself.
         new_links = conn.execute(
             sa.text(f"""
-                INSERT INTO {S}.project_videos (project_id, video_id, source, source_info)
+                INSERT INTO {S}.project_videos AS pv (project_id, video_id, source, source_info)
                 SELECT :project, * FROM unnest(CAST(:ids AS text[]), CAST(:sources AS text[]), CAST(:infos AS text[]))
-                ON CONFLICT (project_id, video_id) DO NOTHING RETURNING video_id
+                ON CONFLICT (project_id, video_id) DO UPDATE
+                   SET source = EXCLUDED.source, source_info = EXCLUDED.source_info, updated_at = now()
+                 WHERE pv.source = '{LINKED_THROUGH_COPY}'
+                RETURNING video_id
             """),
             {
                 "project": project.id,
@@ -113,9 +128,44 @@ class VideoRecords(ProjectRecords):
                 width=r.width,
                 height=r.height,
                 tags=r.tags,
+                content_hash=r.content_hash,
+                same_as=r.same_as,
             )
             for r in rows
         }
+
+    def project_sources(
+        self, project_id: int, video_ids: Iterable[str]
+    ) -> dict[str, list[tuple[str | None, str | None]]]:
+        """Where a project found each of these videos: (url, source path) of its link to the
+        video and of its links to copies of it, in the order it linked them. The catalog's own
+        links (to an original, through a copy) are not sources."""
+        with self.engine.connect() as c:
+            rows = c.execute(
+                sa.text(f"""SELECT coalesce(v.same_as, v.video_id) AS video_id, v.url, v.source_path
+                              FROM {S}.project_videos pv JOIN {S}.videos v ON v.video_id = pv.video_id
+                             WHERE pv.project_id = :p AND pv.source <> '{LINKED_THROUGH_COPY}'
+                               AND coalesce(v.same_as, v.video_id) = ANY(CAST(:ids AS text[]))
+                             ORDER BY pv.id"""),
+                {"p": project_id, "ids": list(video_ids)},
+            ).all()
+        result: dict[str, list[tuple[str | None, str | None]]] = defaultdict(list)
+        for r in rows:
+            result[r.video_id].append((r.url, r.source_path))
+        return dict(result)
+
+    def project_copies(self, project_id: int) -> list[sa.Row]:
+        """The project's videos that are copies of another (video_id, same_as, url, source_path,
+        and the original's url and source_path), in the order it linked them."""
+        with self.engine.connect() as c:
+            return c.execute(
+                sa.text(f"""SELECT v.video_id, v.same_as, v.url, v.source_path,
+                                   o.url AS original_url, o.source_path AS original_path
+                              FROM {S}.project_videos pv JOIN {S}.videos v ON v.video_id = pv.video_id
+                              JOIN {S}.videos o ON o.video_id = v.same_as
+                             WHERE pv.project_id = :p ORDER BY pv.id"""),
+                {"p": project_id},
+            ).all()
 
     def linked_projects(
         self, video_ids: Iterable[str], conn: sa.Connection | None = None
@@ -173,6 +223,54 @@ class VideoRecords(ProjectRecords):
                 },
             },
         )
+
+    def original_for(
+        self, video_id: str, content_hash: str, conn: sa.Connection | None = None
+    ) -> str | None:
+        """The original that the video becomes a copy of when `content_hash` is recorded for it
+        (record_content), or None. A video becomes a copy only when its first hash is recorded,
+        and only before any frames of its own exist; its original is the earliest video with
+        that content that is no copy itself."""
+        with self._reading(conn) as c:
+            return c.execute(
+                sa.text(f"""
+                    SELECT o.video_id FROM {S}.videos v JOIN {S}.videos o
+                        ON o.content_hash = :h AND o.same_as IS NULL AND o.video_id <> v.video_id
+                     WHERE v.video_id = :v AND v.content_hash IS NULL AND NOT EXISTS
+                           (SELECT 1 FROM {S}.video_frames f WHERE f.video_id = v.video_id)
+                     ORDER BY o.id LIMIT 1
+                """),
+                {"h": content_hash, "v": video_id},
+            ).scalar()
+
+    def record_content(self, conn: sa.Connection, video_id: str, content_hash: str) -> str | None:
+        """Record the video's content hash (the first one recorded is kept) and make the video a
+        copy of its `original_for`; returns that original, or None.
+
+        Videos of one content are serialised by an advisory lock on the hash, so two copies
+        downloaded at once never both become originals. The video's row and the original's are
+        locked in id order, as a release of frames locks them (db/retention.py): a project
+        linking the video meanwhile waits, then finds it a copy; an original deleted meanwhile
+        is not chosen."""
+        conn.execute(
+            sa.text("SELECT pg_advisory_xact_lock(:space, hashtext(:h))"),
+            {"space": _CONTENT_LOCKS, "h": content_hash},
+        )
+        original = self.original_for(video_id, content_hash, conn)
+        locked = conn.execute(
+            sa.text(f"""SELECT video_id FROM {S}.videos WHERE video_id = ANY(CAST(:ids AS text[]))
+                         ORDER BY video_id FOR UPDATE"""),
+            {"ids": [video_id] + ([original] if original else [])},
+        ).scalars()
+        if original not in set(locked):
+            original = None
+        conn.execute(
+            sa.text(f"""UPDATE {S}.videos SET content_hash = coalesce(content_hash, :h),
+                               same_as = coalesce(same_as, CAST(:original AS text)), updated_at = now()
+                         WHERE video_id = :v"""),
+            {"h": content_hash, "v": video_id, "original": original},
+        )
+        return original
 
     def forget_video_file(self, conn: sa.Connection, video_id: str) -> None:
         conn.execute(

@@ -2,8 +2,9 @@
 
     images/                  the kept frames (hard links; copies only across devices)
     annotations.coco.json    the detections (when the project detects), file names relative to images/
-    manifest.parquet         one row per kept frame: video, source URL, timestamp, filter scores,
-                             dedup group and size, number of detections
+    manifest.parquet         one row per kept frame: video, source URL, every source of the
+                             video (its copies': the same content found elsewhere), timestamp,
+                             filter scores, dedup group and size, number of detections
 
 Rebuilt atomically on every run: a re-run replaces the dataset, never appends to it. Its check,
 `dataset_complete`, counts the images three ways (files, manifest rows, COCO images) and looks for
@@ -35,6 +36,19 @@ from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
 from dataminer_dagster.paths import ProjectPaths
 
 
+def _sources(catalog, project_id: int, videos: dict) -> dict[str, list[str]]:
+    """Every URL or path the project found each video at: its own and its copies', in the order
+    the project linked them (a dataset travels: no passwords or signed tokens in them)."""
+    found = catalog.project_sources(project_id, videos)
+    return {
+        video_id: [
+            redact_url(url) if url else path
+            for url, path in found.get(video_id) or [(video.url, video.source_path)]
+        ]
+        for video_id, video in videos.items()
+    }
+
+
 def _publish(catalog, conn, project, staging: Path, final: Path) -> list[Path]:
     """Publish the dataset and release the members' frames; returns the frames set aside."""
     publish(staging, final)
@@ -46,6 +60,7 @@ MANIFEST_COLUMNS = [
     "file_name",
     "video_id",
     "source_url",
+    "sources",
     "video_title",
     "frame_index",
     "timestamp",
@@ -165,11 +180,11 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     kept = kept[kept["kept"]].reset_index(drop=True)
     kept["file_name"] = [Path(f).name for f in kept["file"]]
 
-    videos = catalog.videos(kept["video_id"].unique().tolist())
-    kept["source_url"] = [  # a dataset travels: no passwords or signed tokens in it
-        redact_url(videos[v].url) if videos[v].url else videos[v].source_path
-        for v in kept["video_id"]
-    ]
+    video_ids = kept["video_id"].unique().tolist()
+    videos = catalog.videos(video_ids)
+    sources = _sources(catalog, project.id, videos)
+    kept["source_url"] = [sources[v][0] for v in kept["video_id"]]
+    kept["sources"] = pd.Series([sources[v] for v in kept["video_id"]], dtype=object)
     kept["video_title"] = [videos[v].title for v in kept["video_id"]]
     has_detections = paths.detections_table.is_file() and project.config.detect is not None
     if has_detections:

@@ -5,6 +5,11 @@ still valid is not fetched again. Projects can have different rules (hashtags, d
 video is fetched when at least one linked project accepts it, and the projects whose rules reject
 it record it as blocked for themselves.
 
+Each video's file is hashed once (SHA-256 of its bytes, core/content_hash.py). A video whose
+content an earlier video already has is a copy of it (`videos.same_as`): its chain ends here, and
+its projects use the original's frames and results (Catalog.advance_videos); a copy's downloaded
+file is deleted at once (the original's holds the same bytes), a local one is left in place.
+
 Downloads are polite to their host across every run (acquisition/politeness.py): a host that said
 stop is paused for all of them; a run waits for a short pause and gives its items back (no attempt
 used) for a long one, and the log and the partition's observation say which host, until when and
@@ -21,10 +26,12 @@ from dataminer_dagster.acquisition.errors import DownloadBlocked, HostPaused, Pe
 from dataminer_dagster.acquisition.options import merged_download_options
 from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
+from dataminer_dagster.core.content_hash import file_content_hash
 from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.project_records import ProjectRow
+from dataminer_dagster.db.video_records import VideoRow
 from dataminer_dagster.engine.outcomes import Blocked, ItemResult, PermanentFailure, Postponed
 from dataminer_dagster.engine.previews import megabytes
 from dataminer_dagster.engine.registry import DOWNLOAD
@@ -43,9 +50,11 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
     projects = catalog.linked_projects([item.video_id]).get(item.video_id, [])
     if not projects:
         raise Blocked("no project uses this video")
+    if video.same_as:
+        return _known_copy(item, ctx, video.same_as)
 
     if video.source_path:
-        return _local_file(item, ctx, Path(video.source_path))
+        return _local_file(item, ctx, video)
     if video.file_path and (
         existing := _valid_file(ctx.db.paths.absolute(video.file_path), item.video_id)
     ):
@@ -53,7 +62,10 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
             item,
             ctx,
             video.file_path,
-            existing,
+            {
+                **existing,
+                "content_hash": _content_hash(video, ctx.db.paths.absolute(video.file_path)),
+            },
             {"outcome": "nothing to do: downloaded already and still valid"},
         )
 
@@ -99,6 +111,7 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
         "uploader": meta.uploader,
         "upload_date": meta.upload_date,
         "tags": list(meta.tags),
+        "content_hash": _content_hash(video, downloaded.path),
     }
     extra = {
         "outcome": "downloaded",
@@ -133,15 +146,32 @@ def _rejecting_projects(projects: list[ProjectRow], meta, video_id: str) -> dict
     return rejected
 
 
-def _local_file(item: StageItem, ctx: StageContext, path: Path) -> ItemResult:
+def _local_file(item: StageItem, ctx: StageContext, video: VideoRow) -> ItemResult:
+    path = Path(video.source_path)
     facts = _valid_file(path, item.video_id, raise_reason=True)
     return _record(
         item,
         ctx,
         None,
-        {**facts, "title": path.stem},
+        {**facts, "title": path.stem, "content_hash": _content_hash(video, path)},
         {"outcome": "local file, probed in place", "file": path},
     )
+
+
+def _known_copy(item: StageItem, ctx: StageContext, original: str) -> ItemResult:
+    """A video known to be a copy (its download is done again, e.g. with `redo`): nothing to
+    fetch, its original's file is the one decoded."""
+    catalog = ctx.catalog
+    return ItemResult(
+        metadata={"outcome": f"nothing to do: same content as video {original}"},
+        outcome={"status": f"same content as video {original}"},
+        commit=lambda conn: catalog.advance_videos(conn, [item.video_id]),
+    )
+
+
+def _content_hash(video: VideoRow, path: Path) -> str:
+    """The video's content hash: the one recorded, or the file's (hashed once per video)."""
+    return video.content_hash or file_content_hash(path)
 
 
 def _valid_file(path: Path, video_id: str, *, raise_reason: bool = False) -> dict | None:
@@ -168,16 +198,31 @@ def _record(
     extra: dict,
     rejected: dict[str, str] | None = None,
 ) -> ItemResult:
-    catalog = ctx.catalog
+    catalog, paths = ctx.catalog, ctx.db.paths
+    # What the commit will decide, for the UI; a video of the same content committed in between
+    # (another run) may change it, and the commit's decision is the one kept.
+    original = catalog.original_for(item.video_id, facts["content_hash"])
 
     def commit(conn) -> None:
-        catalog.record_video_file(conn, item.video_id, file_path, facts)
+        same_as = catalog.record_content(conn, item.video_id, facts["content_hash"])
+        if same_as != original:
+            ctx.log.info(
+                f"download {item.video_id}: "
+                + (f"a copy of video {same_as}" if same_as else "no copy of another video")
+                + ", as a video of the same content committed meanwhile decided"
+            )
+        if same_as and file_path:  # the original's file holds the same bytes
+            paths.absolute(file_path).unlink(missing_ok=True)
+        catalog.record_video_file(conn, item.video_id, None if same_as else file_path, facts)
         if rejected:
             catalog.block_project_videos(conn, item.video_id, rejected)
         catalog.advance_videos(conn, [item.video_id])
 
+    shown = {**extra, **_shown(facts), "same_content_as": original}
+    if original:
+        shown["outcome"] = f"{extra['outcome']}; same content as video {original}"
     return ItemResult(
-        metadata={k: v for k, v in {**extra, **_shown(facts)}.items() if v is not None},
+        metadata={k: v for k, v in shown.items() if v is not None},
         outcome={"status": extra["outcome"]},
         commit=commit,
     )

@@ -3,7 +3,8 @@
 Every frame gets every prompt's score and the decision, kept in `<output>/filter/<video>.parquet`;
 no frame is copied. Image embeddings go to a cache keyed by model and frame content, shared by all
 projects and by the dedup stage. A video where no frame passes is an outcome ("empty"), not a
-failure; an unreadable frame is recorded and skipped.
+failure; an unreadable frame is recorded and skipped. A copy of another video is filtered as
+that video (its own item is marked done, naming the original).
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
     config = project.config.filter
     profile = project.config.extract.options().profile_id()
     stored = catalog.frame_profiles([item.video_id]).get(item.video_id, {}).get(profile)
+    if stored is None and (original := catalog.videos([item.video_id])[item.video_id].same_as):
+        return ItemResult(  # only with `redo`: a copy's filter item is marked done, never queued
+            metadata={"outcome": f"nothing to do: same content as video {original}"},
+            outcome={"same_as": original},
+            commit=lambda conn: catalog.advance_videos(conn, [item.video_id]),
+        )
     if stored is None or not stored[0].is_dir():
         raise RequeueFirst(
             f"frames of video {item.video_id} ({profile}) are missing; their extraction is queued again",

@@ -2,6 +2,7 @@
 manifest (frame index, timestamp, file, size, sharpness, content hash).
 
 Projects that link the same video with different extraction settings each get their own frames.
+A copy of another video (the same content) has none of its own: its projects use the original's.
 A video whose file is gone (cleaned up after extraction) is fetched again before extracting.
 """
 
@@ -99,6 +100,12 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
     """Frames sampled from each video, per extraction profile of the projects using it."""
     catalog, paths = ctx.catalog, ctx.db.paths
     video = catalog.videos([item.video_id])[item.video_id]
+    if video.same_as:  # only with `redo`: a copy's frames item is marked done, never queued
+        return ItemResult(
+            metadata={"outcome": f"nothing to do: same content as video {video.same_as}"},
+            outcome={"same_as": video.same_as},
+            commit=lambda conn: catalog.advance_videos(conn, [item.video_id]),
+        )
     projects = catalog.linked_projects([item.video_id]).get(item.video_id, [])
     wanted: dict[str, ExtractionOptions] = {}
     for project in projects:
