@@ -72,9 +72,9 @@ def build_noop_stages():
 def build_definitions(with_sensors: bool):
     import dagster as dg
 
+    from dataminer_dagster.engine.assembly import lane_assets
     from dataminer_dagster.engine.jobs import lane_jobs
     from dataminer_dagster.engine.lanes import configured_lanes
-    from dataminer_dagster.engine.stage import lane_assets
     from dataminer_dagster.resources.db import DatabaseResource
     from dataminer_dagster.sensors.pipeline_sensors import build_sensors
     from dataminer_dagster.settings import load_settings

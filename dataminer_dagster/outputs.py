@@ -10,7 +10,7 @@ tables are read only when asked for).
         manifest = dataset.read_manifest()            # pandas; read_manifest_arrow(): pyarrow
         context.log.info(f"{dataset.images} images in {dataset.images_dir}")
 
-The stages' IO manager (`resources/outputs.py`, key `OUTPUTS_IO_MANAGER_KEY`, carried by the lane
+The stages' IO manager (`resources/stage_outputs.py`, key `OUTPUTS_IO_MANAGER_KEY`, carried by the lane
 asset: no code location needs to add it) builds the value from the project's row in the claim
 database of the `db` resource. An asset partitioned like the pipeline's
 project assets (`projects_partitions`) gets one value; an unpartitioned one (or a run over a range

@@ -17,7 +17,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import DONE
 from dataminer_dagster.db.video_records import Candidate
-from dataminer_dagster.engine.ahead import wait_for_input
+from dataminer_dagster.engine.ahead import is_ahead, wait_for_input
 from dataminer_dagster.engine.lanes import DEFAULT_LANES
 from dataminer_dagster.engine.planning import DiscoveryCursor, plan_discovery
 from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
@@ -71,6 +71,16 @@ def ahead_run(lane: str, start: str, end: str) -> DagsterRun:
         run_id=str(uuid.uuid4()),
         tags={LANE_TAG: lane, AHEAD_TAG: "true", RANGE_START: start, RANGE_END: end},
     )
+
+
+def test_a_re_executed_ahead_run_does_not_wait():
+    """The UI's Re-execute copies the tags, `dataminer/ahead` included: the copy is about work
+    that was there when the first run ran, so it goes ahead at once."""
+    first = ahead_run("filter", "alpha.v0", "alpha.v1")
+    again = first.with_tags(first.tags)._replace(parent_run_id=first.run_id)
+    assert is_ahead(first)
+    assert not is_ahead(again)
+    assert not is_ahead(None)
 
 
 def wait_in_thread(store, instance, run, max_wait_s: float = 60):

@@ -100,8 +100,8 @@ def summary_stage(tmp_path, monkeypatch):
 
 def _definitions(resources: dict) -> dg.Definitions:
     """Definitions built the way definitions.py builds them, from the registry as it is now."""
+    from dataminer_dagster.engine.assembly import lane_assets, stage_assets
     from dataminer_dagster.engine.jobs import lane_jobs
-    from dataminer_dagster.engine.stage import lane_assets, stage_assets
 
     stages = stage_assets()
     return dg.Definitions(

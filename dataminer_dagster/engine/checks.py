@@ -45,19 +45,31 @@ def evaluate_checks(
     ctx: StageContext,
     stage_def: StageAsset,
     finished: list[str],
-) -> Iterator[dg.AssetCheckEvaluation]:
-    """The stage's selected checks, once per partition this run finished. A range run has no
-    single partition key, so each result is an AssetCheckEvaluation naming its partition and the
-    materialization it checked."""
+) -> Iterator[dg.AssetCheckEvaluation | dg.AssetCheckResult]:
+    """The stage's selected checks, once per partition this run finished or recorded as current.
+    A run of one partition yields AssetCheckResults, which Dagster counts as the run's check
+    outputs. A range run has no single partition key, so each result is an AssetCheckEvaluation
+    naming its partition and the materialization it checked; Dagster 1.13 does not count those as
+    outputs and logs that the op "did not yield expected outputs" for them."""
     key = stage_def.key
     selected = {c.name for c in context.selected_asset_check_keys if c.asset_key == key}
     checks = [c for c in stage_def.checks if c.name in selected]
     if not checks or not finished:
         return
     targets = _latest_materializations(context.instance, key, finished)
+    single = context.partition_key if context.has_partition_key else None
     for check in checks:
         for partition in finished:
             result = _evaluate_partition(ctx, check, partition)
+            if partition == single:  # Dagster counts it as the check's output of this run
+                yield dg.AssetCheckResult(
+                    asset_key=key,
+                    check_name=check.name,
+                    passed=result.passed,
+                    metadata={k: readable(v) for k, v in result.metadata.items()},
+                    description=result.description,
+                )
+                continue
             yield dg.AssetCheckEvaluation(
                 asset_key=key,
                 check_name=check.name,

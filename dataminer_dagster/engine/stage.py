@@ -27,8 +27,6 @@ partition key, and the attempt only when it was a retry. A stage's `PartitionChe
 of the run, once for each partition it finished, and are recorded on that partition.
 """
 
-import dataclasses
-import importlib
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -47,7 +45,6 @@ from dataminer_dagster.db.project_flow import advance_projects
 from dataminer_dagster.db.schema import DEAD, DONE
 from dataminer_dagster.engine.checks import PartitionCheck, evaluate_checks
 from dataminer_dagster.engine.jobs import name_prefix
-from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
 from dataminer_dagster.engine.outcomes import (
     Blocked,
     ItemResult,
@@ -57,11 +54,11 @@ from dataminer_dagster.engine.outcomes import (
 )
 from dataminer_dagster.engine.partitions import PARTITIONS
 from dataminer_dagster.engine.previews import ui_metadata
-from dataminer_dagster.engine.registry import StageRegistry, split_project_video_key
+from dataminer_dagster.engine.registry import split_project_video_key
 from dataminer_dagster.outputs import OUTPUTS_IO_MANAGER_KEY
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import DownloadClient
-from dataminer_dagster.resources.outputs import stage_outputs_io_manager
+from dataminer_dagster.resources.stage_outputs import stage_outputs_io_manager
 from dataminer_dagster.tags import (
     BACKFILL_TAG,
     DEADLINE_TAG,
@@ -261,64 +258,6 @@ def _dependency(asset: str, upstream: dg.PartitionsDefinition, keys: str) -> dg.
     return dg.AssetDep(asset, partition_mapping=dg.AllPartitionMapping())
 
 
-def stage_assets(registry: StageRegistry = REGISTRY) -> dict[str, StageAsset]:
-    """Every registered stage's asset, by stage name, in flow order: the `@stage_asset` of each
-    stage in its folder's `asset.py`."""
-    found = {}
-    for spec in registry.specs:
-        module = importlib.import_module(f"{spec.home}.asset")
-        assets = [
-            a for a in vars(module).values() if isinstance(a, StageAsset) and a.stage == spec.name
-        ]
-        if len(assets) != 1:
-            raise TypeError(
-                f"{module.__name__} declares {len(assets)} @stage_asset of stage {spec.name!r}; "
-                "a stage's asset.py declares exactly one"
-            )
-        found[spec.name] = assets[0]
-    return found
-
-
-def with_key_prefix(
-    stages: Mapping[str, StageAsset], prefix: Sequence[str], group: str | None = None
-) -> dict[str, StageAsset]:
-    """The stages with their asset keys (and their dependencies on one another) under `prefix`,
-    and every asset in `group` when one is given: a copy of the pipeline whose names cannot
-    collide with a code location's own (definitions.build_definitions)."""
-    own = {s.key for s in stages.values()}
-
-    def moved(dep: dg.AssetKey | dg.AssetDep) -> dg.AssetKey | dg.AssetDep:
-        key = dep.asset_key if isinstance(dep, dg.AssetDep) else dep
-        if key not in own:
-            return dep
-        if isinstance(dep, dg.AssetDep):
-            return dg.AssetDep(
-                key.with_prefix(list(prefix)), partition_mapping=dep.partition_mapping
-            )
-        return key.with_prefix(list(prefix))
-
-    return {
-        name: dataclasses.replace(
-            s,
-            key_prefix=(*prefix, *s.key_prefix),
-            deps=tuple(moved(d) for d in s.deps),
-            group_name=group or s.group_name,
-        )
-        for name, s in stages.items()
-    }
-
-
-def lane_assets(
-    stages: Mapping[str, StageAsset], lanes: Sequence[Lane] = DEFAULT_LANES
-) -> dict[str, dg.AssetsDefinition]:
-    """The multi-asset of every lane whose stages are all in `stages`."""
-    return {
-        lane.name: lane_asset(lane.name, [stages[s] for s in lane.stages])
-        for lane in lanes
-        if all(s in stages for s in lane.stages)
-    }
-
-
 def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
     """The stages of a lane (one partition set, in order) as one multi-asset: one step that runs
     each selected stage over the run's partitions in turn. It takes the `gpu` pool slot for the
@@ -420,16 +359,16 @@ def run_stage(
         projects=only,
     )
     _report_unclaimed(context, stage, unclaimed, len(keys))
-    for earlier in unclaimed:
-        if earlier.status == DONE:
-            yield _current(key, earlier)
+    current = [earlier for earlier in unclaimed if earlier.status == DONE]
+    for earlier in current:
+        yield _current(key, earlier)
     deadline = float(tags[DEADLINE_TAG]) if DEADLINE_TAG in tags else None
 
     ctx = StageContext(context, db, following)
     titles = _VideoTitles(ctx.catalog, leases)
     progress = Progress(f"{stage}", len(leases), context.log.info)
     failures: list[str] = []
-    finished: list[str] = []
+    finished: list[str] = [earlier.key for earlier in current]
     pending = list(leases)
     try:
         while pending:

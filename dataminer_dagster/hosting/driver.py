@@ -65,7 +65,7 @@ def drive(
     failed and their slots freed, or this command's GPU steps would wait for those slots for
     ever; stale leases are taken back."""
     if stages is None:  # the registry's stages as they are now
-        from dataminer_dagster.engine.stage import stage_assets
+        from dataminer_dagster.engine.assembly import stage_assets
 
         stages = stage_assets()
     lanes = lanes_of(stages, lanes)
