@@ -83,7 +83,7 @@ def _instance(home: DaemonHome) -> dg.DagsterInstance:
 
 
 def _partitions(home: DaemonHome, asset: str) -> list[str]:
-    from dataminer_dagster.engine.stage import stage_assets
+    from dataminer_dagster.engine.assembly import stage_assets
 
     (stage,) = [s for s in stage_assets().values() if s.name == asset]
     with _instance(home) as instance:

@@ -24,10 +24,10 @@ from dataminer_dagster.db.deletions import delete_orphan_videos, delete_project
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_lifecycle import force_stage
 from dataminer_dagster.paths import DataPaths, ProjectPaths
+from dataminer_dagster.testing import keep_every_frame
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
     drive_quietly,
-    keep_every_frame,
     pipeline_definitions,
     resources,
     work_items,

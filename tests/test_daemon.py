@@ -144,8 +144,12 @@ def test_two_projects_complete_under_the_daemon_with_gpu_steps_one_at_a_time(
     instance = dagster_instance(deployment)
     intervals = gpu_step_intervals(instance)
     assert len(intervals) >= 3, "a filter run and two project runs"
+    # A step's STEP_SUCCESS is logged just after its slot is freed (Dagster frees it as it
+    # handles the event), so the next run's STEP_START may be logged a little earlier; two steps
+    # that held the slot together would overlap by a whole step (seconds).
+    logging_lag_s = 0.5
     for (_, end, first), (start, _, second) in zip(intervals, intervals[1:], strict=False):
-        assert start >= end, f"gpu steps of runs {first} and {second} overlapped"
+        assert start >= end - logging_lag_s, f"gpu steps of runs {first} and {second} overlapped"
     judged_dead = [
         (run.run_id, message)
         for run in instance.get_runs()
