@@ -33,18 +33,7 @@ class Thresholds(Protocol):
     pos_junk_margin: float
 
 
-@dataclass(frozen=True)
-class FilterThresholds:
-    """Thresholds on their own, without a project config (tests, benchmarks)."""
-
-    positive_threshold: float
-    negative_threshold: float
-    pos_neg_margin: float
-    junk_threshold: float
-    pos_junk_margin: float
-
-
-_THRESHOLD_NAMES = tuple(FilterThresholds.__dataclass_fields__)
+_THRESHOLD_NAMES = tuple(Thresholds.__annotations__)
 
 
 @dataclass(frozen=True)

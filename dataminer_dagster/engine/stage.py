@@ -345,6 +345,7 @@ def run_stage(
     person launched to retry (`_launched_to_retry`) gives dead items fresh attempts, as
     `dataminer retry` does."""
     stage, process, key = stage_def.stage, stage_def.process, stage_def.key
+    dead = [] if dead is None else dead
     db: DatabaseResource = context.resources.db
     keys = list(context.partition_keys)
     tags = context.run.tags
@@ -354,7 +355,7 @@ def run_stage(
         stage,
         keys,
         redo=config.redo,
-        revive_dead=_launched_to_retry(context.run, keys),
+        revive_dead=not by_sensor and _launched_to_retry(context.run, keys),
         respect_backoff=by_sensor,
         projects=only,
     )
@@ -387,7 +388,7 @@ def run_stage(
                 lease,
                 titles,
                 failures,
-                dead if dead is not None else [],
+                dead,
             ):
                 if isinstance(event, dg.AssetMaterialization):
                     finished.append(lease.key)
@@ -496,9 +497,7 @@ def _launched_to_retry(run: dg.DagsterRun, keys: Sequence[str]) -> bool:
     """Whether a person launched this run for its partitions whatever became of them: a backfill
     (the UI's, "materialize failed partitions" included), a re-execution, or one partition
     (the UI's Materialize, `dagster asset materialize --partition`). Its dead items get fresh
-    attempts. The sensors' runs, and ranges run otherwise, leave them dead."""
-    if run.tags.get(REQUESTED_BY_TAG) == "sensor":
-        return False
+    attempts (the sensors' runs never ask); other range runs leave them dead."""
     return BACKFILL_TAG in run.tags or run.parent_run_id is not None or len(keys) == 1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -10,10 +11,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dataminer_dagster.core.filter_rule import (
-    FilterThresholds,
     apply_filter_rule,
     sigmoid_scores,
 )
+
+
+@dataclass(frozen=True)
+class FilterThresholds:
+    """The rule's thresholds without a project config (core.filter_rule.Thresholds)."""
+
+    positive_threshold: float
+    negative_threshold: float
+    pos_neg_margin: float
+    junk_threshold: float
+    pos_junk_margin: float
+
 
 # All values are multiples of 1/8, exact in binary, so margins compare without rounding.
 THRESHOLDS = FilterThresholds(
