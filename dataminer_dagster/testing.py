@@ -295,10 +295,15 @@ if pytest is not None:
             yield url
 
     @pytest.fixture
-    def dataminer_instance():
+    def dataminer_instance(tmp_path, monkeypatch):
+        """A `dg.instance_for_test()` in the test's tmp_path, DAGSTER_HOME pointed at it through
+        monkeypatch, so a test that sets DAGSTER_HOME itself gets it back as it found it."""
         import dagster as dg
 
-        with dg.instance_for_test() as instance:
+        home = tmp_path / "dagster-home"
+        home.mkdir()
+        monkeypatch.setenv("DAGSTER_HOME", str(home))
+        with dg.instance_for_test(temp_dir=str(home), set_dagster_home=False) as instance:
             yield instance
 
     @pytest.fixture(scope="session")

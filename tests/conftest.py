@@ -32,6 +32,21 @@ EXTERNAL_URL = os.environ.get("DATAMINER_TEST_DATABASE_URL")
 
 
 @pytest.fixture(autouse=True)
+def _dagster_home_is_left_as_found(request):
+    """A test that leaves DAGSTER_HOME changed (a monkeypatch undone after the instance it
+    outlived) breaks whichever test its worker runs next: fail the test that leaked it."""
+    before = os.environ.get("DAGSTER_HOME")
+    yield
+    after = os.environ.get("DAGSTER_HOME")
+    if after != before:
+        if before is None:
+            os.environ.pop("DAGSTER_HOME", None)
+        else:
+            os.environ["DAGSTER_HOME"] = before
+        pytest.fail(f"{request.node.nodeid} left DAGSTER_HOME={after!r} (was {before!r})")
+
+
+@pytest.fixture(autouse=True)
 def _fast_retries(monkeypatch):
     """Retry back-off in seconds rather than minutes, so pipelines with failing items finish."""
     monkeypatch.setenv("DATAMINER_RETRY_BASE_SECONDS", "0.2")
