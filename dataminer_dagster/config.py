@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
+from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.assets.backup.config import BackupConfig
 from dataminer_dagster.assets.catalog.config import InputsConfig
 from dataminer_dagster.assets.dedup.config import DedupConfig
@@ -71,10 +72,54 @@ class ProjectConfig(Section):
     )
 
     def config_hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+        return _short_hash(self.to_json())
+
+    def fingerprints(self) -> dict[str, str]:
+        """{stage: fingerprint} for each stage with items of this project (the catalog, the
+        filter and the project chain): a hash of the config sections its output depends on (its
+        registry entry's `config`, each section's `results_view`) and of the fingerprint of the
+        stage it reads. Per-video stages serve every project of a video: theirs is not recorded,
+        and they do not pass the catalog's on (which videos a project has is not their input),
+        but a project stage below one inherits its sections (the filter: the extraction
+        profile)."""
+        memo: dict[str, str] = {}
+
+        def of(name: str) -> str:
+            if name not in memo:
+                spec = REGISTRY[name]
+                sections = {s: _results_view(getattr(self, s)) for s in spec.config}
+                upstream = of(spec.reads) if spec.reads and not spec.per_video else None
+                memo[name] = _short_hash([sections, upstream])
+            return memo[name]
+
+        return {s.name: of(s.name) for s in REGISTRY.specs if not s.per_video}
+
+    def changed_keys(self, other: ProjectConfig) -> list[str]:
+        """The keys (dotted, down to a section's field) whose values differ from `other`'s."""
+        mine, theirs = self.to_json(), other.to_json()
+        changed = []
+        for section in sorted(set(mine) | set(theirs)):
+            a, b = mine.get(section), theirs.get(section)
+            if a == b:
+                continue
+            if isinstance(a, dict) and isinstance(b, dict):
+                changed += [
+                    f"{section}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+                ]
+            else:
+                changed.append(section)
+        return changed
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def _short_hash(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _results_view(section: Section | None) -> dict[str, Any] | None:
+    return None if section is None else section.results_view()
 
 
 def load_project_config(path: Path) -> ProjectConfig:

@@ -15,17 +15,37 @@ def project() -> None:
 @project.command("add")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 def project_add(config: str) -> None:
-    """Register a project from its YAML CONFIG, or update it; its video catalog is (re)queued
-    when the config is new or changed. With `dg dev` running, the sensors take it from there."""
+    """Register a project from its YAML CONFIG, or update it. A new project's video catalog is
+    queued; a changed config makes stale the work it changes, which runs again, and only that
+    (new prompts: the filter from cached embeddings, then dedup, detection and the dataset; a new
+    output_dir: the results move there). With `dg dev` running, the sensors take it from there."""
     cfg = load_config(config)
     settings, _, catalog = context()
     result = catalog.register_project(cfg, protected=settings.protected_dirs)
+    for line in registration_lines(result):
+        click.echo(line)
+
+
+def registration_lines(result) -> list[str]:
+    """What registering a project's config did (a `RegisterResult`), in words."""
+    name = result.project.name
     verb = "registered" if result.created else ("updated" if result.changed else "unchanged")
-    click.echo(f"project {cfg.name} {verb}; output in {result.project.output_dir}")
-    if result.changed:
-        click.echo(
-            "its video catalog is queued (the discovery sensor, `dataminer run` or `dataminer populate` runs it)"
+    lines = [f"project {name} {verb}; output in {result.project.output_dir}"]
+    if result.moved_from is not None:
+        lines.append(f"its results moved there from {result.moved_from}")
+    if result.created:
+        lines.append(
+            "its video catalog is queued (the discovery sensor, `dataminer run` or "
+            "`dataminer populate` runs it)"
         )
+    elif result.changed_keys:
+        lines.append(f"changed: {', '.join(result.changed_keys)}")
+        lines.append(
+            f"runs again: {', '.join(result.stale_stages)} (dataminer status {name} counts it)"
+            if result.stale_stages
+            else "nothing done is redone: these keys change how work runs, or the work still to come"
+        )
+    return lines
 
 
 @project.command("list")

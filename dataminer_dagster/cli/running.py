@@ -27,14 +27,20 @@ def _instance():
 
 def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> int:
     from dataminer_dagster.cli.board import ProgressBoard
+    from dataminer_dagster.cli.projects import registration_lines
     from dataminer_dagster.definitions import LANES, defs
     from dataminer_dagster.engine.planning import RunLimits
     from dataminer_dagster.hosting.driver import drive
 
     settings, store, catalog = context()
-    projects = [
-        catalog.register_project(cfg, protected=settings.protected_dirs).project for cfg in configs
+    registered = [
+        catalog.register_project(cfg, protected=settings.protected_dirs) for cfg in configs
     ]
+    for result in registered:
+        if result.changed and not result.created:
+            for line in registration_lines(result)[1:]:
+                click.echo(f"{result.project.name}: {line}")
+    projects = [result.project for result in registered]
     instance, keep_alive = _instance()
     board = (
         ProgressBoard(store.engine, projects[0].id, enabled=progress)

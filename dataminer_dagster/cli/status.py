@@ -32,6 +32,12 @@ def _print_project_status(data: dict) -> None:
             + f"{row['per_minute']:>9.1f}  {eta_text}"
         )
     click.echo("(ETA -: nothing queued; ?: nothing finished in the window)")
+    if data["stale"]:
+        click.echo("")
+        click.echo(
+            "stale (done with an earlier config; they run again): "
+            + ", ".join(f"{stage} {n}" for stage, n in data["stale"].items())
+        )
     frames = data["frames"]
     click.echo("")
     click.echo(
@@ -147,7 +153,7 @@ def status(project_name: str | None, as_json: bool, window: float) -> None:
     Without PROJECT: one line per project (stage, videos, finished/queued items of the
     per-video stages, problems). With PROJECT: its work items per stage and status, throughput
     (items finished per minute over the last --window minutes) and ETA per stage (queued items
-    only), frames kept at each stage, the videos that are copies of another (the same content,
+    only), the items a config change made stale, frames kept at each stage, the videos that are copies of another (the same content,
     processed once), and the latest failures with their reasons.
     """
     _show_status(project_name, as_json, window)

@@ -5,7 +5,7 @@ composes them into the project config."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,6 +18,15 @@ class ConfigError(ValueError):
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Keys that change how a stage runs, not what it makes (a device, a batch size): changing one
+    # leaves the work done with the old value current.
+    RUN_SETTINGS: ClassVar[frozenset[str]] = frozenset()
+
+    def results_view(self) -> dict[str, Any]:
+        """What of this section the output of a stage that reads it depends on (its part of the
+        stage's fingerprint)."""
+        return self.model_dump(mode="json", exclude=set(self.RUN_SETTINGS))
 
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]

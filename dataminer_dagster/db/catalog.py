@@ -26,6 +26,7 @@ from dataminer_dagster.db.schema import (
     RUNNING,
     SCHEMA,
     project_video_key_sql,
+    stale_sql,
 )
 from dataminer_dagster.db.video_records import Candidate, LinkResult, VideoRecords
 from dataminer_dagster.engine.registry import (
@@ -78,8 +79,9 @@ class Catalog(VideoRecords, FrameRecords):
         download missing -> queue it; the video a copy of another (`same_as`) -> it is processed
         as its original (`_as_originals`); frames missing, or missing a linked project's
         extraction profile -> (re)queue extraction, or the download first when the video file is
-        gone; frames present -> queue each linked project's filter, and a backup when a linked
-        project names a destination the frames have not been copied to. With `reset_failed`,
+        gone; frames present -> queue each linked project's filter (again when it was done or died
+        under an earlier config of the project: stale), and a backup when a linked project names
+        a destination the frames have not been copied to. With `reset_failed`,
         failed and dead items on the way are queued again (a project (re)linking a video that had
         failed)."""
         if not video_ids:
@@ -101,7 +103,8 @@ class Catalog(VideoRecords, FrameRecords):
             sa.text(f"""
                 SELECT pv.video_id, p.id AS project_id, p.name, p.config -> 'extract' AS extract,
                        p.config -> 'backup' ->> 'dest' AS backup_to, fi.status AS filter,
-                       fi.outcome ->> 'same_as' AS filter_as
+                       fi.outcome ->> 'same_as' AS filter_as,
+                       {stale_sql("fi", "p.fingerprints ->> fi.stage")} AS filter_stale
                   FROM {S}.project_videos pv
                   JOIN {S}.projects p ON p.id = pv.project_id
                   LEFT JOIN {S}.work_items fi ON fi.stage = '{FILTER}' AND fi.item_key = {project_video_key_sql("p.name", "pv.video_id")}
@@ -137,10 +140,14 @@ class Catalog(VideoRecords, FrameRecords):
             if missing_profiles and (video.frames is None or video.frames in (DONE, *retry)):
                 queue[(FRAMES, (DONE, *retry))].append((vid, None, vid))
             for link in links_by_video[vid]:
-                if _profile_id(link.extract) in profiles.get(vid, set()) and (
-                    link.filter is None or link.filter in retry
-                ):
+                if _profile_id(link.extract) not in profiles.get(vid, set()):
+                    continue
+                if link.filter is None or link.filter in retry:
                     queue[(FILTER, retry)].append(
+                        (project_video_key(link.name, vid), link.project_id, vid)
+                    )
+                elif link.filter_stale and link.filter in (DONE, DEAD):
+                    queue[(FILTER, (DONE, DEAD))].append(
                         (project_video_key(link.name, vid), link.project_id, vid)
                     )
             wanted_backups = {link.backup_to for link in links_by_video[vid] if link.backup_to}

@@ -34,6 +34,8 @@ from dataminer_dagster.db.schema import (
     PENDING,
     RUNNING,
     SCHEMA,
+    current_fingerprint_sql,
+    stale_sql,
 )
 from dataminer_dagster.settings import LongRunningPolicy, RetryPolicy
 
@@ -65,6 +67,7 @@ class Lease:
     max_attempts: int
     project_id: int | None
     video_id: str | None
+    fingerprint: str | None = None  # of the project's config the claim was made under
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,8 @@ class Reaped:
 
 
 _LEASE_COLUMNS = (
-    "id, stage, item_key, lease_token, lease_owner, attempts, max_attempts, project_id, video_id"
+    "id, stage, item_key, lease_token, lease_owner, attempts, max_attempts, project_id, video_id, "
+    "fingerprint"
 )
 
 _CLEAR_LEASE = (
@@ -192,6 +196,11 @@ CONCERNS_PROJECTS = f"""(CAST(:projects AS int[]) IS NULL
                           WHERE project_id = ANY(CAST(:projects AS int[])))))"""
 
 
+# A claim records the config its work is done with (the project's fingerprint of the stage, read
+# in the claim itself: a config changed after it makes the item stale, never the other way).
+_RECORD_FINGERPRINT = f"fingerprint = {current_fingerprint_sql('w')}"
+
+
 # The hot statements, also run as they are by bench/claims.py.
 @functools.lru_cache(maxsize=32)
 def claim_next_statement(limit: int) -> sa.TextClause:
@@ -202,7 +211,8 @@ def claim_next_statement(limit: int) -> sa.TextClause:
     return sa.text(f"""
         UPDATE {W} w
            SET status = '{RUNNING}', lease_owner = :owner, lease_token = gen_random_uuid(),
-               leased_at = now(), started_at = NULL, attempts = w.attempts + 1, updated_at = now()
+               leased_at = now(), started_at = NULL, attempts = w.attempts + 1, updated_at = now(),
+               {_RECORD_FINGERPRINT}
          WHERE w.id = ANY(ARRAY(
                 SELECT id FROM {W}
                  WHERE stage = :stage AND status IN ('{PENDING}', '{FAILED}') AND next_attempt_at <= now()
@@ -216,9 +226,15 @@ def claim_next_statement(limit: int) -> sa.TextClause:
 _HELD = f"""WHERE w.id = ANY(CAST(:ids AS bigint[])) AND w.lease_token = ANY(CAST(:tokens AS uuid[]))
                AND w.status = '{RUNNING}'"""
 
+# An item claimed under a config of its project since replaced (stale: its fingerprint differs)
+# completes as pending, with fresh attempts: its results stand until it is done again.
+_STALE = stale_sql("w")
 COMPLETE = sa.text(f"""
-    UPDATE {W} w SET status = '{DONE}', outcome = CAST(:outcome AS jsonb), last_error = NULL,
-           finished_at = now(), {_CLEAR_LEASE_KEEP_START}
+    UPDATE {W} w SET status = CASE WHEN {_STALE} THEN '{PENDING}' ELSE '{DONE}' END,
+           attempts = CASE WHEN {_STALE} THEN 0 ELSE w.attempts END,
+           next_attempt_at = CASE WHEN {_STALE} THEN now() ELSE w.next_attempt_at END,
+           outcome = CAST(:outcome AS jsonb), last_error = NULL,
+           finished_at = CASE WHEN {_STALE} THEN NULL ELSE now() END, {_CLEAR_LEASE_KEEP_START}
       {_HELD}
     RETURNING w.id
 """)
@@ -244,6 +260,7 @@ def _lease(row: Any) -> Lease:  # a row with the lease columns as attributes
         max_attempts=row.max_attempts,
         project_id=row.project_id,
         video_id=row.video_id,
+        fingerprint=row.fingerprint,
     )
 
 
@@ -349,7 +366,7 @@ class LeaseStore:
                                                         || coalesce(CAST(:outcome AS jsonb), '{{}}') END, now())
             ON CONFLICT (stage, item_key) DO UPDATE
                SET status = EXCLUDED.status, last_error = EXCLUDED.last_error, outcome = EXCLUDED.outcome,
-                   finished_at = now(), updated_at = now()
+                   finished_at = now(), updated_at = now(), fingerprint = NULL
              WHERE {W}.status <> '{RUNNING}'
             RETURNING id
         """)
@@ -385,8 +402,9 @@ class LeaseStore:
         projects: Sequence[int] | None = None,
     ) -> tuple[list[Lease], list[Unclaimed]]:
         """Claim the named items that are claimable (with `revive_dead`, dead ones too, with fresh
-        attempts; with `redo`, every finished one) and, with `projects`, concern one of these
-        projects. Returns the leases and, for every other key, why it was not claimed."""
+        attempts; with `redo`, every finished one; stale ones, finished under an earlier config,
+        always) and, with `projects`, concern one of these projects. Returns the leases and, for
+        every other key, why it was not claimed."""
         if not keys:
             return [], []
         statuses = [PENDING, FAILED] + (
@@ -396,12 +414,13 @@ class LeaseStore:
             UPDATE {W} w
                SET status = '{RUNNING}', lease_owner = :owner, lease_token = gen_random_uuid(),
                    leased_at = now(), started_at = NULL, updated_at = now(), last_error = NULL,
-                   finished_at = NULL,
+                   finished_at = NULL, {_RECORD_FINGERPRINT},
                    attempts = CASE WHEN w.status IN ('{DONE}', '{DEAD}', '{BLOCKED}') THEN 1
                                    ELSE w.attempts + 1 END
-              FROM (SELECT id FROM {W}
+              FROM (SELECT id FROM {W} s
                      WHERE stage = :stage AND item_key = ANY(CAST(:keys AS text[]))
-                       AND status = ANY(CAST(:statuses AS text[]))
+                       AND (status = ANY(CAST(:statuses AS text[]))
+                            OR status IN ('{DONE}', '{DEAD}') AND {stale_sql("s")})
                        AND (NOT :respect_backoff OR status <> '{FAILED}' OR next_attempt_at <= now())
                        AND {CONCERNS_PROJECTS}
                      ORDER BY id FOR UPDATE SKIP LOCKED) pick

@@ -11,6 +11,12 @@ member like any other (Catalog.advance_videos); only the original's filter feeds
 is done (each dead or blocked), fails instead of completing with an empty dataset. A dead
 project-stage item fails the project with its error; `dataminer retry` or new videos bring it
 back.
+
+A changed config (registered again) is followed here too: work done or died under an earlier
+config of the project is stale (its stage's fingerprint differs, ProjectConfig.fingerprints).
+Stale filter items make their members unfinished (the project reopens; Catalog.advance_videos
+queues them again); a stale catalog queues the catalog again; a stale stage of the chain takes
+the project back to that stage, and the stages after it run again in turn.
 """
 
 from __future__ import annotations
@@ -29,15 +35,18 @@ from dataminer_dagster.db.schema import (
     RUNNING,
     SCHEMA,
     project_video_key_sql,
+    stale_sql,
 )
 from dataminer_dagster.engine.registry import CATALOG, DOWNLOAD, FILTER, FRAMES
 
 S = SCHEMA
 ACTIVE, COMPLETE, PROJECT_FAILED = "active", "complete", "failed"
 
-# A member is finished for its project when one of these holds.
+# A member is finished for its project when one of these holds (a filter done or dead under an
+# earlier config of the project is not: it is filtered again).
 MEMBER_FINISHED_SQL = f"""coalesce(
-    fi.status IN ('{DONE}', '{DEAD}', '{BLOCKED}')
+    fi.status IN ('{DONE}', '{DEAD}') AND NOT {stale_sql("fi", f"p.fingerprints ->> '{FILTER}'")}
+    OR fi.status = '{BLOCKED}'
     OR d.status IN ('{DEAD}', '{BLOCKED}')
     OR f.status IN ('{DEAD}', '{BLOCKED}'), false)"""  # missing items (NULL) mean: not finished
 
@@ -67,6 +76,7 @@ class _ProjectState:
     unfinished: int
     usable: int  # members whose own filter is done (not a copy's): the ones that feed the dataset
     items: dict[str, tuple[str, str | None]]  # project-level stage -> (status, last error)
+    stale: frozenset[str] = frozenset()  # project-level stages done or dead under an earlier config
 
 
 def advance_projects(store: LeaseStore) -> list[Transition]:
@@ -108,8 +118,13 @@ def _next(state: _ProjectState) -> tuple[str, str, str | None] | None:
     """(new stage, reason, project stage to queue) or None."""
     chain = REGISTRY.project_chain
     running = any(status == RUNNING for status, _ in state.items.values())
+    if CATALOG in state.stale and not running:
+        return ACTIVE, "its inputs changed: the catalog runs again", CATALOG
     if state.stage != ACTIVE and state.unfinished and not running:
         return ACTIVE, f"{state.unfinished} member videos are not finished", None
+    redo = _first_stale_stage(state, chain)
+    if redo is not None and not running:
+        return redo, f"{redo} was done with an earlier config", redo
     if state.stage == ACTIVE:
         catalog, catalog_error = state.items.get(CATALOG, (None, None))
         if catalog == DEAD:
@@ -142,6 +157,15 @@ def _next(state: _ProjectState) -> tuple[str, str, str | None] | None:
     return None
 
 
+def _first_stale_stage(state: _ProjectState, chain: tuple[str, ...]) -> str | None:
+    """The first stage of the chain, up to the project's own, whose work was done (or died) under
+    an earlier config: the project goes back to it, and what follows runs again after it."""
+    if state.stage == ACTIVE:  # its members are not all finished: the chain has not begun
+        return None
+    reached = len(chain) if state.stage not in chain else chain.index(state.stage) + 1
+    return next((stage for stage in chain[:reached] if stage in state.stale), None)
+
+
 def _states(engine: sa.Engine) -> list[_ProjectState]:
     with engine.connect() as c:
         projects = c.execute(sa.text(f"SELECT id, name, stage FROM {S}.projects ORDER BY id")).all()
@@ -156,14 +180,25 @@ def _states(engine: sa.Engine) -> list[_ProjectState]:
             )
         )
         items: dict[int, dict[str, tuple[str, str | None]]] = {}
+        stale: dict[int, set[str]] = {}
         for r in c.execute(
-            sa.text(f"""SELECT project_id, stage, status, last_error FROM {S}.work_items
-                         WHERE stage = ANY(CAST(:stages AS text[]))"""),
+            sa.text(f"""SELECT project_id, stage, status, last_error,
+                               status IN ('{DONE}', '{DEAD}') AND {stale_sql("w")} AS stale
+                          FROM {S}.work_items w WHERE stage = ANY(CAST(:stages AS text[]))"""),
             {"stages": [CATALOG, *REGISTRY.project_chain]},
         ):
             items.setdefault(r.project_id, {})[r.stage] = (r.status, r.last_error)
+            if r.stale:
+                stale.setdefault(r.project_id, set()).add(r.stage)
     return [
-        _ProjectState(p.id, p.name, p.stage, *members.get(p.id, (0, 0, 0)), items.get(p.id, {}))
+        _ProjectState(
+            p.id,
+            p.name,
+            p.stage,
+            *members.get(p.id, (0, 0, 0)),
+            items.get(p.id, {}),
+            frozenset(stale.get(p.id, ())),
+        )
         for p in projects
     ]
 

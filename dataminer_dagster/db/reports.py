@@ -27,6 +27,7 @@ from dataminer_dagster.db.schema import (
     RUNNING,
     SCHEMA,
     STATUSES,
+    stale_sql,
 )
 from dataminer_dagster.settings import LongRunningPolicy
 
@@ -76,6 +77,19 @@ def frame_counts(engine: sa.Engine, project_id: int) -> dict[str, int]:
         "kept_after_dedup": int((outcomes.get("dedup") or {}).get("kept", 0)),
         "in_dataset": int((outcomes.get("dataset") or {}).get("images", 0)),
     }
+
+
+def stale_counts(engine: sa.Engine, project_id: int) -> dict[str, int]:
+    """{stage: the project's items last claimed under an earlier config}: done or queued,
+    they run again (a running one is queued again when it completes)."""
+    statement = sa.text(f"""
+        SELECT w.stage, count(*) AS n FROM {S}.work_items w
+         WHERE w.project_id = :p AND {stale_sql("w")}
+         GROUP BY 1
+    """)
+    with engine.connect() as c:
+        found = dict(c.execute(statement, {"p": project_id}).all())
+    return {stage: found[stage] for stage in REGISTRY.names if stage in found}
 
 
 def recent_failures(engine: sa.Engine, project_id: int, limit: int = 10) -> list[sa.Row]:
@@ -172,8 +186,8 @@ def project_status(
     catalog: Catalog, project: ProjectRow, window: float, long_running: LongRunningPolicy
 ) -> dict:
     """What `dataminer status PROJECT` shows (and prints as JSON): work items, throughput and ETA
-    per stage of the board, frames kept at each stage, the videos that are copies of another
-    (processed as it), latest failures, long-running items."""
+    per stage of the board, the work a config change made stale, frames kept at each stage, the
+    videos that are copies of another (processed as it), latest failures, long-running items."""
     engine = catalog.engine
     stages = [
         {
@@ -225,6 +239,7 @@ def project_status(
         "copies": copies,
         "window_minutes": window,
         "stages": stages,
+        "stale": stale_counts(engine, project.id),
         "frames": frame_counts(engine, project.id),
         "failures": failures,
         "long_running": long_running,

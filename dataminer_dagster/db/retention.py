@@ -5,6 +5,8 @@
 * Raw frames of a video go once every project using the video is complete and each of them asks
   for it (`cleanup.delete_frames_when_done`, or `backup.delete_after_backup`), and each project that
   names a backup destination has a verified backup there: never before, whatever else it asks.
+* Frames of an extraction profile that no project linked to the video uses any more (their
+  `extract:` sections changed) go once the frames of the new profile are extracted.
 
 The videos' rows are locked while their frames are released, so a project linking one of them
 meanwhile waits and then finds the frames gone (and has them extracted again). A released
@@ -76,6 +78,23 @@ def release_finished_frames(
             catalog.forget_frames(conn, video_id)
             videos.append(video_id)
     return Released(videos, _set_aside_until_commit(conn, directories))
+
+
+def release_unused_profiles(catalog: Catalog, conn: sa.Connection, video_id: str) -> Released:
+    """Release the video's frames of the extraction profiles that none of its projects uses now
+    (their `extract:` changed since): they are re-extracted if a project asks for them again."""
+    _lock_videos(conn, [video_id])
+    projects = catalog.linked_projects([video_id], conn).get(video_id, [])
+    wanted = {p.config.extract.options().profile_id() for p in projects}
+    unused = {
+        profile: directory
+        for profile, (directory, _) in catalog.frame_profiles([video_id]).get(video_id, {}).items()
+        if profile not in wanted
+    }
+    for profile in unused:
+        catalog.forget_frames(conn, video_id, profile)
+    directories = list(unused.values())
+    return Released([video_id] if unused else [], _set_aside_until_commit(conn, directories))
 
 
 def _allows_deletion(project: ProjectRow, backed_up_to: set[str]) -> bool:

@@ -20,6 +20,23 @@ def project_video_key_sql(project_name: str, video_id: str) -> str:
     return f"{project_name} || '{KEY_SEPARATOR}' || {video_id}"
 
 
+def current_fingerprint_sql(item: str) -> str:
+    """The SQL expression of the fingerprint the project of work item `item` (an alias of
+    work_items) has now for the item's stage (NULL for per-video items)."""
+    return f"""(SELECT fp.fingerprints ->> {item}.stage FROM {SCHEMA}.projects fp
+                 WHERE fp.id = {item}.project_id)"""
+
+
+def stale_sql(item: str, current: str | None = None) -> str:
+    """SQL: work item `item` was claimed under another config than its project's `current`
+    fingerprint (an expression; default: read from the projects table). An item without one (a
+    mark, or work finished before fingerprints were kept) is not stale, nor is a copy's item
+    (its results are its original's)."""
+    current = current or current_fingerprint_sql(item)
+    return f"""(coalesce({item}.fingerprint <> {current}, false)
+               AND NOT coalesce({item}.outcome ? 'same_as', false))"""
+
+
 # Work-item statuses. `failed` waits for its back-off and is claimable again; `dead` and `blocked`
 # are terminal (dead: tried too often or failed permanently; blocked: skipped by a rule).
 PENDING, RUNNING, DONE, FAILED, DEAD, BLOCKED = (
@@ -61,6 +78,8 @@ projects = sa.Table(
     sa.Column("stage", sa.Text, nullable=False, server_default="active"),
     sa.Column("stage_changed_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
     sa.Column("error", sa.Text),
+    # {project stage: fingerprint of the config its output depends on} (ProjectConfig.fingerprints)
+    sa.Column("fingerprints", JSONB),
     *_timestamps(),
     sa.CheckConstraint("name ~ '^[A-Za-z0-9_-]{1,64}$'", name="project_name_safe"),
 )
@@ -169,6 +188,9 @@ work_items = sa.Table(
     sa.Column("last_error", sa.Text),
     sa.Column("outcome", JSONB),
     sa.Column("finished_at", sa.DateTime(timezone=True)),
+    # The project's fingerprint of this stage when the item was last claimed (project stages only):
+    # the config its output was made with; another than the project's current one means stale.
+    sa.Column("fingerprint", sa.Text),
     *_timestamps(),
     sa.UniqueConstraint("stage", "item_key", name="work_items_stage_key"),
     sa.CheckConstraint(f"status IN {STATUSES!r}", name="work_item_status"),

@@ -46,7 +46,10 @@ class StageSpec:
     member video is finished, in registry order (the project chain). `on_board`: a row of the
     status tables and progress bars. `forceable`: `dataminer force-<stage>` runs it again with
     what follows it. `gpu`: it runs a model (GPU op tags, the `gpu` pool). `group`: its asset
-    group in the UI. `home`: its folder's package (`__name__` of the folder's `__init__.py`)."""
+    group in the UI. `home`: its folder's package (`__name__` of the folder's `__init__.py`).
+    `config`: the sections of the project config (ProjectConfig fields) its output depends on;
+    with its upstream's, they make the stage's fingerprint (ProjectConfig.fingerprints): work
+    done under another fingerprint than its project's current one is stale, and done again."""
 
     name: str
     keys: str
@@ -55,6 +58,7 @@ class StageSpec:
     description: str
     home: str
     reads: str | None = None
+    config: tuple[str, ...] = ()
     group: str = CURATION
     after_members: bool = False
     on_board: bool = True

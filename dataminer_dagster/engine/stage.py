@@ -437,7 +437,7 @@ def _process_item(
             asset_key=asset_key,
             partition=lease.key,
             description=description,
-            metadata={**about, **shown, **_attempt(lease)},
+            metadata={**about, **shown, **_attempt(lease), **_config_version(lease)},
         )
         for name, metadata in elsewhere.items():
             yield dg.AssetObservation(
@@ -509,6 +509,12 @@ def _current(asset_key: dg.AssetKey, earlier: Unclaimed) -> dg.AssetMaterializat
     return dg.AssetMaterialization(
         asset_key=asset_key, partition=earlier.key, metadata={**shown, **summary}
     )
+
+
+def _config_version(lease: Lease) -> dict[str, str]:
+    """The fingerprint of the project's config the work was done with (ProjectConfig.fingerprints):
+    partitions done with different configs show different values."""
+    return {"config_version": lease.fingerprint} if lease.fingerprint else {}
 
 
 def _attempt(lease: Lease) -> dict[str, int]:

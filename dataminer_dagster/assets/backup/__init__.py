@@ -11,6 +11,7 @@ STAGE = StageSpec(
     reads=FRAMES,
     on_board=False,
     group=INGEST,
+    config=("backup",),
     home=__name__,
 )
 

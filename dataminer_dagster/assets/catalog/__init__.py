@@ -9,5 +9,6 @@ STAGE = StageSpec(
     asset="video_catalog",
     description="find a project's videos, link them",
     group=INGEST,
+    config=("inputs",),
     home=__name__,
 )

@@ -12,5 +12,6 @@ STAGE = StageSpec(
     after_members=True,
     forceable=True,
     gpu=True,
+    config=("dedup",),
     home=__name__,
 )

@@ -10,6 +10,8 @@ from dataminer_dagster.core.config_section import Probability, Section
 
 
 class DedupConfig(Section):
+    RUN_SETTINGS = frozenset({"device"})
+
     threshold: Probability = Field(
         0.9, description="Frames at cosine similarity >= this are duplicates."
     )

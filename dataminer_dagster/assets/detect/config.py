@@ -10,6 +10,8 @@ from dataminer_dagster.core.config_section import Probability, Section
 
 
 class DetectConfig(Section):
+    RUN_SETTINGS = frozenset({"device", "batch_size"})
+
     detector: Literal["yolo", "owlv2", "grounding_dino"] = Field(
         description="yolo: fixed classes; owlv2 / grounding_dino: open vocabulary from prompts."
     )

@@ -9,6 +9,8 @@ STAGE = StageSpec(
     asset="downloads",
     description="download a video",
     reads=CATALOG,
+    # No config: a download serves every project linked to the video, so a project's `download:`
+    # settings apply to the downloads still to come; a file already fetched is kept.
     group=INGEST,
     home=__name__,
 )

@@ -10,5 +10,6 @@ STAGE = StageSpec(
     description="score a video's frames",
     reads=FRAMES,
     gpu=True,
+    config=("filter",),
     home=__name__,
 )

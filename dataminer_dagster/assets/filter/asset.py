@@ -63,7 +63,7 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
             config.positive_prompts + config.negative_prompts + config.junk_prompts
         ),
     )
-    embeddings, errors = _frame_embeddings(item, ctx, scorer, frames_dir, manifest)
+    embeddings, errors, embedded = _frame_embeddings(item, ctx, scorer, frames_dir, manifest)
     readable = np.array([i not in errors for i in range(len(manifest))])
     scores = (
         scorer.score(embeddings[readable], text)
@@ -100,12 +100,18 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
             "frames": len(table),
             "passed": passed,
             "unreadable": len(errors),
+            "embedded": embedded,
             "best_positive_score": float(table["pos_max"].max()) if readable.any() else 0.0,
             "positive_threshold": config.positive_threshold,
             "model": model if model.is_absolute() else config.model,
             "results": final,
         },
-        outcome={"frames": len(table), "passed": passed, "unreadable": len(errors)},
+        outcome={
+            "frames": len(table),
+            "passed": passed,
+            "unreadable": len(errors),
+            "embedded": embedded,
+        },
         commit=commit,
         staged=[staged],
     )
@@ -151,9 +157,10 @@ def _previews(table: pd.DataFrame, config: FilterConfig, directory: Path) -> dic
 
 def _frame_embeddings(
     item, ctx, scorer, frames_dir: Path, manifest
-) -> tuple[np.ndarray, dict[int, str]]:
-    """Embeddings of every frame (cached ones read, the others computed and cached); unreadable
-    frames get a zero row and an entry in the errors."""
+) -> tuple[np.ndarray, dict[int, str], int]:
+    """Embeddings of every frame (cached ones read, the others computed and cached), the errors
+    (unreadable frames get a zero row and an entry) and how many frames the model embedded now
+    (none when the filter runs again with new prompts or thresholds over cached frames)."""
     cache = EmbeddingCache(ctx.db.paths.embeddings_dir(), scorer.model_slug)
     hashes = [f.content_hash for f in manifest]
     found, cached = cache.get(item.video_id, hashes)
@@ -173,7 +180,7 @@ def _frame_embeddings(
         errors.update({int(todo[i]): message for i, message in batch.errors.items()})
     if new_hashes:
         cache.put(item.video_id, new_hashes, np.concatenate(new_rows))
-    return result, errors
+    return result, errors, len(todo)
 
 
 def _results_table(

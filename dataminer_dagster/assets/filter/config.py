@@ -8,6 +8,8 @@ from dataminer_dagster.core.config_section import Probability, Section
 
 
 class FilterConfig(Section):
+    RUN_SETTINGS = frozenset({"device", "batch_size"})
+
     model: str = Field(
         "google/siglip2-so400m-patch14-384",
         description="SigLIP2 model: hub id or local directory (relative: to the config file).",

@@ -10,5 +10,6 @@ STAGE = StageSpec(
     description="extract a video's frames",
     reads=DOWNLOAD,
     group=INGEST,
+    config=("extract",),
     home=__name__,
 )

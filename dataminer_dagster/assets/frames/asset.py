@@ -26,7 +26,11 @@ from dataminer_dagster.core.frame_manifest import read_manifest, write_manifest
 from dataminer_dagster.core.media import VideoDecodeError
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.project_records import ProjectRow
-from dataminer_dagster.db.retention import delete_video_file, may_delete_video_file
+from dataminer_dagster.db.retention import (
+    delete_video_file,
+    may_delete_video_file,
+    release_unused_profiles,
+)
 from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.outcomes import ItemResult, PermanentFailure, Postponed
 from dataminer_dagster.engine.registry import FRAMES
@@ -168,6 +172,8 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
         for profile, options, staging, final, count in made:
             publish(staging, final)
             catalog.record_frames(conn, item.video_id, profile, asdict(options), final, count)
+        # Frames of a profile no project uses since its config changed go after the commit.
+        staged.extend(release_unused_profiles(catalog, conn, item.video_id).aside)
         if may_delete_video_file(projects) and delete_video_file(catalog, conn, item.video_id):
             ctx.log.info(
                 f"frames {item.video_id}: video file deleted (cleanup.delete_videos_after_extraction)"

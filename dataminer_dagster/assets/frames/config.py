@@ -39,6 +39,11 @@ class ExtractConfig(Section):
         description="Free space required on the data disk before extracting; else it waits.",
     )
 
+    def results_view(self) -> dict[str, str]:
+        """The frames depend on the extraction profile alone (options of another strategy, the
+        disk reserve and the size cap change nothing in them)."""
+        return {"profile": self.options().profile_id()}
+
     def options(self):
         """This section's `ExtractionOptions` (core.extraction_options): the profile a video's
         frames are made with."""
