@@ -23,6 +23,9 @@ from dataminer_dagster.testing import (  # noqa: F401 - the kit's fixtures, for 
     environment_for,
 )
 
+# The `project` fixture (a project driven as `dataminer run` drives it) and its models.
+pytest_plugins = ["tests.helpers.project_runs"]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("YOLO_OFFLINE", "1")

@@ -22,6 +22,7 @@ from dataminer_dagster.db.schema import (
     DEAD,
     DONE,
     FAILED,
+    INPUT_REDONE,
     LINKED_THROUGH_COPY,
     RUNNING,
     SCHEMA,
@@ -229,6 +230,23 @@ class Catalog(VideoRecords, FrameRecords):
                                AND status = '{DONE}' AND outcome ? 'same_as'"""),
                 {"v": video_id},
             )
+
+    def refilter_new_frames(self, conn: sa.Connection, video_id: str, profiles: set[str]) -> None:
+        """Frames of these profiles were extracted (again): the filter items of the projects that
+        read them, finished from the frames before, are stale (`advance_videos` queues them)."""
+        readers = [
+            p.id
+            for p in self.linked_projects([video_id], conn).get(video_id, [])
+            if p.config.extract.options().profile_id() in profiles
+        ]
+        conn.execute(
+            sa.text(f"""UPDATE {S}.work_items SET fingerprint = '{INPUT_REDONE}'
+                         WHERE stage = '{FILTER}' AND video_id = :v
+                           AND project_id = ANY(CAST(:projects AS int[]))
+                           AND status IN ('{DONE}', '{DEAD}')
+                           AND NOT coalesce(outcome ? 'same_as', false)"""),
+            {"v": video_id, "projects": readers},
+        )
 
     def filtered_without_frames(self, conn: sa.Connection, project: ProjectRow) -> list[str]:
         """The project's videos whose filter is done but whose frames (of its extraction

@@ -32,6 +32,7 @@ from dataminer_dagster.db.schema import (
     DEAD,
     DONE,
     FAILED,
+    INPUT_REDONE,
     RUNNING,
     SCHEMA,
     project_video_key_sql,
@@ -112,6 +113,20 @@ def advance_projects(store: LeaseStore) -> list[Transition]:
                 )
         transitions.append(Transition(state.name, state.stage, new, reason))
     return transitions
+
+
+def stale_later_stages(conn: sa.Connection, project_id: int, stage: str) -> None:
+    """A stage of the project chain done (again, by `redo` or `force-<stage>`): the project's
+    later stages, finished from its earlier output, are stale, and run again after it."""
+    chain = REGISTRY.project_chain
+    if stage not in chain:
+        return
+    conn.execute(
+        sa.text(f"""UPDATE {S}.work_items SET fingerprint = '{INPUT_REDONE}'
+                     WHERE project_id = :p AND stage = ANY(CAST(:later AS text[]))
+                       AND status IN ('{DONE}', '{DEAD}')"""),
+        {"p": project_id, "later": list(chain[chain.index(stage) + 1 :])},
+    )
 
 
 def _next(state: _ProjectState) -> tuple[str, str, str | None] | None:

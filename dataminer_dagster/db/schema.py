@@ -37,6 +37,11 @@ def stale_sql(item: str, current: str | None = None) -> str:
                AND NOT coalesce({item}.outcome ? 'same_as', false))"""
 
 
+# The fingerprint of finished work whose input was made again since (frames extracted again, a
+# project stage done again): never a project's current one, so the work is stale and runs again.
+INPUT_REDONE = "input made again"
+
+
 # Work-item statuses. `failed` waits for its back-off and is claimable again; `dead` and `blocked`
 # are terminal (dead: tried too often or failed permanently; blocked: skipped by a rule).
 PENDING, RUNNING, DONE, FAILED, DEAD, BLOCKED = (

@@ -41,7 +41,7 @@ from dataminer_dagster.core.progress import Progress
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
-from dataminer_dagster.db.project_flow import advance_projects
+from dataminer_dagster.db.project_flow import advance_projects, stale_later_stages
 from dataminer_dagster.db.schema import DEAD, DONE
 from dataminer_dagster.engine.checks import PartitionCheck, evaluate_checks
 from dataminer_dagster.engine.jobs import name_prefix
@@ -432,6 +432,8 @@ def _process_item(
         with leases.completing(lease, result.outcome) as conn:
             if result.commit is not None:
                 result.commit(conn)
+            if lease.project_id is not None:
+                stale_later_stages(conn, lease.project_id, lease.stage)
         about = titles.about(lease)  # after it: a download has just recorded the title
         yield dg.AssetMaterialization(
             asset_key=asset_key,

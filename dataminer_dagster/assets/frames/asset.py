@@ -174,6 +174,7 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
             catalog.record_frames(conn, item.video_id, profile, asdict(options), final, count)
         # Frames of a profile no project uses since its config changed go after the commit.
         staged.extend(release_unused_profiles(catalog, conn, item.video_id).aside)
+        catalog.refilter_new_frames(conn, item.video_id, {profile for profile, *_ in made})
         if may_delete_video_file(projects) and delete_video_file(catalog, conn, item.video_id):
             ctx.log.info(
                 f"frames {item.video_id}: video file deleted (cleanup.delete_videos_after_extraction)"
