@@ -233,3 +233,21 @@ def test_the_ui_shows_descriptions_and_the_flow_in_groups(dataminer_env):
         "detections": "curation",
         "dataset": "curation",
     }
+
+
+def test_sql_names_the_claim_tables_through_the_one_schema_definition():
+    """`{SCHEMA}.<table>` everywhere: a literal `dataminer.<table>` would survive a rename."""
+    import re
+
+    from dataminer_dagster.db.schema import SCHEMA, metadata
+
+    tables = "|".join(t.name for t in metadata.tables.values())
+    literal = re.compile(rf"\b{SCHEMA}\.({tables})\b")
+    found = [
+        f"{path.relative_to(PACKAGE)}:{number}"
+        for path in PACKAGE.rglob("*.py")
+        if "_migrations" not in path.parts
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if literal.search(line)
+    ]
+    assert found == []

@@ -30,6 +30,7 @@ import sqlalchemy as sa
 from dataminer_dagster.core.files import set_aside
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.project_records import ProjectRow
+from dataminer_dagster.db.schema import SCHEMA
 
 COMPLETE = "complete"
 
@@ -110,7 +111,7 @@ def _lock_videos(conn: sa.Connection, video_ids: Sequence[str]) -> dict[str, set
     of the row, waits) and return the destinations each was verified at."""
     rows = conn.execute(
         sa.text(
-            "SELECT video_id, backup_dest FROM dataminer.videos "
+            f"SELECT video_id, backup_dest FROM {SCHEMA}.videos "
             "WHERE video_id = ANY(CAST(:ids AS text[])) ORDER BY video_id FOR UPDATE"
         ),
         {"ids": list(video_ids)},
