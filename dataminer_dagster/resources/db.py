@@ -47,15 +47,16 @@ class DatabaseResource(dg.ConfigurableResource):
         settings = load_settings(self.settings_file)
         self._settings = settings
         self._store = claims_store(settings, self.database_url)
-        if context.run_id:
+        run = context.run
+        if run is not None:
             heartbeat = self.heartbeat_seconds or settings.lease.heartbeat_s
-            self._run_leases = RunLeases(self._store, context.run_id, heartbeat_s=heartbeat)
+            self._run_leases = RunLeases(self._store, run.run_id, heartbeat_s=heartbeat)
             self._run_leases.start()
-            if is_ahead(context.dagster_run):
+            if is_ahead(run):
                 wait_for_input(
                     self._store,
                     context.instance,
-                    context.dagster_run,
+                    run,
                     max_wait_s=settings.runs.ahead_wait_s,
                     log=context.log.info if context.log else _log.info,
                 )
@@ -130,7 +131,9 @@ class DatabaseResource(dg.ConfigurableResource):
 
 
 def _being_cancelled(context: dg.InitResourceContext) -> bool:
-    run = context.instance.get_run_by_id(context.run_id) if context.instance else None
+    if context.run is None or context.instance is None:
+        return False
+    run = context.instance.get_run_by_id(context.run.run_id)
     return run is not None and run.status in (
         dg.DagsterRunStatus.CANCELING,
         dg.DagsterRunStatus.CANCELED,
