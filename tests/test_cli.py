@@ -804,3 +804,53 @@ def test_run_fails_a_project_whose_every_video_is_dead(world, tmp_path):
     assert result.exit_code == 1, result.output
     assert "project gone: failed (none of its 2 videos could be used" in result.output
     assert world.catalog.project("gone").stage == "failed"
+
+
+def test_run_past_its_timeout_stops_with_a_message_and_exit_code(world, tmp_path):
+    """It ended in a traceback: "TimeoutError: projects not finished after 40 s"."""
+    path = _write_config(tmp_path / "street.yaml", CONFIG)
+    result = CliRunner().invoke(main, ["run", str(path), "--no-progress", "--timeout", "0"])
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.output.splitlines()[-2:] == [
+        "project street: active",
+        "stopped: not finished after 0 s: project street is active; run the command again to go "
+        "on from there",
+    ]
+
+
+def test_run_ends_with_a_message_when_its_project_is_deleted_meanwhile(
+    world, tmp_path, monkeypatch
+):
+    """`dataminer run` died with "ValueError: unknown projects: ['del']". Its catalog finds no
+    video (an empty folder) and fails with back-off of at least 30 s: the project is deleted in
+    that wait, as a user would, while the command runs in a process of its own."""
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setenv("DATAMINER_RETRY_BASE_SECONDS", "60")
+    monkeypatch.setenv("DATAMINER_RETRY_MAX_SECONDS", "120")
+    (tmp_path / "clips").mkdir()
+    raw = {**CONFIG, "name": "del", "inputs": {"files": [str(tmp_path / "clips" / "*.mp4")]}}
+    path = _write_config(tmp_path / "del.yaml", raw)
+    command = [str(Path(sys.executable).parent / "dataminer"), "run", str(path), "--no-progress"]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        give_up = time.monotonic() + 300  # a bound on a broken run, not a timing assertion
+        while world.status(CATALOG, "del") != "failed":
+            assert run.poll() is None, run.stdout.read()
+            assert time.monotonic() < give_up, "the catalog never failed"
+            time.sleep(0.2)
+        invoke("project", "delete", "del", "--yes")
+        output, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 1, output
+    assert "Traceback" not in output, output
+    assert (
+        output.splitlines()[-1]
+        == "stopped: project del was deleted while this command worked on it"
+    )
