@@ -35,6 +35,7 @@ from dataminer_dagster.core.frame_timeline import (
 )
 from dataminer_dagster.core.frame_writer import ExtractedFrame, FrameWriter
 from dataminer_dagster.core.media import VideoDecodeError, ffmpeg_reason
+from dataminer_dagster.core.path_kinds import not_a_regular_file
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,7 @@ def _check_frame_size(width: int, height: int, options: ExtractionOptions, path:
 
 
 def _check_file(path: Path) -> None:
-    if not path.exists():
-        raise VideoDecodeError(path, "file not found")
-    if not path.is_file():
-        raise VideoDecodeError(path, "not a regular file")
+    if problem := not_a_regular_file(path):
+        raise VideoDecodeError(path, problem)
     if path.stat().st_size == 0:
         raise VideoDecodeError(path, "file is empty (0 bytes)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataminer_dagster.core.path_kinds import not_a_regular_file
+
 
 class VideoDecodeError(Exception):
     """A video file that cannot be opened or decoded. The message names the file and the reason."""
@@ -32,8 +34,8 @@ def probe_video(path: Path, *, video_id: str | None = None) -> VideoProbe:
     import av
 
     path = Path(path)
-    if not path.is_file():
-        raise VideoDecodeError(path, "file not found", video_id=video_id)
+    if problem := not_a_regular_file(path):
+        raise VideoDecodeError(path, problem, video_id=video_id)
     size = path.stat().st_size
     if size == 0:
         raise VideoDecodeError(path, "file is empty (0 bytes)", video_id=video_id)

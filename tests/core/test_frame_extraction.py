@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from fractions import Fraction
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from dataminer_dagster.core.extraction_options import (
 from dataminer_dagster.core.frame_extraction import ExtractionResult, extract_frames
 from dataminer_dagster.core.frame_manifest import read_manifest, write_manifest
 from dataminer_dagster.core.images import read_image
-from dataminer_dagster.core.media import VideoDecodeError
+from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.synthetic import (
     SyntheticVideoSpec,
     synthetic_frames,
@@ -398,11 +399,26 @@ NOT_A_VIDEO = "Invalid data found when processing input; the file is not a video
         ("text", NOT_A_VIDEO),
         ("truncated-mp4", NOT_A_VIDEO),  # the moov atom (the index) is at the end of the file
         ("audio-only", "no video stream in the file"),
+        ("directory", "a directory, not a regular file"),
+        ("fifo", "a named pipe (FIFO), not a regular file"),  # opening it would wait for ever
+        ("dev-zero", "a character device (a symbolic link to /dev/zero), not a regular file"),
+        (
+            "link-loop",
+            "a symbolic link loop (its links lead back to themselves), not a regular file",
+        ),
     ],
 )
 def test_unusable_files_raise_with_the_reason_and_path(videos, tmp_path, content, reason):
     path = tmp_path / "abc123.mp4"
-    if content == "zero-bytes":
+    if content == "directory":
+        path.mkdir()
+    elif content == "fifo":
+        os.mkfifo(path)
+    elif content == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif content == "link-loop":
+        path.symlink_to(path.name)
+    elif content == "zero-bytes":
         path.write_bytes(b"")
     elif content == "text":
         path.write_text("just some notes\n" * 50)
@@ -419,6 +435,27 @@ def test_unusable_files_raise_with_the_reason_and_path(videos, tmp_path, content
 
     assert str(error.value) == f"Video abc123 could not be decoded: {reason} (file {path})"
     assert list(out_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("directory", "a directory, not a regular file"),
+        ("fifo", "a named pipe (FIFO), not a regular file"),
+        ("dev-zero", "a character device (a symbolic link to /dev/zero), not a regular file"),
+    ],
+)
+def test_probing_names_what_a_path_is_instead_of_file_not_found(tmp_path, content, reason):
+    """The download stage probes a local file in place: each of these was "file not found"."""
+    path = tmp_path / "abc123.mp4"
+    {"directory": path.mkdir, "fifo": lambda: os.mkfifo(path)}.get(
+        content, lambda: path.symlink_to("/dev/zero")
+    )()
+
+    with pytest.raises(VideoDecodeError) as error:
+        probe_video(path, video_id="abc123")
+
+    assert str(error.value) == f"Video abc123 could not be decoded: {reason} (file {path})"
 
 
 def test_a_cut_off_webm_keeps_its_frames_and_warns(videos, tmp_path):

@@ -32,7 +32,10 @@ class InputsConfig(Section):
         description="File with one URL per line; blank lines and lines starting with # or // are skipped.",
     )
     files: list[str] = Field(
-        default_factory=list, description="Local video files or glob patterns."
+        default_factory=list,
+        description="Local video files or glob patterns; a match that cannot be a video (a "
+        "name without a video suffix, a directory, a FIFO, a device, a symbolic link loop, a "
+        "name that is not UTF-8) is named in the catalog's warnings and skipped.",
     )
     max_list_file_mb: float = Field(
         16,
