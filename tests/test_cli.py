@@ -520,6 +520,28 @@ def test_two_projects_cannot_share_or_nest_output_dirs(world, tmp_path):
     assert world.catalog.project("p2").output_dir == tmp_path / "out" / "p2"
 
 
+@pytest.mark.parametrize("where", ["a file", "/dev/null", "inside a file"])
+def test_project_add_names_an_output_dir_that_cannot_be_a_directory(world, tmp_path, where):
+    """Each was a 35-line traceback ending in FileExistsError."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the user's notes")
+    output_dir, message = {
+        "a file": (notes, f"{notes} is a file, not a directory; name a new or empty directory"),
+        "/dev/null": (
+            Path("/dev/null"),
+            "/dev/null is a character device, not a directory; name a new or empty directory",
+        ),
+        "inside a file": (
+            notes / "out",
+            f"{notes / 'out'} cannot be made: {notes} is a file, not a directory",
+        ),
+    }[where]
+    out = _add(tmp_path, "street", output_dir, code=1).output
+    assert out.splitlines() == [f"Error: output_dir {message}"]
+    assert notes.read_text() == "the user's notes"
+    assert world.catalog.project("street") is None
+
+
 def test_project_add_takes_an_empty_folder_and_one_holding_only_its_own_results(world, tmp_path):
     (tmp_path / "empty").mkdir()
     _add(tmp_path, "p1", tmp_path / "empty")
