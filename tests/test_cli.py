@@ -542,6 +542,19 @@ def test_project_add_names_an_output_dir_that_cannot_be_a_directory(world, tmp_p
     assert world.catalog.project("street") is None
 
 
+def test_project_add_refuses_a_number_no_code_can_use_in_one_line(world, tmp_path):
+    """.inf reached PostgreSQL as JSON Infinity: a raw psycopg traceback."""
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(CONFIG) + "download: {max_filesize_mb: .inf}\n")
+    out = invoke("project", "add", str(path), code=1).output
+    assert out.splitlines() == [
+        f"Error: {path}: 1 problem(s)",
+        "  download.max_filesize_mb: must be a finite number no larger than 2,147,483,647 "
+        "(got inf)",
+    ]
+    assert world.catalog.project("street") is None
+
+
 def test_project_add_takes_an_empty_folder_and_one_holding_only_its_own_results(world, tmp_path):
     (tmp_path / "empty").mkdir()
     _add(tmp_path, "p1", tmp_path / "empty")

@@ -40,7 +40,9 @@ class InputsConfig(Section):
     max_list_file_mb: float = Field(
         16,
         gt=0,
-        description="Largest url_file or search.queries_file read; a larger one is refused.",
+        le=1024,  # the file is read into memory whole
+        description="Largest url_file or search.queries_file read (at most 1024: it is read "
+        "into memory); a larger one is refused.",
     )
     max_list_file_lines: int = Field(
         100_000,
