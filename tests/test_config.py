@@ -306,3 +306,27 @@ def test_numbers_are_bounded_where_the_code_can_use_them(tmp_path: Path):
     assert largest.extract.options().max_frames == 2**31 - 1
     with pytest.raises(ConfigError, match=r"inputs.max_list_file_mb: Input should be less than"):
         parse_project_config(_with(inputs={**MINIMAL["inputs"], "max_list_file_mb": 2048}))
+
+
+@pytest.mark.parametrize(
+    "key", ["filter__positive_prompts", "filter__negative_prompts", "filter__junk_prompts"]
+)
+def test_a_prompt_longer_than_any_text_model_reads_is_refused_in_one_line(key):
+    """It was cut to the model's 64 tokens without a word and became a 10,010-character column
+    name."""
+    with pytest.raises(ConfigError) as error:
+        parse_project_config(_with(**{key: ["a door", "x" * 10_000]}), source="project.yaml")
+    [line] = str(error.value).splitlines()[1:]
+    assert line.startswith(
+        f"  {key.replace('__', '.')}: the prompt 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... "
+        "is 10,000 characters long; a prompt may have at most 1,000 (text models read a few "
+        "dozen words of it) (got ['a door', 'xxxx"
+    ), line
+    assert line.endswith("... (10,014 characters))") and len(line) < 500, line
+    assert parse_project_config(_with(**{key: ["x" * 1000]}))
+
+
+def test_an_open_vocabulary_prompt_is_bounded_too():
+    detect = {"detector": "owlv2", "model": "m", "prompts": ["y" * 1001]}
+    with pytest.raises(ConfigError, match="detect.prompts: the prompt 'yyyy"):
+        parse_project_config(_with(detect=detect))

@@ -17,6 +17,11 @@ SAFE_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 # infinity or 10**30 passed validation only to fail there; this bound is inside all of them and
 # far above any sensible value (68 years in seconds, 2 PB in MB).
 MAX_NUMBER = 2**31 - 1
+# Text models read a few dozen tokens of a prompt (SigLIP2 64, OWLv2 16, about four characters a
+# token in English) and drop the rest; a prompt this long is a mistake (a pasted file), not a
+# prompt. Which model cuts where is known only once it is loaded: the stage that embeds the
+# prompts warns about those it cuts.
+MAX_PROMPT_CHARS = 1000
 
 
 class ConfigError(ValueError):
@@ -37,3 +42,16 @@ class Section(BaseModel):
 
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+def check_prompts(prompts: list[str]) -> list[str]:
+    """Text prompts as a section takes them: none blank, none over MAX_PROMPT_CHARS."""
+    if any(not p.strip() for p in prompts):
+        raise ValueError("prompts must not be blank")
+    for prompt in prompts:
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise ValueError(
+                f"the prompt {prompt[:40]!r}... is {len(prompt):,} characters long; a prompt may "
+                f"have at most {MAX_PROMPT_CHARS:,} (text models read a few dozen words of it)"
+            )
+    return prompts
