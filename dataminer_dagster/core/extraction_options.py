@@ -18,6 +18,11 @@ STRATEGIES: tuple[str, ...] = ("interval", "time", "scene")
 ALGORITHM_VERSION = 1
 DEFAULT_MAX_FRAMES = 10_000  # frames kept per video unless the options say otherwise
 DEFAULT_MAX_FRAME_PIXELS = 7680 * 4320  # 8K UHD; larger frames are refused, not decoded
+# Frames with a side below this are refused, and no downscale goes below it: YOLO's coarsest
+# stride is 32 pixels (a smaller picture has no cell at that scale), and the filter's model would
+# see a 1x1 frame as one colour stretched to its input (its processor cannot even tell the
+# channels of a 1x1 picture from its rows).
+MIN_FRAME_SIDE = 32
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ Pure: no Dagster, no SQL. Decoding is the cost floor, so the work is arranged ar
   decoding forward.
 * Kept frames are converted, encoded and written on a small thread pool while decoding goes on
   (`frame_writer`); `frame_manifest` lists them in a Parquet file.
+* Frames smaller than MIN_FRAME_SIDE a side are refused as frames over the pixel cap are:
+  nothing downstream can use them.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataminer_dagster.core.extraction_options import ExtractionOptions
+from dataminer_dagster.core.extraction_options import MIN_FRAME_SIDE, ExtractionOptions
 from dataminer_dagster.core.frame_decoding import DecodeStats, ProgressReporter
 from dataminer_dagster.core.frame_sampling import kept_frames
 from dataminer_dagster.core.frame_timeline import (
@@ -60,8 +62,8 @@ def extract_frames(
     """Write the sampled frames of `video_path` into `out_dir` (which the caller created).
 
     Raises VideoDecodeError for a missing, empty, non-video or undecodable file, for frames over
-    `max_frame_pixels`, and when no frame is kept. Corrupt data after some frames were kept ends
-    the extraction with a warning instead.
+    `max_frame_pixels` or under MIN_FRAME_SIDE a side, and when no frame is kept. Corrupt data
+    after some frames were kept ends the extraction with a warning instead.
     """
     import av
 
@@ -113,6 +115,12 @@ def extract_frames(
 
 
 def _check_frame_size(width: int, height: int, options: ExtractionOptions, path: Path) -> None:
+    if 0 < min(width, height) < MIN_FRAME_SIDE:  # 0: a header that does not state the size
+        raise VideoDecodeError(
+            path,
+            f"its frames are {width}x{height}, smaller than {MIN_FRAME_SIDE} pixels a side; "
+            "no filter or detector can use them",
+        )
     limit = options.max_frame_pixels
     if limit is not None and width * height > limit:
         raise VideoDecodeError(

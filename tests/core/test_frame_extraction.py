@@ -12,6 +12,7 @@ import pytest
 from dataminer_dagster.core.extraction_options import (
     DEFAULT_MAX_FRAME_PIXELS,
     DEFAULT_MAX_FRAMES,
+    MIN_FRAME_SIDE,
     ExtractionOptions,
 )
 from dataminer_dagster.core.frame_extraction import ExtractionResult, extract_frames
@@ -456,6 +457,35 @@ def test_probing_names_what_a_path_is_instead_of_file_not_found(tmp_path, conten
         probe_video(path, video_id="abc123")
 
     assert str(error.value) == f"Video abc123 could not be decoded: {reason} (file {path})"
+
+
+@pytest.mark.parametrize(("width", "height"), [(1, 1), (16, 16), (320, 16)])
+def test_frames_smaller_than_the_minimum_side_are_refused(tmp_path, width, height):
+    """A 1x1 frame used to be scored (its channels mistaken for its rows) and kept."""
+    video = write_opencv_video(
+        tmp_path / "tiny.avi", SyntheticVideoSpec(width=width, height=height, fps=10, seconds=1)
+    )
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+
+    with pytest.raises(VideoDecodeError) as error:
+        extract_frames(video, out_dir, prefix="tiny", options=ExtractionOptions("scene"))
+
+    assert str(error.value) == (
+        f"Video tiny could not be decoded: its frames are {width}x{height}, smaller than "
+        f"{MIN_FRAME_SIDE} pixels a side; no filter or detector can use them (file {video})"
+    )
+    assert list(out_dir.iterdir()) == []
+
+
+def test_frames_of_the_minimum_side_are_kept(tmp_path):
+    video = write_opencv_video(
+        tmp_path / "small.avi", SyntheticVideoSpec(width=48, height=32, fps=10, seconds=1)
+    )
+
+    result = extract(video, tmp_path / "out", strategy="interval", every_frames=5)
+
+    assert [(f.width, f.height) for f in result.frames] == [(48, 32)] * 2
 
 
 def test_a_cut_off_webm_keeps_its_frames_and_warns(videos, tmp_path):
