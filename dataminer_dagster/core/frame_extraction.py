@@ -13,8 +13,9 @@ Pure: no Dagster, no SQL. Decoding is the cost floor, so the work is arranged ar
 * For interval and time sampling the target frames are known up front (`frame_sampling`); when
   the keyframe before the next target lies well ahead of the decoder, we seek to it instead of
   decoding forward.
-* Kept frames are converted, encoded and written on a small thread pool while decoding goes on
-  (`frame_writer`); `frame_manifest` lists them in a Parquet file.
+* Kept frames are converted, turned upright where the video says so (`frame_rotation`), encoded
+  and written on a small thread pool while decoding goes on (`frame_writer`); `frame_manifest`
+  lists them in a Parquet file.
 * Frames smaller than MIN_FRAME_SIDE a side are refused as frames over the pixel cap are:
   nothing downstream can use them.
 """
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from dataminer_dagster.core.extraction_options import MIN_FRAME_SIDE, ExtractionOptions
 from dataminer_dagster.core.frame_decoding import DecodeStats, ProgressReporter
+from dataminer_dagster.core.frame_rotation import tagged_rotation
 from dataminer_dagster.core.frame_sampling import kept_frames
 from dataminer_dagster.core.frame_timeline import (
     declared_duration,
@@ -82,7 +84,8 @@ def extract_frames(
         stream.thread_type = "AUTO"
         fps, duration = stream_rate(stream, timeline), declared_duration(container, stream)
         reporter = ProgressReporter(progress, timeline.end if timeline else duration)
-        with FrameWriter(out_dir, prefix, options) as writer:
+        rotation = tagged_rotation(stream)
+        with FrameWriter(out_dir, prefix, options, tagged_rotation=rotation) as writer:
             kept = kept_frames(container, stream, timeline, options, fps, stats, reporter)
             try:
                 for index, timestamp, frame in kept:

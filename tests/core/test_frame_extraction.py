@@ -305,6 +305,93 @@ def test_max_side_downscales_the_written_frames(videos, tmp_path):
     assert read_image(tmp_path / "out" / result.frames[0].file_name).shape == (120, 160, 3)
 
 
+def write_turned_video(path: Path, *, display_rotation: int = 0, rotate_tag: str | None = None):
+    """320x240 H.264 pictures, black with a white square in the top-left corner, marked to be
+    shown turned: a display matrix of `display_rotation` degrees (counter-clockwise, as ffprobe
+    prints it: a phone's portrait video says -90), or a `rotate` tag (Matroska stores it as
+    ROTATE)."""
+    import av
+
+    picture = np.zeros((240, 320, 3), np.uint8)
+    picture[:40, :40] = 255
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 320, 240, "yuv420p"
+        if display_rotation:
+            stream.set_display_rotation(display_rotation)
+        if rotate_tag is not None:
+            stream.metadata["rotate"] = rotate_tag
+        for _ in range(10):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(picture, format="bgr24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def white_corner(image: np.ndarray) -> str:
+    """Which corner of `image` holds the white square."""
+    height, width = image.shape[:2]
+    rows, columns = np.nonzero(image.min(axis=2) > 200)
+    vertical = "top" if rows.mean() < height / 2 else "bottom"
+    return f"{vertical}-{'left' if columns.mean() < width / 2 else 'right'}"
+
+
+@pytest.mark.parametrize(
+    ("name", "marks", "rotation", "size", "corner"),
+    [
+        ("portrait.mp4", {"display_rotation": -90}, 90, (240, 320), "top-right"),
+        ("portrait_other_way.mp4", {"display_rotation": 90}, 270, (240, 320), "bottom-left"),
+        ("upside_down.mp4", {"display_rotation": 180}, 180, (320, 240), "bottom-right"),
+        ("tagged.mkv", {"rotate_tag": "90"}, 90, (240, 320), "top-right"),
+        ("landscape.mp4", {}, 0, (320, 240), "top-left"),
+    ],
+)
+def test_a_rotated_video_is_stored_upright_with_its_rotation(
+    tmp_path, name, marks, rotation, size, corner
+):
+    video = write_turned_video(tmp_path / name, **marks)
+    out_dir = tmp_path / "out"
+
+    result = extract(video, out_dir, strategy="interval", every_frames=5, image_format="png")
+
+    assert [(f.width, f.height, f.rotation) for f in result.frames] == [(*size, rotation)] * 2
+    for frame in result.frames:
+        image = read_image(out_dir / frame.file_name, order="bgr")
+        assert image.shape == (size[1], size[0], 3)
+        assert white_corner(image) == corner
+    write_manifest(result, tmp_path / "frames.parquet")
+    assert [f.rotation for f in read_manifest(tmp_path / "frames.parquet")] == [rotation] * 2
+
+
+def test_a_phone_video_is_stored_as_players_show_it(tmp_path):
+    """OpenCV turns a video by its display matrix as players do: the frames stored are its."""
+    import cv2
+
+    video = write_turned_video(tmp_path / "portrait.mp4", display_rotation=-90)
+    capture = cv2.VideoCapture(str(video))
+    shown = capture.read()[1]
+    capture.release()
+
+    result = extract(video, tmp_path / "out", strategy="interval", every_frames=10)
+
+    stored = read_image(tmp_path / "out" / result.frames[0].file_name, order="bgr")
+    assert stored.shape == shown.shape == (320, 240, 3)
+    assert np.abs(stored.astype(int) - shown).mean() < 4
+
+
+def test_a_manifest_written_before_rotation_was_read_has_frames_turned_by_nothing(tmp_path):
+    import pyarrow.parquet as pq
+
+    video = write_turned_video(tmp_path / "landscape.mp4")
+    result = extract(video, tmp_path / "out", strategy="scene")
+    write_manifest(result, tmp_path / "frames.parquet")
+    table = pq.read_table(tmp_path / "frames.parquet")
+    pq.write_table(table.drop_columns(["rotation"]), tmp_path / "frames.parquet")
+
+    assert [f.rotation for f in read_manifest(tmp_path / "frames.parquet")] == [0]
+
+
 def test_manifest_round_trip(videos, tmp_path):
     result = extract(videos["mp4"], tmp_path / "out", strategy="scene")
 
@@ -457,6 +544,11 @@ def test_probing_names_what_a_path_is_instead_of_file_not_found(tmp_path, conten
         probe_video(path, video_id="abc123")
 
     assert str(error.value) == f"Video abc123 could not be decoded: {reason} (file {path})"
+
+
+def test_probing_a_phone_video_gives_its_upright_size(tmp_path):
+    probe = probe_video(write_turned_video(tmp_path / "portrait.mp4", display_rotation=-90))
+    assert (probe.width, probe.height) == (240, 320)
 
 
 @pytest.mark.parametrize(("width", "height"), [(1, 1), (16, 16), (320, 16)])

@@ -210,6 +210,7 @@ def _results_table(
             "file": [str(frames_dir / f.file_name) for f in manifest],
             "width": [f.width for f in manifest],
             "height": [f.height for f in manifest],
+            "rotation": [f.rotation for f in manifest],
             "sharpness": [f.sharpness for f in manifest],
             "content_hash": [f.content_hash for f in manifest],
             "readable": readable,

@@ -17,6 +17,7 @@ FRAME_COLUMNS = [
     "file",
     "width",
     "height",
+    "rotation",
     "sharpness",
     "content_hash",
     "readable",
@@ -58,6 +59,8 @@ def passed_frames(project, video_ids: list[str]) -> pd.DataFrame:
     for video_id in sorted(video_ids):
         table = pd.read_parquet(paths.filter_table(video_id))
         table = table[table["passed"]]
+        if "rotation" not in table:  # a table from before frames were turned: none was
+            table = table.assign(rotation=0)
         if len(table):
             parts.append(table.assign(video_id=video_id))
     if not parts:
