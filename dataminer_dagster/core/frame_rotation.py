@@ -1,8 +1,9 @@
 """Turning frames upright. A phone stores a portrait video as landscape pictures with a note to
 turn them when shown: a display matrix (side data that FFmpeg hands over with every decoded
 frame), or, in files written by older tools, a `rotate` tag on the stream. Players and OpenCV
-follow the note; frames are stored as they show, turned by the note's multiple of 90 degrees
-(the rare angles in between are rounded to the nearest, as FFmpeg's own autorotation does).
+follow the note; frames are stored as they show, turned by the note's multiple of 90 degrees.
+An angle in between (cameras do not write one) is rounded to the nearest quarter turn, and the
+mirroring a matrix may add is not undone: only the turn is read.
 
 A rotation here is in degrees clockwise (0, 90, 180 or 270): how far the decoded picture is
 turned to be upright, the convention of the `rotate` tag. FFmpeg's display matrix gives the
