@@ -161,11 +161,22 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         else:
             message = error["msg"].removeprefix("Value error, ")
             lines.append(
-                f"  {key}: {message} (got {error['input']!r})"
+                f"  {key}: {message} (got {_shown_input(error['input'])})"
                 if "input" in error
                 else f"  {key}: {message}"
             )
     return "\n".join(lines)
+
+
+SHOWN_INPUT_CHARS = 200
+
+
+def _shown_input(value: Any) -> str:
+    """The value a key was given, cut short: an error line, not a copy of a pasted file."""
+    text = repr(value)
+    if len(text) <= SHOWN_INPUT_CHARS:
+        return text
+    return f"{text[:SHOWN_INPUT_CHARS]}... ({len(text):,} characters)"
 
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:

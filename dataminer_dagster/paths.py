@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataminer_dagster.core.path_kinds import not_a_directory
+
 OUTPUT_MARKER = ".dataminer-project"
 
 
@@ -165,9 +167,26 @@ def claim_output_dir(
                 f"{', ...' if len(foreign) > 5 else ''}); a project writes only into a new or "
                 "empty directory"
             )
-    root.mkdir(parents=True, exist_ok=True)
-    if owner is None:
-        paths.marker.write_text(f"{project}\n")
+    _check_can_be_a_directory(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if owner is None:
+            paths.marker.write_text(f"{project}\n")
+    except OSError as exc:  # a folder this user may not write to, a read-only filesystem
+        raise UnsafePathError(
+            f"output_dir {root} cannot be made: {exc.strerror or exc} ({exc.filename})"
+        ) from None
+
+
+def _check_can_be_a_directory(root: Path) -> None:
+    """Neither `root` nor a folder above it is something else (a file, /dev/null)."""
+    for path in (root, *root.parents):
+        if os.path.lexists(path) and (problem := not_a_directory(path)):
+            if path == root:
+                raise UnsafePathError(
+                    f"output_dir {root} is {problem}; name a new or empty directory"
+                )
+            raise UnsafePathError(f"output_dir {root} cannot be made: {path} is {problem}")
 
 
 def _allowed_inside(root: Path, other: Path, what: str, projects_dir: Path) -> bool:

@@ -9,14 +9,17 @@ import os
 from pathlib import Path
 
 import click
+import pandas as pd
 import pytest
 import sqlalchemy as sa
 import yaml
 from click.testing import CliRunner
 
+from dataminer_dagster.acquisition.video_ids import video_id_for_file
 from dataminer_dagster.cli import dev as cli_dev
 from dataminer_dagster.cli import main
 from dataminer_dagster.config import parse_project_config
+from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
@@ -33,6 +36,7 @@ from dataminer_dagster.engine.registry import (
 )
 from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.settings import load_settings
+from dataminer_dagster.testing import keep_every_frame
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -520,6 +524,41 @@ def test_two_projects_cannot_share_or_nest_output_dirs(world, tmp_path):
     assert world.catalog.project("p2").output_dir == tmp_path / "out" / "p2"
 
 
+@pytest.mark.parametrize("where", ["a file", "/dev/null", "inside a file"])
+def test_project_add_names_an_output_dir_that_cannot_be_a_directory(world, tmp_path, where):
+    """Each was a 35-line traceback ending in FileExistsError."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the user's notes")
+    output_dir, message = {
+        "a file": (notes, f"{notes} is a file, not a directory; name a new or empty directory"),
+        "/dev/null": (
+            Path("/dev/null"),
+            "/dev/null is a character device, not a directory; name a new or empty directory",
+        ),
+        "inside a file": (
+            notes / "out",
+            f"{notes / 'out'} cannot be made: {notes} is a file, not a directory",
+        ),
+    }[where]
+    out = _add(tmp_path, "street", output_dir, code=1).output
+    assert out.splitlines() == [f"Error: output_dir {message}"]
+    assert notes.read_text() == "the user's notes"
+    assert world.catalog.project("street") is None
+
+
+def test_project_add_refuses_a_number_no_code_can_use_in_one_line(world, tmp_path):
+    """.inf reached PostgreSQL as JSON Infinity: a raw psycopg traceback."""
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(CONFIG) + "download: {max_filesize_mb: .inf}\n")
+    out = invoke("project", "add", str(path), code=1).output
+    assert out.splitlines() == [
+        f"Error: {path}: 1 problem(s)",
+        "  download.max_filesize_mb: must be a finite number no larger than 2,147,483,647 "
+        "(got inf)",
+    ]
+    assert world.catalog.project("street") is None
+
+
 def test_project_add_takes_an_empty_folder_and_one_holding_only_its_own_results(world, tmp_path):
     (tmp_path / "empty").mkdir()
     _add(tmp_path, "p1", tmp_path / "empty")
@@ -804,3 +843,151 @@ def test_run_fails_a_project_whose_every_video_is_dead(world, tmp_path):
     assert result.exit_code == 1, result.output
     assert "project gone: failed (none of its 2 videos could be used" in result.output
     assert world.catalog.project("gone").stage == "failed"
+
+
+def test_run_past_its_timeout_stops_with_a_message_and_exit_code(world, tmp_path):
+    """It ended in a traceback: "TimeoutError: projects not finished after 40 s"."""
+    path = _write_config(tmp_path / "street.yaml", CONFIG)
+    result = CliRunner().invoke(main, ["run", str(path), "--no-progress", "--timeout", "0"])
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.output.splitlines()[-2:] == [
+        "project street: active",
+        "stopped: not finished after 0 s: project street is active; run the command again to go "
+        "on from there",
+    ]
+
+
+def test_run_ends_with_a_message_when_its_project_is_deleted_meanwhile(
+    world, tmp_path, monkeypatch
+):
+    """`dataminer run` died with "ValueError: unknown projects: ['del']". Its catalog finds no
+    video (an empty folder) and fails with back-off of at least 30 s: the project is deleted in
+    that wait, as a user would, while the command runs in a process of its own."""
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setenv("DATAMINER_RETRY_BASE_SECONDS", "60")
+    monkeypatch.setenv("DATAMINER_RETRY_MAX_SECONDS", "120")
+    (tmp_path / "clips").mkdir()
+    raw = {**CONFIG, "name": "del", "inputs": {"files": [str(tmp_path / "clips" / "*.mp4")]}}
+    path = _write_config(tmp_path / "del.yaml", raw)
+    command = [str(Path(sys.executable).parent / "dataminer"), "run", str(path), "--no-progress"]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        give_up = time.monotonic() + 300  # a bound on a broken run, not a timing assertion
+        while world.status(CATALOG, "del") != "failed":
+            assert run.poll() is None, run.stdout.read()
+            assert time.monotonic() < give_up, "the catalog never failed"
+            time.sleep(0.2)
+        invoke("project", "delete", "del", "--yes")
+        output, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 1, output
+    assert "Traceback" not in output, output
+    assert (
+        output.splitlines()[-1]
+        == "stopped: project del was deleted while this command worked on it"
+    )
+
+
+def _write_audio(path: Path) -> Path:
+    """A real audio-only file (AAC in MP4, as phones record voice memos)."""
+    import av
+    import numpy as np
+
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_stream("aac", rate=8000)
+        frame = av.AudioFrame.from_ndarray(
+            np.zeros((1, 1024), np.float32), format="fltp", layout="mono"
+        )
+        frame.sample_rate = 8000
+        for packet in [*stream.encode(frame), *stream.encode()]:
+            container.mux(packet)
+    return path
+
+
+def _write_portrait(path: Path) -> Path:
+    """A phone's portrait video: 96x64 pictures with a display matrix that turns them upright."""
+    import av
+
+    from dataminer_dagster.core.synthetic import synthetic_frames
+
+    spec = SyntheticVideoSpec(width=96, height=64, fps=10, seconds=2.0, seed=7)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        stream.set_display_rotation(-90)
+        for picture in synthetic_frames(spec):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(picture, format="bgr24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def test_run_uses_the_good_files_of_a_glob_and_the_bad_ones_cost_only_themselves(
+    world, tmp_path, tiny_siglip
+):
+    """A symbolic link loop or a file name that is not UTF-8 failed the catalog, and with it
+    the project; a 1x1 video was scored and reached the dataset; a phone's portrait video was
+    stored sideways."""
+    clips = tmp_path / "clips"
+    spec = SyntheticVideoSpec(width=96, height=64, fps=10, seconds=2.0, scene_cuts=(1.0,))
+    write_opencv_video(clips / "good.mp4", spec)
+    _write_portrait(clips / "portrait.mp4")
+    write_opencv_video(clips / "dot.avi", SyntheticVideoSpec(width=1, height=1, seconds=2.0))
+    with open(os.fsencode(clips) + b"/caf\xe9.mp4", "wb") as latin1:
+        latin1.write((clips / "good.mp4").read_bytes())
+    (clips / "loop.mp4").symlink_to("loop.mp4")
+    os.mkfifo(clips / "pipe.mp4")
+    (clips / "dir.mp4").mkdir()
+    (clips / "zero.mp4").symlink_to("/dev/zero")
+    _write_audio(clips / "audioonly.m4a")
+    raw = {
+        "name": "odd",
+        "output_dir": str(tmp_path / "out"),
+        "inputs": {"files": [str(clips / "*")]},
+        "extract": {"strategy": "time", "every_seconds": 0.5},
+        "filter": keep_every_frame(tiny_siglip),
+        "dedup": {"threshold": 0.999},
+    }
+    path = _write_config(tmp_path / "odd.yaml", raw)
+
+    out = invoke("populate", str(path), "--dry-run").output
+    for name, what in [
+        ("caf\\xe9.mp4", "its name is not valid UTF-8"),
+        ("loop.mp4", "a symbolic link loop"),
+        ("pipe.mp4", "a named pipe (FIFO)"),
+        ("dir.mp4", "a directory"),
+        ("zero.mp4", "a character device (a symbolic link to /dev/zero)"),
+    ]:
+        assert f"skipped {clips}/{name}: {what}" in out, out
+    assert "skipped 1 file not named as a video (audioonly.m4a)" in out, out
+    assert "3 videos would be added to odd" in out, out
+
+    result = CliRunner().invoke(main, ["run", str(path), "--no-progress", "--timeout", "300"])
+    assert result.exit_code == 0, result.output
+    assert "project odd: complete" in result.output
+
+    dot = video_id_for_file(clips / "dot.avi")
+    with world.engine.connect() as c:
+        status, error = c.execute(
+            sa.text(
+                "SELECT status, last_error FROM dataminer.work_items "
+                "WHERE stage = :s AND item_key = :k"
+            ),
+            {"s": FRAMES, "k": dot},
+        ).one()
+    assert status == DEAD
+    assert "its frames are 1x1, smaller than 32 pixels a side" in error
+    manifest = pd.read_parquet(tmp_path / "out" / "dataset" / "manifest.parquet")
+    names = manifest["sources"].map(lambda sources: Path(sources[0]).name)
+    assert set(names) == {"good.mp4", "portrait.mp4"}
+    sizes = manifest.groupby(names)[["width", "height", "rotation"]].agg(set)
+    assert sizes.loc["portrait.mp4"].tolist() == [{64}, {96}, {90}], "stored upright"
+    assert sizes.loc["good.mp4"].tolist() == [{96}, {64}, {0}]

@@ -231,3 +231,102 @@ def test_politeness_settings_have_safe_defaults_and_name_their_errors():
         ConfigError, match=r"download.sleep_s: unknown key \(allowed here: .*sleep_interval_s"
     ):
         parse_project_config(_with(download={"sleep_s": 5}))
+
+
+def _numeric_keys() -> list[tuple[str, type]]:
+    """Every numeric key of the project config, dotted, with its type: found by walking the
+    schema, so that a key added later is checked too."""
+    from dataminer_dagster.config import ProjectConfig, _nested_model
+
+    keys = []
+
+    def walk(model, prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            nested = _nested_model(field.annotation)
+            if nested is not None:
+                walk(nested, f"{prefix}{name}.")
+                continue
+            kinds = {field.annotation, *getattr(field.annotation, "__args__", ())}
+            number = next((k for k in (float, int) if k in kinds), None)
+            if number is not None:
+                keys.append((f"{prefix}{name}", number))
+
+    walk(ProjectConfig, "")
+    return keys
+
+
+def test_every_section_has_numeric_keys_to_bound():
+    sections = {key.split(".")[0] for key, _ in _numeric_keys()}
+    assert sections == {"inputs", "download", "extract", "filter", "dedup", "detect"}
+    assert ("inputs.search.max_results_per_query", int) in _numeric_keys()
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (key, value)
+        for key, kind in _numeric_keys()
+        for value in ([10**30] if kind is int else [1e30, float("inf"), float("nan")])
+    ],
+)
+def test_every_number_is_refused_unless_finite_and_bounded(key, value):
+    """10**30 and .inf passed validation and then failed every extraction (islice) or the
+    registration (JSON Infinity in PostgreSQL)."""
+    config = _with(
+        inputs__search={"queries": ["doors"]},
+        detect={"detector": "yolo", "model": "y.pt"},
+        **{key.replace(".", "__"): value},
+    )
+
+    with pytest.raises(ConfigError) as error:
+        parse_project_config(config, source="project.yaml")
+
+    [line] = str(error.value).splitlines()[1:]
+    assert line.startswith(f"  {key}: "), line
+
+
+def test_numbers_are_bounded_where_the_code_can_use_them(tmp_path: Path):
+    (tmp_path / "p.yaml").write_text(
+        "name: p\ninputs: {urls: ['https://youtu.be/dQw4w9WgXcQ']}\n"
+        "filter: {positive_prompts: [a door]}\n"
+        "extract: {max_frames: 1000000000000000000000000000000}\n"
+        "download: {max_filesize_mb: .inf}\n"
+    )
+    with pytest.raises(ConfigError) as error:
+        load_project_config(tmp_path / "p.yaml")
+    assert str(error.value).splitlines()[1:] == [
+        "  download.max_filesize_mb: must be a finite number no larger than 2,147,483,647 "
+        "(got inf)",
+        "  extract.max_frames: must be a finite number no larger than 2,147,483,647 "
+        "(got 1000000000000000000000000000000)",
+    ]
+    largest = parse_project_config(
+        _with(extract={"max_frames": 2**31 - 1}, download={"max_filesize_mb": 2**31 - 1})
+    )
+    assert largest.extract.options().max_frames == 2**31 - 1
+    with pytest.raises(ConfigError, match=r"inputs.max_list_file_mb: Input should be less than"):
+        parse_project_config(_with(inputs={**MINIMAL["inputs"], "max_list_file_mb": 2048}))
+
+
+@pytest.mark.parametrize(
+    "key", ["filter__positive_prompts", "filter__negative_prompts", "filter__junk_prompts"]
+)
+def test_a_prompt_longer_than_any_text_model_reads_is_refused_in_one_line(key):
+    """It was cut to the model's 64 tokens without a word and became a 10,010-character column
+    name."""
+    with pytest.raises(ConfigError) as error:
+        parse_project_config(_with(**{key: ["a door", "x" * 10_000]}), source="project.yaml")
+    [line] = str(error.value).splitlines()[1:]
+    assert line.startswith(
+        f"  {key.replace('__', '.')}: the prompt 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx'... "
+        "is 10,000 characters long; a prompt may have at most 1,000 (text models read a few "
+        "dozen words of it) (got ['a door', 'xxxx"
+    ), line
+    assert line.endswith("... (10,014 characters))") and len(line) < 500, line
+    assert parse_project_config(_with(**{key: ["x" * 1000]}))
+
+
+def test_an_open_vocabulary_prompt_is_bounded_too():
+    detect = {"detector": "owlv2", "model": "m", "prompts": ["y" * 1001]}
+    with pytest.raises(ConfigError, match="detect.prompts: the prompt 'yyyy"):
+        parse_project_config(_with(detect=detect))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -145,3 +146,65 @@ def test_a_paused_youtube_stops_the_whole_search(tmp_path: Path):
     with pytest.raises(HostPaused):
         collect_candidates(inputs, paused)
     assert asked == ["doors"]
+
+
+def test_matches_that_cannot_be_videos_are_named_and_the_good_files_used(tmp_path: Path):
+    """A symbolic link loop used to fail the whole catalog ("RuntimeError: Symlink loop"), and a
+    name that is not UTF-8 failed it too without naming the file; a FIFO, a directory and a
+    device were "file not found" at download, and an audio file was skipped without a word."""
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    for name in ("good.mp4", "other.webm"):
+        (clips / name).write_bytes(b"a video, as far as its name says")
+    (clips / "loop.mp4").symlink_to("loop.mp4")
+    os.mkfifo(clips / "pipe.mp4")
+    (clips / "dir.mp4").mkdir()
+    (clips / "zero.mp4").symlink_to("/dev/zero")
+    (clips / "gone.mp4").symlink_to(clips / "deleted.mp4")
+    (clips / "audioonly.m4a").write_bytes(b"an audio file")
+    (clips / "notes.txt").write_text("not a video")
+    latin1 = os.fsencode(clips) + b"/caf\xe9.mp4"  # "cafe" with an accent, in Latin-1
+    with open(latin1, "wb") as handle:
+        handle.write(b"a video with a name that is not UTF-8")
+    pattern = str(clips / "*")
+
+    found = collect_candidates(InputsConfig(files=[pattern]), _search({}))
+
+    assert sorted(Path(c.source_path).name for c in found.candidates) == [
+        "good.mp4",
+        "other.webm",
+    ]
+    assert found.per_source == {f"files: {pattern}": 2}
+    prefix = f"files {pattern!r}: skipped "
+    assert sorted(found.problems) == sorted(
+        [
+            f"{prefix}2 files not named as a video (audioonly.m4a, notes.txt); video files end in "
+            ".avi, .m4v, .mkv, .mov, .mp4, .mpeg, .mpg, .ts, .webm",
+            f"{prefix}{clips}/caf\\xe9.mp4: its name is not valid UTF-8; rename the file to use it",
+            f"{prefix}{clips}/dir.mp4: a directory, not a regular file",
+            f"{prefix}{clips}/gone.mp4: a broken symbolic link (to {clips}/deleted.mp4, which "
+            "does not exist)",
+            f"{prefix}{clips}/loop.mp4: a symbolic link loop (its links lead back to themselves), "
+            "not a regular file",
+            f"{prefix}{clips}/pipe.mp4: a named pipe (FIFO), not a regular file",
+            f"{prefix}{clips}/zero.mp4: a character device (a symbolic link to /dev/zero), not a "
+            "regular file",
+        ]
+    )
+
+
+def test_a_glob_of_files_that_cannot_be_videos_leaves_no_candidate(tmp_path: Path):
+    (tmp_path / "loop.mp4").symlink_to("loop.mp4")
+    (tmp_path / "song.m4a").write_bytes(b"an audio file")
+    pattern = str(tmp_path / "*")
+
+    found = collect_candidates(InputsConfig(files=[pattern]), _search({}))
+
+    assert not found.candidates
+    assert found.per_source == {f"files: {pattern}": 0}
+    assert [p.split(": ", 1)[1] for p in found.problems] == [
+        "skipped 1 file not named as a video (song.m4a); video files end in .avi, .m4v, .mkv, "
+        ".mov, .mp4, .mpeg, .mpg, .ts, .webm",
+        f"skipped {tmp_path}/loop.mp4: a symbolic link loop (its links lead back to themselves), "
+        "not a regular file",
+    ]

@@ -143,3 +143,45 @@ def test_two_projects_sharing_videos_each_get_their_own_dataset(
 
     # The shared videos were downloaded and extracted once.
     assert stage_counts(engine, catalog.project("alpha").id)["frames"]["done"] == 3
+
+
+def test_prompts_longer_than_the_text_model_reads_are_warned_and_keep_their_columns(
+    tmp_path, database_url, engine, tiny_models
+):
+    """Such prompts were cut to the model's 64 tokens without a word (two alike up to the cut
+    get the same scores) and became column names of their full length."""
+    videos = write_videos(
+        tmp_path / "videos", {"clip.mp4": SyntheticVideoSpec(width=96, height=64, seconds=1.0)}
+    )
+    parked, moving = ("a red car " * 40 + ending for ending in ("parked", "moving"))
+    config = _config(
+        "long",
+        [str(videos["clip.mp4"])],
+        tiny_models,
+        prompts=[parked, moving, "a shape"],
+        detect={"detector": "yolo", "model": str(tiny_models["yolo"])},
+        out=tmp_path / "out",
+    )
+    store = LeaseStore(engine)
+    Catalog(engine, store, DataPaths(tmp_path / "data")).register_project(config)
+    defs = pipeline_definitions(resources(database_url, tmp_path / "data"))
+    with dg.instance_for_test() as instance:
+        result = drive_quietly(["long"], instance=instance, defs=defs, store=store)
+        messages = [
+            e.user_message for run in instance.get_runs() for e in instance.all_logs(run.run_id)
+        ]
+
+    assert result.stages == {"long": "complete"}
+    warnings = sorted(m for m in messages if "tokens long" in m)
+    assert len(warnings) == 2, warnings
+    for warning in warnings:
+        assert f"filter long: the prompt '{parked[:60]}...' is " in warning
+        assert (
+            f"the model {tiny_models['siglip']} reads its first 64 and ignores the rest" in warning
+        )
+    manifest = pd.read_parquet(tmp_path / "out" / "long" / "dataset" / "manifest.parquet")
+    columns = [c for c in manifest.columns if c.startswith("positive: ")]
+    assert len(columns) == 3 and len(set(columns)) == 3, columns
+    assert "positive: a shape" in columns
+    assert [len(c) for c in columns if c != "positive: a shape"] == [110, 110]
+    assert all(c.startswith(f"positive: {parked[:87]}... #") for c in columns[:2]), columns

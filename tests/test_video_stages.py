@@ -285,7 +285,7 @@ def test_unbounded_downloads_are_stopped_and_a_full_disk_costs_no_attempt(
 
     data_dir = tmp_path / "data"
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
-    catalog.register_project(config(min_free_disk_mb=2**40))  # a petabyte: the disk is "full"
+    catalog.register_project(config(min_free_disk_mb=2**31 - 1))  # 2 PB: the disk is "full"
     res = resources(database_url, data_dir)
     with dg.instance_for_test() as instance:
         materialize_partitions(

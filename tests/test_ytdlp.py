@@ -5,6 +5,7 @@ the headers of a direct video link) and once more for the download.
 """
 
 import io
+import itertools
 import json
 import logging
 import shutil
@@ -209,6 +210,22 @@ def test_http_errors_are_classified(http_server, tmp_path, status, expected, rea
     with pytest.raises(expected, match=reason) as raised:
         download_video(http_server.url(f"status{status}.mp4"), "vid", tmp_path, DownloadOptions())
     assert "Video vid (http://127.0.0.1" in str(raised.value)
+    assert_nothing_left_but(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "hops", [["/loop.mp4", "/loop.mp4"], ["/there.mp4", "/back.mp4", "/there.mp4"]]
+)
+def test_a_redirect_loop_is_permanent_and_named(http_server, tmp_path, hops):
+    """It was "unrecognised yt-dlp error, treated as retryable": 62 requests before dead."""
+    for here, there in itertools.pairwise(hops):
+        http_server.respond(here, status=302, headers={"Location": there})
+    with pytest.raises(PermanentDownloadError) as raised:
+        download_video(http_server.url(hops[0]), "vid", tmp_path, DownloadOptions())
+    assert str(raised.value).startswith(
+        f"Video vid ({http_server.url(hops[0])}): the address redirects in a loop and never "
+        "reaches a video: "
+    )
     assert_nothing_left_but(tmp_path)
 
 
@@ -580,6 +597,13 @@ def http_error(status: int, headers: dict[str, str] | None = None):
         ),
         ("Unable to download webpage: Read timed out.", "retryable", "timed out"),
         ("Got error: 1000 bytes read, 5000 more expected", "retryable", "cut short"),
+        (
+            "[generic] loop: Unable to download webpage: HTTP Error 302: Found (redirect loop "
+            "detected) (caused by <HTTPError 302: Found>)",
+            "permanent",
+            "redirects in a loop",
+        ),
+        ("Exceeded 30 redirects: too many redirects", "permanent", "redirects in a loop"),
         ("Something nobody has seen before", "retryable", "unrecognised yt-dlp error"),
     ],
 )

@@ -1,8 +1,10 @@
 """Turning a project's `inputs` section into candidate videos.
 
 Every source is tried; a source that fails (a search that errors, an unreadable URL file, a glob
-that matches nothing, a URL without a usable id) is reported by name and the others go on. The
-first source of a video wins when it is found twice.
+that matches nothing, a URL without a usable id) is reported by name and the others go on, and so
+is a path a glob matches that cannot be a video (a symbolic link loop, a name that is not UTF-8, a
+FIFO, a device, a directory, a file not named as a video). The first source of a video wins when
+it is found twice.
 
 Bad input is bounded: URL and query files are read up to a size and a number of lines, a glob up
 to a number of matches (inputs.max_*; over a cap the source is refused whole, not cut short), and
@@ -12,7 +14,7 @@ only the first PROBLEMS_KEPT problems are kept word for word; the others are cou
 from __future__ import annotations
 
 import glob
-import itertools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,7 @@ from dataminer_dagster.acquisition.video_ids import (
     youtube_watch_url,
 )
 from dataminer_dagster.assets.catalog.config import InputsConfig
+from dataminer_dagster.core.path_kinds import not_a_regular_file
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.video_records import Candidate
 
@@ -34,6 +37,7 @@ VIDEO_SUFFIXES = {".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".mpg", ".mpe
 
 SearchFunction = Callable[[str, int], list]  # (query, max_results) -> hits with .video_id
 PROBLEMS_KEPT = 20
+NAMES_SHOWN = 5  # file names quoted in a problem about several files
 
 
 @dataclass
@@ -88,19 +92,7 @@ def collect_candidates(inputs: InputsConfig, search: SearchFunction) -> Collecte
             if line and not line.startswith(("#", "//")):  # comments
                 _add_url(found, line, "url_file", str(inputs.url_file))
     for pattern in inputs.files:
-        matches = _video_files(pattern, inputs.max_file_matches)
-        if matches is None:
-            found.problem(
-                f"files {pattern!r}: matches more than {inputs.max_file_matches:,} video files "
-                "(inputs.max_file_matches); narrow the pattern or raise the limit"
-            )
-            continue
-        found.per_source[f"files: {pattern}"] = len(matches)
-        if not matches:
-            found.problem(f"files {pattern!r}: no video file matches")
-        for match in matches:
-            path = Path(match).resolve()
-            found.add(Candidate(video_id_for_file(path), "file", pattern, source_path=str(path)))
+        _add_files(found, pattern, inputs.max_file_matches)
     return found
 
 
@@ -143,14 +135,77 @@ def _read_list_file(path: Path, key: str, inputs: InputsConfig, found: Collected
     return text
 
 
-def _video_files(pattern: str, limit: int) -> list[str] | None:
-    """The video files `pattern` matches, sorted; None when there are more than `limit` (the walk
-    stops there, so `/**/*.mp4` does not list the whole filesystem first)."""
-    videos = (
-        p for p in glob.iglob(pattern, recursive=True) if Path(p).suffix.lower() in VIDEO_SUFFIXES
-    )
-    matches = list(itertools.islice(videos, limit + 1))
-    return None if len(matches) > limit else sorted(matches)
+def _add_files(found: Collected, pattern: str, limit: int) -> None:
+    """The video files `pattern` matches, each a candidate. A match that cannot be one (a symbolic
+    link loop, a name that is not UTF-8, a FIFO, a device, a directory named like a video) is
+    named as what it is and skipped, and so are the files whose name is not a video's: the good
+    files are used either way."""
+    matches = _video_files(pattern, limit)
+    if matches is None:
+        found.problem(
+            f"files {pattern!r}: matches more than {limit:,} video files "
+            "(inputs.max_file_matches); narrow the pattern or raise the limit"
+        )
+        return
+    videos, not_videos, not_videos_count = matches
+    if not_videos_count:
+        shown = ", ".join(_printable(Path(p).name) for p in not_videos)
+        more = (
+            f" and {not_videos_count - len(not_videos)} more"
+            if not_videos_count > len(not_videos)
+            else ""
+        )
+        found.problem(
+            f"files {pattern!r}: skipped {_files(not_videos_count)} not named as a video "
+            f"({shown}{more}); video files end in {', '.join(sorted(VIDEO_SUFFIXES))}"
+        )
+    usable = 0
+    for match in videos:
+        reason = _unusable_match(match)
+        if reason:
+            found.problem(f"files {pattern!r}: skipped {_printable(match)}: {reason}")
+            continue
+        path = Path(match).resolve()
+        found.add(Candidate(video_id_for_file(path), "file", pattern, source_path=str(path)))
+        usable += 1
+    found.per_source[f"files: {pattern}"] = usable
+    if not videos:
+        found.problem(f"files {pattern!r}: no video file matches")
+
+
+def _video_files(pattern: str, limit: int) -> tuple[list[str], list[str], int] | None:
+    """The paths `pattern` matches whose name is a video's, sorted; the first NAMES_SHOWN files
+    whose name is not, and how many there are. None when there are more than `limit` of the
+    first (the walk stops there, so `/**/*.mp4` does not list the whole filesystem first)."""
+    videos, not_videos, not_videos_count = [], [], 0
+    for match in glob.iglob(pattern, recursive=True):
+        if Path(match).suffix.lower() in VIDEO_SUFFIXES:
+            videos.append(match)
+            if len(videos) > limit:
+                return None
+        elif not os.path.isdir(match):  # a folder a pattern walks through is no problem
+            not_videos_count += 1
+            if len(not_videos) < NAMES_SHOWN:
+                not_videos.append(match)
+    return sorted(videos), not_videos, not_videos_count
+
+
+def _files(count: int) -> str:
+    return "1 file" if count == 1 else f"{count:,} files"
+
+
+def _unusable_match(match: str) -> str | None:
+    """Why a path matched by a `files` pattern cannot be a video, or None."""
+    try:
+        match.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes, which Python keeps as lone surrogates
+        return "its name is not valid UTF-8; rename the file to use it"
+    return not_a_regular_file(match)
+
+
+def _printable(path: str) -> str:
+    """A path as text that can be logged and stored: undecodable bytes shown as \\xNN."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _parse_queries_file(text: str) -> list[str]:

@@ -42,6 +42,9 @@ _PERMANENT_MARKERS = (
     ("join this channel", "the video is for channel members only"),
     ("available in your country", "the video is blocked in this country"),
     ("did not get any data blocks", "the server sent an empty file"),
+    # yt-dlp follows a redirect 30 times before it says so; the address itself is broken.
+    ("redirect loop", "the address redirects in a loop and never reaches a video"),
+    ("too many redirects", "the address redirects in a loop and never reaches a video"),
 )
 _RETRYABLE_MARKERS = (
     ("timed out", "the connection timed out"),

@@ -30,7 +30,7 @@ def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> i
     from dataminer_dagster.cli.projects import registration_lines
     from dataminer_dagster.definitions import LANES, defs
     from dataminer_dagster.engine.planning import RunLimits
-    from dataminer_dagster.hosting.driver import drive
+    from dataminer_dagster.hosting.driver import ProjectsGone, drive
 
     settings, store, catalog = context()
     registered = [
@@ -48,6 +48,7 @@ def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> i
         else None
     )
     say = board.write if board else click.echo
+    stopped: Exception | None = None
     try:
         result = drive(
             [p.name for p in projects],
@@ -60,6 +61,8 @@ def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> i
             timeout_s=timeout,
             lanes=LANES,
         )
+    except (TimeoutError, ProjectsGone) as exc:  # how a run ends, not a fault in it
+        stopped = exc
     finally:
         if board:
             board.close()
@@ -67,7 +70,14 @@ def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> i
             instance.dispose()
             keep_alive.cleanup()
     for project in projects:
-        _print_outcome(catalog.project(project.name))
+        if (row := catalog.project(project.name)) is not None:
+            _print_outcome(row)
+    if isinstance(stopped, TimeoutError):
+        click.echo(f"stopped: {stopped}; run the command again to go on from there", err=True)
+        return 1
+    if stopped is not None:
+        click.echo(f"stopped: {stopped}", err=True)
+        return 1
     click.echo(
         f"{result.runs} runs ({result.failed_runs} with failed items) in {result.seconds:.0f} s"
     )

@@ -1,15 +1,27 @@
 """What every section of a project's config shares: strict validation (an unknown key is an
-error that names it), frozen values, and the few value types several sections use. Each stage
-declares its own section in its folder (`assets/<stage>/config.py`); `dataminer_dagster.config`
-composes them into the project config."""
+error that names it), bounded numbers, frozen values, and the few value types several sections
+use. Each stage declares its own section in its folder (`assets/<stage>/config.py`);
+`dataminer_dagster.config` composes them into the project config."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SAFE_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+
+# The largest number any key may hold. Every number of a config ends up in a call with a limit
+# (itertools.islice, socket timeouts, datetime arithmetic, PostgreSQL integer columns), and
+# infinity or 10**30 passed validation only to fail there; this bound is inside all of them and
+# far above any sensible value (68 years in seconds, 2 PB in MB).
+MAX_NUMBER = 2**31 - 1
+# Text models read a few dozen tokens of a prompt (SigLIP2 64, OWLv2 16, about four characters a
+# token in English) and drop the rest; a prompt this long is a mistake (a pasted file), not a
+# prompt. Which model cuts where is known only once it is loaded: the stage that embeds the
+# prompts warns about those it cuts.
+MAX_PROMPT_CHARS = 1000
 
 
 class ConfigError(ValueError):
@@ -28,5 +40,27 @@ class Section(BaseModel):
         stage's fingerprint)."""
         return self.model_dump(mode="json", exclude=set(self.RUN_SETTINGS))
 
+    @field_validator("*")
+    @classmethod
+    def _bounded_number(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return value
+        if not math.isfinite(value) or abs(value) > MAX_NUMBER:
+            raise ValueError(f"must be a finite number no larger than {MAX_NUMBER:,}")
+        return value
+
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+def check_prompts(prompts: list[str]) -> list[str]:
+    """Text prompts as a section takes them: none blank, none over MAX_PROMPT_CHARS."""
+    if any(not p.strip() for p in prompts):
+        raise ValueError("prompts must not be blank")
+    for prompt in prompts:
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise ValueError(
+                f"the prompt {prompt[:40]!r}... is {len(prompt):,} characters long; a prompt may "
+                f"have at most {MAX_PROMPT_CHARS:,} (text models read a few dozen words of it)"
+            )
+    return prompts

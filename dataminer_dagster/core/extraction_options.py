@@ -14,10 +14,16 @@ Strategy = Literal["interval", "time", "scene"]
 STRATEGIES: tuple[str, ...] = ("interval", "time", "scene")
 
 # Part of every profile_id: bump it when a change here changes the frames written for the same
-# options, so that new extractions land in new directories.
-ALGORITHM_VERSION = 1
+# options, so that new extractions land in new directories. 2: rotated videos' frames are stored
+# upright (the frames of version 1 are sideways).
+ALGORITHM_VERSION = 2
 DEFAULT_MAX_FRAMES = 10_000  # frames kept per video unless the options say otherwise
 DEFAULT_MAX_FRAME_PIXELS = 7680 * 4320  # 8K UHD; larger frames are refused, not decoded
+# Frames with a side below this are refused, and no downscale goes below it: YOLO's coarsest
+# stride is 32 pixels (a smaller picture has no cell at that scale), and the filter's model would
+# see a 1x1 frame as one colour stretched to its input (its processor cannot even tell the
+# channels of a 1x1 picture from its rows).
+MIN_FRAME_SIDE = 32
 
 
 @dataclass(frozen=True)

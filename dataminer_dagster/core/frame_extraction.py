@@ -13,8 +13,11 @@ Pure: no Dagster, no SQL. Decoding is the cost floor, so the work is arranged ar
 * For interval and time sampling the target frames are known up front (`frame_sampling`); when
   the keyframe before the next target lies well ahead of the decoder, we seek to it instead of
   decoding forward.
-* Kept frames are converted, encoded and written on a small thread pool while decoding goes on
-  (`frame_writer`); `frame_manifest` lists them in a Parquet file.
+* Kept frames are converted, turned upright where the video says so (`frame_rotation`), encoded
+  and written on a small thread pool while decoding goes on (`frame_writer`); `frame_manifest`
+  lists them in a Parquet file.
+* Frames smaller than MIN_FRAME_SIDE a side are refused as frames over the pixel cap are:
+  nothing downstream can use them.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataminer_dagster.core.extraction_options import ExtractionOptions
+from dataminer_dagster.core.extraction_options import MIN_FRAME_SIDE, ExtractionOptions
 from dataminer_dagster.core.frame_decoding import DecodeStats, ProgressReporter
+from dataminer_dagster.core.frame_rotation import tagged_rotation
 from dataminer_dagster.core.frame_sampling import kept_frames
 from dataminer_dagster.core.frame_timeline import (
     declared_duration,
@@ -35,6 +39,7 @@ from dataminer_dagster.core.frame_timeline import (
 )
 from dataminer_dagster.core.frame_writer import ExtractedFrame, FrameWriter
 from dataminer_dagster.core.media import VideoDecodeError, ffmpeg_reason
+from dataminer_dagster.core.path_kinds import not_a_regular_file
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,8 @@ def extract_frames(
     """Write the sampled frames of `video_path` into `out_dir` (which the caller created).
 
     Raises VideoDecodeError for a missing, empty, non-video or undecodable file, for frames over
-    `max_frame_pixels`, and when no frame is kept. Corrupt data after some frames were kept ends
-    the extraction with a warning instead.
+    `max_frame_pixels` or under MIN_FRAME_SIDE a side, and when no frame is kept. Corrupt data
+    after some frames were kept ends the extraction with a warning instead.
     """
     import av
 
@@ -79,7 +84,8 @@ def extract_frames(
         stream.thread_type = "AUTO"
         fps, duration = stream_rate(stream, timeline), declared_duration(container, stream)
         reporter = ProgressReporter(progress, timeline.end if timeline else duration)
-        with FrameWriter(out_dir, prefix, options) as writer:
+        rotation = tagged_rotation(stream)
+        with FrameWriter(out_dir, prefix, options, tagged_rotation=rotation) as writer:
             kept = kept_frames(container, stream, timeline, options, fps, stats, reporter)
             try:
                 for index, timestamp, frame in kept:
@@ -112,6 +118,12 @@ def extract_frames(
 
 
 def _check_frame_size(width: int, height: int, options: ExtractionOptions, path: Path) -> None:
+    if 0 < min(width, height) < MIN_FRAME_SIDE:  # 0: a header that does not state the size
+        raise VideoDecodeError(
+            path,
+            f"its frames are {width}x{height}, smaller than {MIN_FRAME_SIDE} pixels a side; "
+            "no filter or detector can use them",
+        )
     limit = options.max_frame_pixels
     if limit is not None and width * height > limit:
         raise VideoDecodeError(
@@ -122,9 +134,7 @@ def _check_frame_size(width: int, height: int, options: ExtractionOptions, path:
 
 
 def _check_file(path: Path) -> None:
-    if not path.exists():
-        raise VideoDecodeError(path, "file not found")
-    if not path.is_file():
-        raise VideoDecodeError(path, "not a regular file")
+    if problem := not_a_regular_file(path):
+        raise VideoDecodeError(path, problem)
     if path.stat().st_size == 0:
         raise VideoDecodeError(path, "file is empty (0 bytes)")

@@ -17,10 +17,14 @@ MANIFEST_COLUMNS = (
     "sharpness",
     "content_hash",
 )
+# Written since frames are turned upright; a manifest from before has none, and its frames were
+# stored as decoded: turned by 0 degrees.
+ROTATION_COLUMN = "rotation"
 
 
 def write_manifest(result: ExtractionResult, path: Path) -> None:
-    """One Parquet row per kept frame: frame_index, timestamp, file_name, width, height, ..."""
+    """One Parquet row per kept frame: frame_index, timestamp, file_name, width and height (as
+    stored, upright), ..., rotation (degrees clockwise the decoded picture was turned)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -33,6 +37,7 @@ def write_manifest(result: ExtractionResult, path: Path) -> None:
             ("height", pa.int32()),
             ("sharpness", pa.float64()),
             ("content_hash", pa.string()),
+            (ROTATION_COLUMN, pa.int16()),
         ]
     )
     columns = {
@@ -43,6 +48,7 @@ def write_manifest(result: ExtractionResult, path: Path) -> None:
         "height": [f.height for f in result.frames],
         "sharpness": [f.sharpness for f in result.frames],
         "content_hash": [f.content_hash for f in result.frames],
+        ROTATION_COLUMN: [f.rotation for f in result.frames],
     }
     pq.write_table(pa.table(columns, schema=schema), Path(path))
 
@@ -54,7 +60,8 @@ def read_manifest(path: Path) -> list[ExtractedFrame]:
     missing = [c for c in MANIFEST_COLUMNS if c not in table.column_names]
     if missing:
         raise ValueError(f"Frame manifest {path} lacks the columns {', '.join(missing)}")
-    rows = table.select(list(MANIFEST_COLUMNS)).to_pylist()
+    columns = [*MANIFEST_COLUMNS, ROTATION_COLUMN]
+    rows = table.select([c for c in columns if c in table.column_names]).to_pylist()
     return [
         ExtractedFrame(
             index=row["frame_index"],
@@ -64,6 +71,7 @@ def read_manifest(path: Path) -> list[ExtractedFrame]:
             height=row["height"],
             sharpness=row["sharpness"],
             content_hash=row["content_hash"],
+            rotation=row.get(ROTATION_COLUMN, 0),
         )
         for row in rows
     ]

@@ -1,5 +1,6 @@
-"""Writing the kept frames: each is converted (downscaled if asked), encoded and written to disk
-on a small thread pool while decoding goes on, and described as an `ExtractedFrame`.
+"""Writing the kept frames: each is converted (downscaled if asked), turned upright, encoded and
+written to disk on a small thread pool while decoding goes on, and described as an
+`ExtractedFrame`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dataminer_dagster.core.extraction_options import ExtractionOptions
+from dataminer_dagster.core.frame_rotation import frame_rotation, turn_upright, upright_size
 from dataminer_dagster.core.images import encode_image, fit_within, sharpness
 
 if TYPE_CHECKING:
@@ -26,10 +28,11 @@ class ExtractedFrame:
     index: int  # decoded frame index in the stream (presentation order)
     timestamp: float  # seconds from the first frame, from pts * time_base
     file_name: str  # f"{prefix}_{index:06d}.{ext}" inside out_dir
-    width: int
+    width: int  # as stored: upright
     height: int
     sharpness: float  # variance of the Laplacian at a fixed scale; higher is sharper
     content_hash: str  # hex digest of the encoded image bytes
+    rotation: int  # degrees clockwise the decoded picture was turned to be upright
 
 
 def frame_file_name(prefix: str, index: int, image_format: str) -> str:
@@ -43,10 +46,14 @@ class FrameWriter:
     OpenCV encoders release the GIL, so the pool overlaps with the decoder.
     """
 
-    def __init__(self, out_dir: Path, prefix: str, options: ExtractionOptions):
+    def __init__(
+        self, out_dir: Path, prefix: str, options: ExtractionOptions, *, tagged_rotation: int = 0
+    ):
+        """`tagged_rotation`: the stream's `rotate` tag, for frames without a display matrix."""
         self.out_dir = out_dir
         self.prefix = prefix
         self.options = options
+        self.tagged_rotation = tagged_rotation
         self.submitted = 0
         self._pool = ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="extract-write")
         self._in_flight: deque[Future[ExtractedFrame]] = deque()
@@ -78,6 +85,9 @@ class FrameWriter:
             image = frame.to_ndarray(
                 format="bgr24", width=width, height=height, interpolation="AREA"
             )
+        rotation = frame_rotation(frame, self.tagged_rotation)
+        image = turn_upright(image, rotation)
+        width, height = upright_size(width, height, rotation)
         data = encode_image(image, options.image_format, quality=options.quality)
         file_name = frame_file_name(self.prefix, index, options.image_format)
         (self.out_dir / file_name).write_bytes(data)
@@ -89,4 +99,5 @@ class FrameWriter:
             height=height,
             sharpness=sharpness(image),
             content_hash=hashlib.blake2b(data, digest_size=16).hexdigest(),
+            rotation=rotation,
         )

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataminer_dagster.core.frame_rotation import frame_rotation, tagged_rotation, upright_size
+from dataminer_dagster.core.path_kinds import not_a_regular_file
+
 
 class VideoDecodeError(Exception):
     """A video file that cannot be opened or decoded. The message names the file and the reason."""
@@ -20,7 +23,7 @@ class VideoDecodeError(Exception):
 class VideoProbe:
     duration: float | None  # seconds, None when the container does not say
     fps: float | None
-    width: int
+    width: int  # as shown: upright (a phone's portrait video is taller than wide)
     height: int
     codec: str
     frame_count: int | None  # from the container header; None when unknown (e.g. WebM)
@@ -32,8 +35,8 @@ def probe_video(path: Path, *, video_id: str | None = None) -> VideoProbe:
     import av
 
     path = Path(path)
-    if not path.is_file():
-        raise VideoDecodeError(path, "file not found", video_id=video_id)
+    if problem := not_a_regular_file(path):
+        raise VideoDecodeError(path, problem, video_id=video_id)
     size = path.stat().st_size
     if size == 0:
         raise VideoDecodeError(path, "file is empty (0 bytes)", video_id=video_id)
@@ -45,6 +48,9 @@ def probe_video(path: Path, *, video_id: str | None = None) -> VideoProbe:
             first = next(container.decode(stream), None)
             if first is None:
                 raise VideoDecodeError(path, "no frame could be decoded", video_id=video_id)
+            width, height = upright_size(
+                first.width, first.height, frame_rotation(first, tagged_rotation(stream))
+            )
             rate = stream.average_rate or stream.base_rate
             duration = None
             if stream.duration is not None and stream.time_base is not None:
@@ -54,8 +60,8 @@ def probe_video(path: Path, *, video_id: str | None = None) -> VideoProbe:
             return VideoProbe(
                 duration=duration,
                 fps=float(rate) if rate else None,
-                width=first.width,
-                height=first.height,
+                width=width,
+                height=height,
                 codec=stream.codec_context.name,
                 frame_count=stream.frames or None,
                 size_bytes=size,

@@ -32,6 +32,19 @@ if TYPE_CHECKING:
     from dataminer_dagster.engine.stage import StageAsset
 
 
+class ProjectsGone(LookupError):
+    """Projects being driven were deleted meanwhile (`dataminer project delete`)."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names = sorted(names)
+        listed = ", ".join(self.names)
+        super().__init__(
+            f"project {listed} was deleted while this command worked on it"
+            if len(self.names) == 1
+            else f"projects {listed} were deleted while this command worked on them"
+        )
+
+
 @dataclass(frozen=True)
 class DriveResult:
     stages: dict[str, str]  # project -> final stage
@@ -58,7 +71,7 @@ def drive(
     """Drive `projects` to complete or failed, working only on their items (other projects'
     work waits for its own command or the sensors). `defs` holds the lane jobs of `stages`
     (default: the pipeline's) and `lanes`. Past `timeout_s` the runs start no new item and
-    TimeoutError is raised.
+    TimeoutError is raised; ProjectsGone when a project is deleted meanwhile.
 
     Each cycle first does the lease reaper's work (`limits`): Dagster runs that died (an earlier
     command killed while its run held the `gpu` slot, with DAGSTER_HOME set and no daemon) are
@@ -72,7 +85,10 @@ def drive(
     jobs = {name: job.name for name, job in lane_jobs(stages, lanes).items()}
     stage_keys = {stage: s.key for stage, s in stages.items()}
     engine = store.engine
-    project_ids = list(project_columns(store.engine, projects, "id").values())
+    ids = project_columns(store.engine, projects, "id")
+    if unknown := sorted(set(projects) - set(ids)):
+        raise ValueError(f"unknown projects: {unknown}")
+    project_ids = list(ids.values())
     cursor = DiscoveryCursor()
     started = time.monotonic()
     deadline = None if timeout_s is None else started + timeout_s
@@ -131,8 +147,12 @@ def drive(
 
 def _check_deadline(deadline: float | None, timeout_s: float | None, stages: dict) -> None:
     if deadline is not None and time.monotonic() > deadline:
-        raise TimeoutError(f"projects not finished after {timeout_s:.0f} s: {stages}")
+        where = ", ".join(f"project {name} is {stage}" for name, stage in sorted(stages.items()))
+        raise TimeoutError(f"not finished after {timeout_s:g} s: {where}")
 
 
 def _stages(store: LeaseStore, projects: Sequence[str]) -> dict[str, str]:
-    return project_columns(store.engine, projects, "stage")
+    stages = project_columns(store.engine, projects, "stage")
+    if gone := set(projects) - set(stages):
+        raise ProjectsGone(gone)
+    return stages

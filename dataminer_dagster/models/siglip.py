@@ -80,6 +80,20 @@ class SiglipScorer(ImageEmbedder):
                 rows.append(normalised_numpy(features))
         return np.concatenate(rows)
 
+    def cut_prompts(self, prompts: Sequence[str]) -> dict[str, int]:
+        """The prompts longer than the text tower reads (text_max_length tokens), with their
+        length in tokens: embed_texts ignores what follows the cut."""
+        tokenizer = self.loaded.processor.tokenizer
+        lengths = [
+            len(ids)
+            for ids in tokenizer([p.lower() for p in prompts], truncation=False)["input_ids"]
+        ]
+        return {
+            prompt: length
+            for prompt, length in zip(prompts, lengths, strict=True)
+            if length > self.text_max_length
+        }
+
     def score(self, image_embeddings: np.ndarray, text_embeddings: np.ndarray) -> np.ndarray:
         """(N, P) probabilities in [0, 1] for N image and P prompt embeddings."""
         return sigmoid_scores(

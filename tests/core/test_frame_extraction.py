@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from fractions import Fraction
 from pathlib import Path
 
@@ -11,12 +12,13 @@ import pytest
 from dataminer_dagster.core.extraction_options import (
     DEFAULT_MAX_FRAME_PIXELS,
     DEFAULT_MAX_FRAMES,
+    MIN_FRAME_SIDE,
     ExtractionOptions,
 )
 from dataminer_dagster.core.frame_extraction import ExtractionResult, extract_frames
 from dataminer_dagster.core.frame_manifest import read_manifest, write_manifest
 from dataminer_dagster.core.images import read_image
-from dataminer_dagster.core.media import VideoDecodeError
+from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.synthetic import (
     SyntheticVideoSpec,
     synthetic_frames,
@@ -303,6 +305,93 @@ def test_max_side_downscales_the_written_frames(videos, tmp_path):
     assert read_image(tmp_path / "out" / result.frames[0].file_name).shape == (120, 160, 3)
 
 
+def write_turned_video(path: Path, *, display_rotation: int = 0, rotate_tag: str | None = None):
+    """320x240 H.264 pictures, black with a white square in the top-left corner, marked to be
+    shown turned: a display matrix of `display_rotation` degrees (counter-clockwise, as ffprobe
+    prints it: a phone's portrait video says -90), or a `rotate` tag (Matroska stores it as
+    ROTATE)."""
+    import av
+
+    picture = np.zeros((240, 320, 3), np.uint8)
+    picture[:40, :40] = 255
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 320, 240, "yuv420p"
+        if display_rotation:
+            stream.set_display_rotation(display_rotation)
+        if rotate_tag is not None:
+            stream.metadata["rotate"] = rotate_tag
+        for _ in range(10):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(picture, format="bgr24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def white_corner(image: np.ndarray) -> str:
+    """Which corner of `image` holds the white square."""
+    height, width = image.shape[:2]
+    rows, columns = np.nonzero(image.min(axis=2) > 200)
+    vertical = "top" if rows.mean() < height / 2 else "bottom"
+    return f"{vertical}-{'left' if columns.mean() < width / 2 else 'right'}"
+
+
+@pytest.mark.parametrize(
+    ("name", "marks", "rotation", "size", "corner"),
+    [
+        ("portrait.mp4", {"display_rotation": -90}, 90, (240, 320), "top-right"),
+        ("portrait_other_way.mp4", {"display_rotation": 90}, 270, (240, 320), "bottom-left"),
+        ("upside_down.mp4", {"display_rotation": 180}, 180, (320, 240), "bottom-right"),
+        ("tagged.mkv", {"rotate_tag": "90"}, 90, (240, 320), "top-right"),
+        ("landscape.mp4", {}, 0, (320, 240), "top-left"),
+    ],
+)
+def test_a_rotated_video_is_stored_upright_with_its_rotation(
+    tmp_path, name, marks, rotation, size, corner
+):
+    video = write_turned_video(tmp_path / name, **marks)
+    out_dir = tmp_path / "out"
+
+    result = extract(video, out_dir, strategy="interval", every_frames=5, image_format="png")
+
+    assert [(f.width, f.height, f.rotation) for f in result.frames] == [(*size, rotation)] * 2
+    for frame in result.frames:
+        image = read_image(out_dir / frame.file_name, order="bgr")
+        assert image.shape == (size[1], size[0], 3)
+        assert white_corner(image) == corner
+    write_manifest(result, tmp_path / "frames.parquet")
+    assert [f.rotation for f in read_manifest(tmp_path / "frames.parquet")] == [rotation] * 2
+
+
+def test_a_phone_video_is_stored_as_players_show_it(tmp_path):
+    """OpenCV turns a video by its display matrix as players do: the frames stored are its."""
+    import cv2
+
+    video = write_turned_video(tmp_path / "portrait.mp4", display_rotation=-90)
+    capture = cv2.VideoCapture(str(video))
+    shown = capture.read()[1]
+    capture.release()
+
+    result = extract(video, tmp_path / "out", strategy="interval", every_frames=10)
+
+    stored = read_image(tmp_path / "out" / result.frames[0].file_name, order="bgr")
+    assert stored.shape == shown.shape == (320, 240, 3)
+    assert np.abs(stored.astype(int) - shown).mean() < 4
+
+
+def test_a_manifest_written_before_rotation_was_read_has_frames_turned_by_nothing(tmp_path):
+    import pyarrow.parquet as pq
+
+    video = write_turned_video(tmp_path / "landscape.mp4")
+    result = extract(video, tmp_path / "out", strategy="scene")
+    write_manifest(result, tmp_path / "frames.parquet")
+    table = pq.read_table(tmp_path / "frames.parquet")
+    pq.write_table(table.drop_columns(["rotation"]), tmp_path / "frames.parquet")
+
+    assert [f.rotation for f in read_manifest(tmp_path / "frames.parquet")] == [0]
+
+
 def test_manifest_round_trip(videos, tmp_path):
     result = extract(videos["mp4"], tmp_path / "out", strategy="scene")
 
@@ -398,11 +487,26 @@ NOT_A_VIDEO = "Invalid data found when processing input; the file is not a video
         ("text", NOT_A_VIDEO),
         ("truncated-mp4", NOT_A_VIDEO),  # the moov atom (the index) is at the end of the file
         ("audio-only", "no video stream in the file"),
+        ("directory", "a directory, not a regular file"),
+        ("fifo", "a named pipe (FIFO), not a regular file"),  # opening it would wait for ever
+        ("dev-zero", "a character device (a symbolic link to /dev/zero), not a regular file"),
+        (
+            "link-loop",
+            "a symbolic link loop (its links lead back to themselves), not a regular file",
+        ),
     ],
 )
 def test_unusable_files_raise_with_the_reason_and_path(videos, tmp_path, content, reason):
     path = tmp_path / "abc123.mp4"
-    if content == "zero-bytes":
+    if content == "directory":
+        path.mkdir()
+    elif content == "fifo":
+        os.mkfifo(path)
+    elif content == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif content == "link-loop":
+        path.symlink_to(path.name)
+    elif content == "zero-bytes":
         path.write_bytes(b"")
     elif content == "text":
         path.write_text("just some notes\n" * 50)
@@ -419,6 +523,61 @@ def test_unusable_files_raise_with_the_reason_and_path(videos, tmp_path, content
 
     assert str(error.value) == f"Video abc123 could not be decoded: {reason} (file {path})"
     assert list(out_dir.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("directory", "a directory, not a regular file"),
+        ("fifo", "a named pipe (FIFO), not a regular file"),
+        ("dev-zero", "a character device (a symbolic link to /dev/zero), not a regular file"),
+    ],
+)
+def test_probing_names_what_a_path_is_instead_of_file_not_found(tmp_path, content, reason):
+    """The download stage probes a local file in place: each of these was "file not found"."""
+    path = tmp_path / "abc123.mp4"
+    {"directory": path.mkdir, "fifo": lambda: os.mkfifo(path)}.get(
+        content, lambda: path.symlink_to("/dev/zero")
+    )()
+
+    with pytest.raises(VideoDecodeError) as error:
+        probe_video(path, video_id="abc123")
+
+    assert str(error.value) == f"Video abc123 could not be decoded: {reason} (file {path})"
+
+
+def test_probing_a_phone_video_gives_its_upright_size(tmp_path):
+    probe = probe_video(write_turned_video(tmp_path / "portrait.mp4", display_rotation=-90))
+    assert (probe.width, probe.height) == (240, 320)
+
+
+@pytest.mark.parametrize(("width", "height"), [(1, 1), (16, 16), (320, 16)])
+def test_frames_smaller_than_the_minimum_side_are_refused(tmp_path, width, height):
+    """A 1x1 frame used to be scored (its channels mistaken for its rows) and kept."""
+    video = write_opencv_video(
+        tmp_path / "tiny.avi", SyntheticVideoSpec(width=width, height=height, fps=10, seconds=1)
+    )
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+
+    with pytest.raises(VideoDecodeError) as error:
+        extract_frames(video, out_dir, prefix="tiny", options=ExtractionOptions("scene"))
+
+    assert str(error.value) == (
+        f"Video tiny could not be decoded: its frames are {width}x{height}, smaller than "
+        f"{MIN_FRAME_SIDE} pixels a side; no filter or detector can use them (file {video})"
+    )
+    assert list(out_dir.iterdir()) == []
+
+
+def test_frames_of_the_minimum_side_are_kept(tmp_path):
+    video = write_opencv_video(
+        tmp_path / "small.avi", SyntheticVideoSpec(width=48, height=32, fps=10, seconds=1)
+    )
+
+    result = extract(video, tmp_path / "out", strategy="interval", every_frames=5)
+
+    assert [(f.width, f.height) for f in result.frames] == [(48, 32)] * 2
 
 
 def test_a_cut_off_webm_keeps_its_frames_and_warns(videos, tmp_path):

@@ -32,12 +32,17 @@ class InputsConfig(Section):
         description="File with one URL per line; blank lines and lines starting with # or // are skipped.",
     )
     files: list[str] = Field(
-        default_factory=list, description="Local video files or glob patterns."
+        default_factory=list,
+        description="Local video files or glob patterns; a match that cannot be a video (a "
+        "name without a video suffix, a directory, a FIFO, a device, a symbolic link loop, a "
+        "name that is not UTF-8) is named in the catalog's warnings and skipped.",
     )
     max_list_file_mb: float = Field(
         16,
         gt=0,
-        description="Largest url_file or search.queries_file read; a larger one is refused.",
+        le=1024,  # the file is read into memory whole
+        description="Largest url_file or search.queries_file read (at most 1024: it is read "
+        "into memory); a larger one is refused.",
     )
     max_list_file_lines: int = Field(
         100_000,

@@ -4,7 +4,8 @@
     annotations.coco.json    the detections (when the project detects), file names relative to images/
     manifest.parquet         one row per kept frame: video, source URL, every source of the
                              video (its copies': the same content found elsewhere), timestamp,
-                             filter scores, dedup group and size, number of detections
+                             size and rotation (how far the frame was turned upright), filter
+                             scores, dedup group and size, number of detections
 
 Rebuilt atomically on every run: a re-run replaces the dataset, never appends to it. Its check,
 `dataset_complete`, counts the images three ways (files, manifest rows, COCO images) and looks for
@@ -66,6 +67,7 @@ MANIFEST_COLUMNS = [
     "timestamp",
     "width",
     "height",
+    "rotation",
     "pos_max",
     "best_prompt",
     "sharpness",
@@ -178,6 +180,8 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     paths = ProjectPaths(project.output_dir)
     kept = pd.read_parquet(paths.dedup_table)
     kept = kept[kept["kept"]].reset_index(drop=True)
+    if "rotation" not in kept:  # a dedup table from before frames were turned: none was
+        kept["rotation"] = 0
     kept["file_name"] = [Path(f).name for f in kept["file"]]
 
     video_ids = kept["video_id"].unique().tolist()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from dataminer_dagster.core.config_section import Probability, Section
+from dataminer_dagster.core.config_section import Probability, Section, check_prompts
 
 
 class DetectConfig(Section):
@@ -33,6 +33,11 @@ class DetectConfig(Section):
     )
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps.")
     visualizations: bool = Field(False, description="Also write images with boxes drawn.")
+
+    @field_validator("prompts")
+    @classmethod
+    def _usable_prompts(cls, prompts: list[str]) -> list[str]:
+        return check_prompts(prompts)
 
     @model_validator(mode="after")
     def _prompts_for_open_vocabulary(self) -> DetectConfig:

@@ -59,9 +59,7 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
     scorer = load_scorer(config)
     text = ctx.memo(
         ("prompts", project.name, config.model),
-        lambda: scorer.embed_texts(
-            config.positive_prompts + config.negative_prompts + config.junk_prompts
-        ),
+        lambda: _embed_prompts(ctx, scorer, project.name, config),
     )
     embeddings, errors, embedded = _frame_embeddings(item, ctx, scorer, frames_dir, manifest)
     readable = np.array([i not in errors for i in range(len(manifest))])
@@ -115,6 +113,20 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
         commit=commit,
         staged=[staged],
     )
+
+
+def _embed_prompts(ctx: StageContext, scorer, project: str, config: FilterConfig) -> np.ndarray:
+    """The prompts' embeddings, with a warning for each prompt the text model cuts: what follows
+    the cut is ignored, so two prompts alike up to it get the same scores."""
+    prompts = config.positive_prompts + config.negative_prompts + config.junk_prompts
+    for prompt, tokens in scorer.cut_prompts(prompts).items():
+        shown = prompt if len(prompt) <= 60 else f"{prompt[:60]}..."
+        ctx.log.warning(
+            f"filter {project}: the prompt {shown!r} is {tokens} tokens long; the model "
+            f"{config.model} reads its first {scorer.text_max_length} and ignores the rest "
+            "(shorten it, or it scores as its beginning alone)"
+        )
+    return scorer.embed_texts(prompts)
 
 
 KEPT_SHOWN = 8  # frames in a video's preview
@@ -205,6 +217,7 @@ def _results_table(
             "file": [str(frames_dir / f.file_name) for f in manifest],
             "width": [f.width for f in manifest],
             "height": [f.height for f in manifest],
+            "rotation": [f.rotation for f in manifest],
             "sharpness": [f.sharpness for f in manifest],
             "content_hash": [f.content_hash for f in manifest],
             "readable": readable,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from dataminer_dagster.core.config_section import Probability, Section
+from dataminer_dagster.core.config_section import Probability, Section, check_prompts
 
 
 class FilterConfig(Section):
@@ -48,7 +48,5 @@ class FilterConfig(Section):
 
     @field_validator("positive_prompts", "negative_prompts", "junk_prompts")
     @classmethod
-    def _no_blank_prompts(cls, prompts: list[str]) -> list[str]:
-        if any(not p.strip() for p in prompts):
-            raise ValueError("prompts must not be blank")
-        return prompts
+    def _usable_prompts(cls, prompts: list[str]) -> list[str]:
+        return check_prompts(prompts)

@@ -4,6 +4,8 @@ Other stages read it through this module only."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pandas as pd
 
 from dataminer_dagster.assets.filter.config import FilterConfig
@@ -15,6 +17,7 @@ FRAME_COLUMNS = [
     "file",
     "width",
     "height",
+    "rotation",
     "sharpness",
     "content_hash",
     "readable",
@@ -27,12 +30,26 @@ FRAME_COLUMNS = [
 ]  # then one score column per prompt (prompt_columns)
 
 
+# Characters of a prompt in its score column's name: the column names a table shows and a
+# script types, not a store of the prompt (the project's config holds it whole).
+COLUMN_PROMPT_CHARS = 100
+
+
 def prompt_columns(config: FilterConfig) -> list[str]:
     return (
-        [f"positive: {p}" for p in config.positive_prompts]
-        + [f"negative: {p}" for p in config.negative_prompts]
-        + [f"junk: {p}" for p in config.junk_prompts]
+        [_prompt_column("positive", p) for p in config.positive_prompts]
+        + [_prompt_column("negative", p) for p in config.negative_prompts]
+        + [_prompt_column("junk", p) for p in config.junk_prompts]
     )
+
+
+def _prompt_column(kind: str, prompt: str) -> str:
+    """'positive: a red car'; a longer prompt is cut, with a digest of the whole so that two
+    prompts that differ only after the cut keep two columns."""
+    if len(prompt) <= COLUMN_PROMPT_CHARS:
+        return f"{kind}: {prompt}"
+    digest = hashlib.sha256(prompt.encode()).hexdigest()[:8]
+    return f"{kind}: {prompt[: COLUMN_PROMPT_CHARS - 13]}... #{digest}"
 
 
 def passed_frames(project, video_ids: list[str]) -> pd.DataFrame:
@@ -42,6 +59,8 @@ def passed_frames(project, video_ids: list[str]) -> pd.DataFrame:
     for video_id in sorted(video_ids):
         table = pd.read_parquet(paths.filter_table(video_id))
         table = table[table["passed"]]
+        if "rotation" not in table:  # a table from before frames were turned: none was
+            table = table.assign(rotation=0)
         if len(table):
             parts.append(table.assign(video_id=video_id))
     if not parts:

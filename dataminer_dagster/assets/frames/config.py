@@ -7,7 +7,11 @@ from typing import Literal
 from pydantic import Field
 
 from dataminer_dagster.core.config_section import Section
-from dataminer_dagster.core.extraction_options import DEFAULT_MAX_FRAME_PIXELS, DEFAULT_MAX_FRAMES
+from dataminer_dagster.core.extraction_options import (
+    DEFAULT_MAX_FRAME_PIXELS,
+    DEFAULT_MAX_FRAMES,
+    MIN_FRAME_SIDE,
+)
 
 
 class ExtractConfig(Section):
@@ -26,7 +30,9 @@ class ExtractConfig(Section):
     )
     quality: int = Field(95, ge=1, le=100, description="JPEG/WebP quality.")
     max_side: int | None = Field(
-        None, ge=32, description="Downscale frames so the longest side is at most this."
+        None,
+        ge=MIN_FRAME_SIDE,
+        description="Downscale frames so the longest side is at most this.",
     )
     max_frame_pixels: int = Field(
         DEFAULT_MAX_FRAME_PIXELS,
