@@ -101,7 +101,8 @@ def contact_sheet(
     if columns < 1 or tile_width < 8 or tile_height < 8:
         raise ValueError("contact_sheet needs columns >= 1 and tiles of at least 8x8 pixels")
     if not images:
-        images, captions = [np.full((tile_height, tile_width, 3), BACKGROUND, np.uint8)], [empty]
+        images = [np.full((tile_height, tile_width, 3), BACKGROUND, np.uint8)]
+        captions, borders = [empty], None
     captions = list(captions) if captions is not None else [""] * len(images)
     borders = list(borders) if borders is not None else [None] * len(images)
 

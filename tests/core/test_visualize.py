@@ -198,3 +198,9 @@ def test_jpeg_and_palette_png_keep_rgb_order():
         decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
         b, g, r = (int(c) for c in decoded[8, 8])
         assert r > 240 and g < 16 and b < 16
+
+
+def test_a_contact_sheet_of_nothing_with_borders_is_the_empty_tile():
+    """The dedup preview passes its (empty) borders along: a project where no frame passed."""
+    sheet = contact_sheet([], captions=[], borders=[], tile_width=100, tile_height=80)
+    assert sheet.shape[1] == 100 and (sheet == BACKGROUND).all(axis=2).mean() > 0.9
