@@ -44,6 +44,7 @@ from dataminer_dagster.acquisition.ytdlp_search import (
 from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from tests.helpers.http_server import LocalHTTPServer, http_server_fixture
+from tests.helpers.small_disk import small_disk
 
 SPEC = SyntheticVideoSpec(width=320, height=240, fps=10.0, seconds=1.0)
 
@@ -367,6 +368,21 @@ def test_a_download_needs_free_disk_space_for_its_size_and_a_reserve(http_server
     assert_nothing_left_but(tmp_path)
 
 
+def test_a_disk_that_fills_mid_download_is_a_full_disk_and_leaves_nothing(http_server, tmp_path):
+    http_server.stream("/filling.mp4", total_bytes=16 * 2**20)  # no size announced to refuse
+    with small_disk(tmp_path / "disk", size_mb=2) as disk:
+        with pytest.raises(InsufficientDiskSpace, match="the disk is full") as raised:
+            download_video(
+                http_server.url("/filling.mp4"),
+                "vid",
+                disk,
+                DownloadOptions(min_free_disk_mb=0, max_filesize_mb=64),
+            )
+        assert "No space left on device" in str(raised.value)
+        assert str(raised.value).startswith("Video vid (")
+        assert_nothing_left_but(disk)
+
+
 def test_an_error_from_the_progress_callback_aborts_and_propagates(http_server, clips, tmp_path):
     class LeaseLost(Exception):
         pass
@@ -590,6 +606,19 @@ def test_ytdlp_messages_are_classified(message, expected, reason):
     assert reason in str(error)
     assert str(error).startswith("Video abc: ")
     assert "ERROR:" not in str(error)
+
+
+def test_a_full_disk_in_ytdlps_words_is_a_full_disk():
+    from yt_dlp.utils import DownloadError
+
+    error = classify_ytdlp_error(
+        DownloadError("ERROR: unable to write data: [Errno 28] No space left on device"),
+        subject="Video abc",
+    )
+    assert isinstance(error, InsufficientDiskSpace), error
+    assert str(error) == (
+        "Video abc: the disk is full: unable to write data: [Errno 28] No space left on device"
+    )
 
 
 @pytest.mark.parametrize(

@@ -30,9 +30,10 @@ class RequeueFirst(Exception):
 
 
 class Postponed(Exception):
-    """Not the item's fault (too little free disk space, a paused host): it is tried again after a
-    back-off, or at `not_before` when given, and the attempt does not count, so a full disk or a
-    throttling host never turns good items dead."""
+    """Not the item's fault (a paused host): it is tried again after a back-off, or at
+    `not_before` when given, and the attempt does not count, so a throttling host never turns good
+    items dead. A full disk is postponed the same way without being raised as this: the stage
+    machinery recognises it in any exception (core/files.py, `disk_full`)."""
 
     def __init__(self, message: str, not_before: datetime | None = None):
         super().__init__(message)

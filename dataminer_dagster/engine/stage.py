@@ -12,8 +12,11 @@ Outcomes per item:
 * return an ItemResult                -> done, materialized
 * raise Blocked("reason")              -> blocked by a rule (terminal, not a failure)
 * raise PermanentFailure("reason")     -> dead at once (retrying cannot help)
-* raise Postponed("reason")            -> not the item's fault (the disk is full): failed, retried
+* raise Postponed("reason")            -> not the item's fault (a paused host): failed, retried
                                           with back-off, the attempt not counted (never dead)
+* a full disk, in any stage            -> postponed the same way: an OSError with errno ENOSPC or
+                                          EDQUOT anywhere in the exception's chain, or
+                                          InsufficientDiskSpace (core/files.py, `disk_full`)
 * raise anything else                  -> failed; retried with back-off, dead after the last attempt
 * the lease was lost meanwhile         -> nothing is published; the new owner's work stands
 
@@ -31,12 +34,13 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import dagster as dg
 
 from dataminer_dagster.assets import REGISTRY
-from dataminer_dagster.core.files import remove
+from dataminer_dagster.core.files import InsufficientDiskSpace, disk_full, remove
 from dataminer_dagster.core.progress import Progress
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Catalog
@@ -453,17 +457,18 @@ def _process_item(
         context.log.info(f"{lease.stage} {lease.key}: skipped: {reason}")
         yield _observation(titles, asset_key, lease, "blocked", reason)
     except Postponed as postponed:
-        reason = redact(str(postponed))
-        outcome = leases.postpone(lease, reason, not_before=postponed.not_before)
-        if outcome.applied:
-            text = (
-                f"{lease.stage} {lease.key} postponed (not counted as an attempt): {reason}; "
-                f"tried again after {outcome.next_attempt_at:%H:%M:%S %Z}"
-            )
-            context.log.warning(text)
-            failures.append(text)
-            yield _observation(titles, asset_key, lease, "postponed", reason)
+        yield from _postpone(
+            context, asset_key, ctx, lease, titles, failures, str(postponed), postponed.not_before
+        )
     except Exception as error:  # one bad item must not stop the batch
+        if (full := disk_full(error)) is not None:  # the disk's fault, whichever stage met it
+            reason = (
+                str(full)
+                if isinstance(full, InsufficientDiskSpace)
+                else f"the disk is full: {full}"
+            )
+            yield from _postpone(context, asset_key, ctx, lease, titles, failures, reason)
+            return
         permanent = isinstance(error, PermanentFailure)
         message = redact(  # what the log, the run's failure and last_error show
             str(error)
@@ -491,6 +496,30 @@ def _process_item(
     finally:
         for path in result.staged if result else ():
             remove(path)
+
+
+def _postpone(
+    context: dg.AssetExecutionContext,
+    asset_key: dg.AssetKey,
+    ctx: StageContext,
+    lease: Lease,
+    titles: _VideoTitles,
+    failures: list[str],
+    reason: str,
+    not_before: datetime | None = None,
+) -> Iterator[dg.AssetObservation]:
+    """Not the item's fault: it waits without using an attempt."""
+    reason = redact(reason)
+    outcome = ctx.db.leases.postpone(lease, reason, not_before=not_before)
+    if not outcome.applied:
+        return
+    text = (
+        f"{lease.stage} {lease.key} postponed (not counted as an attempt): {reason}; "
+        f"tried again after {outcome.next_attempt_at:%H:%M:%S %Z}"
+    )
+    context.log.warning(text)
+    failures.append(text)
+    yield _observation(titles, asset_key, lease, "postponed", reason)
 
 
 def _launched_to_retry(run: dg.DagsterRun, keys: Sequence[str]) -> bool:

@@ -27,7 +27,6 @@ from dataminer_dagster.acquisition.options import merged_download_options
 from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
 from dataminer_dagster.core.content_hash import file_content_hash
-from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.project_records import ProjectRow
@@ -96,8 +95,6 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
         raise Blocked(str(exc)) from exc
     except PermanentDownloadError as exc:
         raise PermanentFailure(str(exc)) from exc
-    except InsufficientDiskSpace as exc:
-        raise Postponed(str(exc)) from exc
 
     meta = downloaded.metadata
     rejected = _rejecting_projects(projects, meta, item.video_id)

@@ -15,7 +15,6 @@ from pathlib import Path
 from dataminer_dagster.assets.backup import NO_BACKUP
 from dataminer_dagster.core.extraction_options import ExtractionOptions
 from dataminer_dagster.core.files import (
-    InsufficientDiskSpace,
     make_read_only,
     publish,
     require_free_space,
@@ -28,7 +27,7 @@ from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.retention import delete_video_file, may_delete_video_file
 from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
-from dataminer_dagster.engine.outcomes import ItemResult, PermanentFailure, Postponed
+from dataminer_dagster.engine.outcomes import ItemResult, PermanentFailure
 from dataminer_dagster.engine.registry import FRAMES
 from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
 from dataminer_dagster.paths import FRAMES_MANIFEST
@@ -194,18 +193,16 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
 
 
 def _require_disk_space(ctx: StageContext, projects: list[ProjectRow]) -> None:
-    """Raise Postponed when the data disk has less free space than a linked project reserves."""
+    """Raise InsufficientDiskSpace (the item is postponed) when the data disk has less free space
+    than a linked project reserves."""
     reserve_mb = max(p.config.extract.min_free_disk_mb for p in projects)
     root = ctx.db.paths.root
     root.mkdir(parents=True, exist_ok=True)
-    try:
-        require_free_space(
-            root,
-            int(reserve_mb * 2**20),
-            f"extracting frames (extract.min_free_disk_mb reserve of {reserve_mb:g} MB)",
-        )
-    except InsufficientDiskSpace as exc:
-        raise Postponed(str(exc)) from exc
+    require_free_space(
+        root,
+        int(reserve_mb * 2**20),
+        f"extracting frames (extract.min_free_disk_mb reserve of {reserve_mb:g} MB)",
+    )
 
 
 def _progress_logger(ctx: StageContext, item: StageItem, profile: str):

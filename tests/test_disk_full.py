@@ -1,0 +1,105 @@
+"""A disk that fills, in any stage: the item is postponed without using an attempt, no staging is
+left behind to keep the disk full, and the next item goes on once there is room. Real small
+filesystems (tests/helpers/small_disk.py), real yt-dlp against a local server, real PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from dataminer_dagster.acquisition.video_ids import video_id_for_url
+from dataminer_dagster.assets.catalog.asset import video_catalog
+from dataminer_dagster.assets.download.asset import downloads
+from dataminer_dagster.config import parse_project_config
+from dataminer_dagster.core.synthetic import SyntheticVideoSpec
+from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.engine.partitions import (
+    projects_partitions,
+    videos_partitions,
+)
+from dataminer_dagster.paths import DataPaths
+from tests.helpers.http_server import LocalHTTPServer
+from tests.helpers.pipeline import (
+    materialize_partitions,
+    resources,
+    work_items,
+    write_videos,
+)
+from tests.helpers.small_disk import small_disk
+
+pytestmark = pytest.mark.slow
+
+SMALL = SyntheticVideoSpec(width=160, height=120, fps=10, seconds=1.0)
+
+
+def _observations(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, str]]:
+    return {
+        e.event_specific_data.asset_observation.partition: {
+            k: str(getattr(v, "value", v))
+            for k, v in e.event_specific_data.asset_observation.metadata.items()
+        }
+        for e in result.all_events
+        if e.event_type_value == "ASSET_OBSERVATION"
+    }
+
+
+def _hidden(directory: Path) -> list[str]:
+    """Staging and work directories (hidden names) anywhere under `directory`."""
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob(".*"))
+
+
+def test_a_disk_that_fills_during_a_download_postpones_it_and_frees_the_space(
+    tmp_path, database_url, engine
+):
+    www = tmp_path / "www"
+    write_videos(www, {"good.mp4": SMALL})
+    with LocalHTTPServer(www) as server, small_disk(tmp_path / "data", size_mb=4) as data_dir:
+        server.stream("/huge.mp4", total_bytes=64 * 2**20)  # no announced size to refuse it by
+        names = ["huge.mp4", "good.mp4"]
+        ids = {name: video_id_for_url(server.url(f"/{name}")) for name in names}
+        config = parse_project_config(
+            {
+                "name": "p1",
+                "inputs": {"urls": [server.url(f"/{n}") for n in names]},
+                # No reserve: the disk is found full by the write that fills it.
+                "download": {"min_free_disk_mb": 0, "max_filesize_mb": 1024},
+                "filter": {"positive_prompts": ["a thing"]},
+            }
+        )
+        Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+        res = resources(database_url, data_dir)
+        with dg.instance_for_test() as instance:
+            materialize_partitions(
+                [video_catalog],
+                ["p1"],
+                instance=instance,
+                resources=res,
+                partitions=projects_partitions,
+            )
+            huge = materialize_partitions(
+                [downloads],
+                [ids["huge.mp4"]],
+                instance=instance,
+                resources=res,
+                partitions=videos_partitions,
+                raise_on_error=False,
+            )
+            item = work_items(engine, "download")[ids["huge.mp4"]]
+            assert (item.status, item.attempts) == ("failed", 0), "the disk's fault: no attempt"
+            assert "the disk is full" in item.last_error
+            assert "No space left on device" in item.last_error
+            assert _observations(huge)[ids["huge.mp4"]]["outcome"] == "postponed"
+            assert _hidden(data_dir / "videos") == [], "the partial download is gone"
+
+            materialize_partitions(
+                [downloads],
+                [ids["good.mp4"]],
+                instance=instance,
+                resources=res,
+                partitions=videos_partitions,
+            )
+        assert work_items(engine, "download")[ids["good.mp4"]].status == "done"
+        assert (data_dir / "videos" / f"{ids['good.mp4']}.mp4").is_file()
