@@ -4,23 +4,28 @@ filesystems (tests/helpers/small_disk.py), real yt-dlp against a local server, r
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from dataminer_dagster.acquisition.video_ids import video_id_for_url
+from dataminer_dagster.acquisition.video_ids import video_id_for_file, video_id_for_url
 from dataminer_dagster.assets.catalog.asset import video_catalog
 from dataminer_dagster.assets.download.asset import downloads
+from dataminer_dagster.assets.filter.asset import filtered_frames
+from dataminer_dagster.assets.frames.asset import frames
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.engine.partitions import (
+    project_videos_partitions,
     projects_partitions,
     videos_partitions,
 )
 from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.testing import keep_every_frame
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
     materialize_partitions,
@@ -28,7 +33,7 @@ from tests.helpers.pipeline import (
     work_items,
     write_videos,
 )
-from tests.helpers.small_disk import small_disk
+from tests.helpers.small_disk import fill, small_disk
 
 pytestmark = pytest.mark.slow
 
@@ -103,3 +108,125 @@ def test_a_disk_that_fills_during_a_download_postpones_it_and_frees_the_space(
             )
         assert work_items(engine, "download")[ids["good.mp4"]].status == "done"
         assert (data_dir / "videos" / f"{ids['good.mp4']}.mp4").is_file()
+
+
+def test_a_disk_that_fills_during_extraction_postpones_it_and_leaves_no_staging(
+    tmp_path, database_url, engine
+):
+    # Local files: they are decoded where they are, only the frames go to the small disk.
+    clips = write_videos(
+        tmp_path / "clips",
+        {"big.mp4": replace(SMALL, width=640, height=480, seconds=4.0), "small.mp4": SMALL},
+    )
+    ids = {name: video_id_for_file(path) for name, path in clips.items()}
+    with small_disk(tmp_path / "data", size_mb=4) as data_dir:
+        configs = [
+            parse_project_config(
+                {
+                    "name": name,
+                    "inputs": {"files": [str(clips[f"{name}.mp4"])]},
+                    "extract": {"min_free_disk_mb": 0, **extract},
+                    "filter": {"positive_prompts": ["a thing"]},
+                }
+            )
+            for name, extract in (
+                ("big", {"strategy": "interval", "every_frames": 1, "image_format": "png"}),
+                ("small", {}),
+            )
+        ]
+        catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
+        for config in configs:
+            catalog.register_project(config)
+        res = resources(database_url, data_dir)
+        with dg.instance_for_test() as instance:
+            materialize_partitions(
+                [video_catalog],
+                ["big", "small"],
+                instance=instance,
+                resources=res,
+                partitions=projects_partitions,
+            )
+            materialize_partitions(
+                [downloads],
+                list(ids.values()),
+                instance=instance,
+                resources=res,
+                partitions=videos_partitions,
+            )
+            big = materialize_partitions(
+                [frames],
+                [ids["big.mp4"]],
+                instance=instance,
+                resources=res,
+                partitions=videos_partitions,
+                raise_on_error=False,
+            )
+            item = work_items(engine, "frames")[ids["big.mp4"]]
+            assert (item.status, item.attempts) == ("failed", 0), "the disk's fault: no attempt"
+            assert "the disk is full" in item.last_error
+            assert _observations(big)[ids["big.mp4"]]["outcome"] == "postponed"
+            assert _hidden(data_dir / "frames") == [], "no staging left to keep the disk full"
+
+            materialize_partitions(
+                [frames],
+                [ids["small.mp4"]],
+                instance=instance,
+                resources=res,
+                partitions=videos_partitions,
+            )
+        assert work_items(engine, "frames")[ids["small.mp4"]].status == "done"
+
+
+def test_a_full_disk_under_a_projects_outputs_postpones_its_filter(
+    tmp_path, database_url, engine, tiny_siglip
+):
+    clip = write_videos(tmp_path / "clips", {"clip.mp4": SMALL})["clip.mp4"]
+    video = video_id_for_file(clip)
+    data_dir = tmp_path / "data"
+    with small_disk(tmp_path / "out", size_mb=1) as out:
+        config = parse_project_config(
+            {
+                "name": "p1",
+                "output_dir": str(out / "p1"),
+                "inputs": {"files": [str(clip)]},
+                "filter": keep_every_frame(tiny_siglip, ["a thing"]),
+            }
+        )
+        Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+        res = resources(database_url, data_dir)
+        with dg.instance_for_test() as instance:
+            materialize_partitions(
+                [video_catalog],
+                ["p1"],
+                instance=instance,
+                resources=res,
+                partitions=projects_partitions,
+            )
+            for stage in (downloads, frames):
+                materialize_partitions(
+                    [stage], [video], instance=instance, resources=res, partitions=videos_partitions
+                )
+            filler = fill(out)
+            key = f"p1.{video}"
+            materialize_partitions(
+                [filtered_frames],
+                [key],
+                instance=instance,
+                resources=res,
+                partitions=project_videos_partitions,
+                raise_on_error=False,
+            )
+            item = work_items(engine, "filter")[key]
+            assert (item.status, item.attempts) == ("failed", 0), "the disk's fault: no attempt"
+            assert "the disk is full" in item.last_error
+            assert _hidden(out) == ["p1/.dataminer-project"], "no staging left in the outputs"
+
+            filler.unlink()
+            materialize_partitions(
+                [filtered_frames],
+                [key],
+                instance=instance,
+                resources=res,
+                partitions=project_videos_partitions,
+            )
+        assert work_items(engine, "filter")[key].status == "done"

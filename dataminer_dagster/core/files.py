@@ -66,8 +66,7 @@ def staging_path(final: Path) -> Path:
     Leftovers of an earlier attempt at the same output (killed mid-way) are removed first: one
     output has one writer at a time, its work item's lease holder."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in leftovers(final):
-        remove(leftover)
+    remove_leftovers(final)
     return final.parent / f".staging-{final.name}-{uuid.uuid4().hex[:8]}"
 
 
@@ -76,6 +75,13 @@ def leftovers(final: Path) -> list[Path]:
     (`staging_path`, `set_aside`)."""
     name = glob.escape(final.name)
     return [*final.parent.glob(f".staging-{name}-*"), *final.parent.glob(f".replaced-{name}-*")]
+
+
+def remove_leftovers(final: Path) -> None:
+    """Remove the `leftovers` of `final` (one output has one writer at a time, the lease holder
+    of its work item)."""
+    for leftover in leftovers(final):
+        remove(leftover)
 
 
 def publish(staged: Path, final: Path) -> None:

@@ -48,8 +48,9 @@ class ItemResult:
     commit: Callable[[sa.Connection], None] | None = (
         None  # record + publish, inside the transaction
     )
-    # Paths removed once the item is over (committed or not): staging directories, and what the
-    # commit set aside for deletion (which a rollback has put back in place).
+    # Paths removed once the item is over (committed or not), besides its staging paths
+    # (StageContext.staging_path): what the commit set aside for deletion (which a rollback has
+    # put back in place).
     staged: list[Path] = field(default_factory=list)
     # What this item decided for another asset's same partition, recorded there as an observation
     # (asset name -> metadata): frames telling frames_backup that it has nothing to do.

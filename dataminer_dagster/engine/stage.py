@@ -30,17 +30,19 @@ partition key, and the attempt only when it was a retry. A stage's `PartitionChe
 of the run, once for each partition it finished, and are recorded on that partition.
 """
 
+import copy
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from dataminer_dagster.assets import REGISTRY
-from dataminer_dagster.core.files import InsufficientDiskSpace, disk_full, remove
+from dataminer_dagster.core.files import InsufficientDiskSpace, disk_full, remove, staging_path
 from dataminer_dagster.core.progress import Progress
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Catalog
@@ -96,7 +98,8 @@ class StageItem:
 
 
 class StageContext:
-    """What a stage function may use besides its item: the Dagster context, the database, logs.
+    """What a stage function may use besides its item: the Dagster context, the database, logs,
+    and the staging paths it builds its outputs in (`staging_path`).
 
     `following`: the stages this run executes after this one (its lane's). Items the stage queues
     for them are marked requested (`catalog`), so that no other run is asked for them meanwhile
@@ -113,6 +116,7 @@ class StageContext:
         self.log = context.log
         self.following = frozenset(following)
         self._memo: dict[Any, Any] = {}
+        self._staged: list[Path] = []
 
     @property
     def catalog(self) -> Catalog:
@@ -125,6 +129,25 @@ class StageContext:
         if not isinstance(client, DownloadClient):
             raise TypeError(f"resource download_client is a {type(client).__name__}")
         return client
+
+    def staging_path(self, final: Path) -> Path:
+        """A fresh hidden sibling of `final` to build it in (what an earlier attempt killed
+        mid-way left there is removed first). The stage machinery removes it once the item is
+        over, whatever became of it: the item's commit publishes it (`publish`) before that."""
+        staged = staging_path(final)
+        self._staged.append(staged)
+        return staged
+
+    def for_item(self) -> "StageContext":
+        """This context for the work on one item: the run's memo, the item's own staging."""
+        item_context = copy.copy(self)
+        item_context._staged = []
+        return item_context
+
+    @property
+    def staged(self) -> list[Path]:
+        """The staging paths handed out by `staging_path` (of the item's context)."""
+        return list(self._staged)
 
     def memo(self, key: Any, factory: Callable[[], Any]) -> Any:
         """Compute once per run (e.g. text embeddings of a project's prompts)."""
@@ -427,6 +450,7 @@ def _process_item(
 ) -> Iterator[dg.AssetMaterialization | dg.AssetObservation]:
     leases = ctx.db.leases
     item = StageItem(lease)
+    ctx = ctx.for_item()
     result: ItemResult | None = None
     try:
         leases.begin(lease)
@@ -493,8 +517,8 @@ def _process_item(
         if outcome.status == DEAD:
             dead.append(f"{lease.stage} {lease.key}: {message}")
         yield _observation(titles, asset_key, lease, outcome.status or "failed", message)
-    finally:
-        for path in result.staged if result else ():
+    finally:  # whatever became of the item: no staging is left to fill the disk
+        for path in [*ctx.staged, *(result.staged if result else ())]:
             remove(path)
 
 

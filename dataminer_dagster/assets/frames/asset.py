@@ -17,8 +17,8 @@ from dataminer_dagster.core.extraction_options import ExtractionOptions
 from dataminer_dagster.core.files import (
     make_read_only,
     publish,
+    remove_leftovers,
     require_free_space,
-    staging_path,
 )
 from dataminer_dagster.core.frame_extraction import extract_frames
 from dataminer_dagster.core.frame_manifest import read_manifest, write_manifest
@@ -135,16 +135,16 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
         )
 
     if missing:
+        for profile in missing:  # an attempt killed mid-way may be what fills the disk
+            remove_leftovers(paths.frames_dir(item.video_id, profile))
         _require_disk_space(ctx, projects)
-    staged: list[Path] = []
     made: list[tuple[str, ExtractionOptions, Path, Path, int]] = []
     summary: dict[str, int] = {}
     started = time.monotonic()
     for profile, options in sorted(missing.items()):
         final = paths.frames_dir(item.video_id, profile)
-        staging = staging_path(final)
+        staging = ctx.staging_path(final)
         staging.mkdir()
-        staged.append(staging)
         try:
             result = extract_frames(
                 source,
@@ -187,7 +187,6 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
         },
         outcome={"frames": summary},
         commit=commit,
-        staged=staged,
         observed={} if any(p.config.backup for p in projects) else {"frames_backup": NO_BACKUP},
     )
 
