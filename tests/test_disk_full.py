@@ -4,6 +4,7 @@ filesystems (tests/helpers/small_disk.py), real yt-dlp against a local server, r
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,7 +29,9 @@ from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.testing import keep_every_frame
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
+    drive_quietly,
     materialize_partitions,
+    pipeline_definitions,
     resources,
     work_items,
     write_videos,
@@ -90,7 +93,6 @@ def test_a_disk_that_fills_during_a_download_postpones_it_and_frees_the_space(
                 instance=instance,
                 resources=res,
                 partitions=videos_partitions,
-                raise_on_error=False,
             )
             item = work_items(engine, "download")[ids["huge.mp4"]]
             assert (item.status, item.attempts) == ("failed", 0), "the disk's fault: no attempt"
@@ -159,7 +161,6 @@ def test_a_disk_that_fills_during_extraction_postpones_it_and_leaves_no_staging(
                 instance=instance,
                 resources=res,
                 partitions=videos_partitions,
-                raise_on_error=False,
             )
             item = work_items(engine, "frames")[ids["big.mp4"]]
             assert (item.status, item.attempts) == ("failed", 0), "the disk's fault: no attempt"
@@ -208,14 +209,14 @@ def test_a_full_disk_under_a_projects_outputs_postpones_its_filter(
                 )
             filler = fill(out)
             key = f"p1.{video}"
-            materialize_partitions(
+            result = materialize_partitions(
                 [filtered_frames],
                 [key],
                 instance=instance,
                 resources=res,
                 partitions=project_videos_partitions,
-                raise_on_error=False,
             )
+            assert result.success, "a postponement does not fail a one-partition run"
             item = work_items(engine, "filter")[key]
             assert (item.status, item.attempts) == ("failed", 0), "the disk's fault: no attempt"
             assert "the disk is full" in item.last_error
@@ -230,3 +231,46 @@ def test_a_full_disk_under_a_projects_outputs_postpones_its_filter(
                 partitions=project_videos_partitions,
             )
         assert work_items(engine, "filter")[key].status == "done"
+
+
+def test_a_long_wait_for_disk_space_is_logged_once_a_minute_not_once_per_try(
+    tmp_path, database_url, engine
+):
+    """Every try of every video meets a full disk; the log says so once, not at each try."""
+    clips = write_videos(
+        tmp_path / "clips", {f"clip{i}.mp4": replace(SMALL, seed=i) for i in range(3)}
+    )
+    config = parse_project_config(
+        {
+            "name": "p1",
+            "inputs": {"files": [str(p) for p in clips.values()]},
+            "extract": {"min_free_disk_mb": 2**40},  # a petabyte: the disk is "full"
+            "filter": {"positive_prompts": ["a thing"]},
+        }
+    )
+    store = LeaseStore(engine)
+    Catalog(engine, store, DataPaths(tmp_path / "data")).register_project(config)
+    defs = pipeline_definitions(resources(database_url, tmp_path / "data"))
+    with dg.instance_for_test() as instance:
+        with pytest.raises(TimeoutError):  # the disk never frees: the drive gives up
+            drive_quietly(["p1"], instance=instance, defs=defs, store=store, timeout_s=15)
+        runs = instance.get_runs()
+        postponements = [
+            observed
+            for run in runs
+            for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.ASSET_OBSERVATION)
+            if (observed := e.dagster_event.event_specific_data.asset_observation)
+            .metadata["outcome"]
+            .value
+            == "postponed"
+        ]
+        lines = [
+            e.user_message
+            for run in runs
+            for e in instance.all_logs(run.run_id)
+            if e.level == logging.WARNING and " postponed " in e.user_message
+        ]
+        failed = [run.run_id for run in runs if run.status == dg.DagsterRunStatus.FAILURE]
+    assert len(postponements) >= 6, "every video was tried more than once"
+    assert len(lines) <= 2, f"one line a minute at most, not one per try: {lines}"
+    assert not failed, "waiting for disk space fails no run"

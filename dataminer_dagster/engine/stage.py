@@ -22,7 +22,9 @@ Outcomes per item:
 
 A failing item never stops the others. Failures are logged, recorded on the work item, and reported
 on the partition as an observation with the reason; a run of a single partition fails outright so
-that `dagster asset materialize --partition X` shows the error.
+that `dagster asset materialize --partition X` shows the error. A postponement is no failure: its
+observation says why, and its log line is said at most once a minute (with a count), since a full
+disk postpones every item that meets it.
 
 What the UI shows of an item: its metadata made readable (engine/previews.py: previews as
 thumbnails and pictures, floats rounded, paths as paths), the video's title beside a video's
@@ -43,7 +45,7 @@ import dagster as dg
 
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.core.files import InsufficientDiskSpace, disk_full, remove, staging_path
-from dataminer_dagster.core.progress import Progress
+from dataminer_dagster.core.progress import Progress, RepeatedLines
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
@@ -482,7 +484,7 @@ def _process_item(
         yield _observation(titles, asset_key, lease, "blocked", reason)
     except Postponed as postponed:
         yield from _postpone(
-            context, asset_key, ctx, lease, titles, failures, str(postponed), postponed.not_before
+            context, asset_key, ctx, lease, titles, str(postponed), postponed.not_before
         )
     except Exception as error:  # one bad item must not stop the batch
         if (full := disk_full(error)) is not None:  # the disk's fault, whichever stage met it
@@ -491,7 +493,7 @@ def _process_item(
                 if isinstance(full, InsufficientDiskSpace)
                 else f"the disk is full: {full}"
             )
-            yield from _postpone(context, asset_key, ctx, lease, titles, failures, reason)
+            yield from _postpone(context, asset_key, ctx, lease, titles, reason, topic=_DISK_FULL)
             return
         permanent = isinstance(error, PermanentFailure)
         message = redact(  # what the log, the run's failure and last_error show
@@ -522,27 +524,37 @@ def _process_item(
             remove(path)
 
 
+# A postponement is said at most once a minute for each topic: a full disk (any stage) or a
+# stage's other waits (a paused host). One per process, so that the runs `dataminer run`
+# executes one after another say it once a minute too, each partition's observation saying
+# the rest.
+_POSTPONED_LINES = RepeatedLines(every_s=60.0)
+_DISK_FULL = "the disk is full"
+
+
 def _postpone(
     context: dg.AssetExecutionContext,
     asset_key: dg.AssetKey,
     ctx: StageContext,
     lease: Lease,
     titles: _VideoTitles,
-    failures: list[str],
     reason: str,
     not_before: datetime | None = None,
+    topic: str | None = None,
 ) -> Iterator[dg.AssetObservation]:
-    """Not the item's fault: it waits without using an attempt."""
+    """Not the item's fault: it waits without using an attempt, and it is not a failure of the
+    run (a one-partition run that meets it succeeds, its observation saying why)."""
     reason = redact(reason)
     outcome = ctx.db.leases.postpone(lease, reason, not_before=not_before)
     if not outcome.applied:
         return
-    text = (
+    line = _POSTPONED_LINES.line(
+        topic or lease.stage,
         f"{lease.stage} {lease.key} postponed (not counted as an attempt): {reason}; "
-        f"tried again after {outcome.next_attempt_at:%H:%M:%S %Z}"
+        f"tried again after {outcome.next_attempt_at:%H:%M:%S %Z}",
     )
-    context.log.warning(text)
-    failures.append(text)
+    if line is not None:
+        context.log.warning(line)
     yield _observation(titles, asset_key, lease, "postponed", reason)
 
 
