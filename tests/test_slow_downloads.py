@@ -1,6 +1,6 @@
 """A host that trickles (512 bytes every 2 s, with a correct Content-Length, so that no read ever
-times out) is given up on, and the rest of the batch is downloaded. Real yt-dlp against a local
-server, real PostgreSQL."""
+times out) is given up on, and the rest of the batch is downloaded meanwhile; `dataminer run
+--timeout` is kept inside a download. Real yt-dlp against a local server, real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ from dataminer_dagster.engine.partitions import projects_partitions, videos_part
 from dataminer_dagster.paths import DataPaths
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
+    drive_quietly,
     materialize_partitions,
+    pipeline_definitions,
     resources,
     work_items,
     write_videos,
@@ -89,3 +91,22 @@ def test_a_trickling_host_is_given_up_within_the_speed_window_and_the_batch_goes
     assert max(_slow_transfers(server)) < clips["slow.mp4"].stat().st_size, "given up mid-way"
     assert items[ids["good.mp4"]].status == "done"
     assert not list((data_dir / "videos").glob(".*")), "no work directory left"
+
+
+def test_the_commands_timeout_is_kept_inside_a_download_while_other_videos_download(
+    hosts, tmp_path, database_url, engine
+):
+    server, clips = hosts
+    # No minimum speed: only the command's deadline can end the slow download.
+    config, ids = _project(server, min_speed_kb_s=0)
+    data_dir = tmp_path / "data"
+    store = LeaseStore(engine)
+    Catalog(engine, store, DataPaths(data_dir)).register_project(config)
+    defs = pipeline_definitions(resources(database_url, data_dir))
+    with dg.instance_for_test() as instance, pytest.raises(TimeoutError):
+        drive_quietly(["p1"], instance=instance, defs=defs, store=store, timeout_s=30)
+    items = work_items(engine, "download")
+    slow = items[ids["slow.mp4"]]
+    assert (slow.status, slow.attempts) == ("pending", 0), "given back, not an attempt"
+    assert max(_slow_transfers(server)) < clips["slow.mp4"].stat().st_size, "given up mid-way"
+    assert items[ids["good.mp4"]].status == "done", "the other video was downloaded meanwhile"

@@ -40,6 +40,12 @@ class Postponed(Exception):
         self.not_before = not_before
 
 
+class PastDeadline(Exception):
+    """The command that asked for this run stopped waiting (`dataminer run --timeout`) while the
+    item was worked on (`StageContext.check_deadline`): it is given back as it was, no attempt
+    used, for a later run."""
+
+
 @dataclass
 class ItemResult:
     # Shown on the partition in the UI (engine/previews.py: `Preview`s and readable values).

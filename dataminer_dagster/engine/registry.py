@@ -2,11 +2,11 @@
 
 Every fact about a stage that another part needs is in its `StageSpec`: its partition set, its
 lane, the stage it reads from, whether it is in the project chain, on the status boards,
-forceable, a GPU stage, and its folder. A stage declares its spec in its folder's `__init__.py`
-(`assets/<stage>/`); `dataminer_dagster.assets.REGISTRY` lists them in flow order, the one
-statement of the flow. The sensors' run requests, the status tables and progress bars, the CLI's
-choices and `force-<stage>` commands, the admin operations and the lease statements' stage lists
-are derived from it.
+forceable, a GPU stage, how many items a run works on at once, and its folder. A stage declares
+its spec in its folder's `__init__.py` (`assets/<stage>/`); `dataminer_dagster.assets.REGISTRY`
+lists them in flow order, the one statement of the flow. The sensors' run requests, the status
+tables and progress bars, the CLI's choices and `force-<stage>` commands, the admin operations and
+the lease statements' stage lists are derived from it.
 
 Stage names are the `stage` column of work items. Video stages are keyed by video id,
 project-video stages by "<project>.<video id>" (video ids never contain a dot), project stages by
@@ -46,7 +46,9 @@ class StageSpec:
     member video is finished, in registry order (the project chain). `on_board`: a row of the
     status tables and progress bars. `forceable`: `dataminer force-<stage>` runs it again with
     what follows it. `gpu`: it runs a model (GPU op tags, the `gpu` pool). `group`: its asset
-    group in the UI. `home`: its folder's package (`__name__` of the folder's `__init__.py`)."""
+    group in the UI. `home`: its folder's package (`__name__` of the folder's `__init__.py`).
+    `at_once`: items of a run worked on at the same time (threads), for a stage that waits on the
+    network, so that one slow item does not hold up the rest of its batch."""
 
     name: str
     keys: str
@@ -60,6 +62,7 @@ class StageSpec:
     on_board: bool = True
     forceable: bool = False
     gpu: bool = False
+    at_once: int = 1
 
     @property
     def per_video(self) -> bool:

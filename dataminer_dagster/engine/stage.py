@@ -18,7 +18,13 @@ Outcomes per item:
                                           EDQUOT anywhere in the exception's chain, or
                                           InsufficientDiskSpace (core/files.py, `disk_full`)
 * raise anything else                  -> failed; retried with back-off, dead after the last attempt
+* the run's deadline passed meanwhile  -> given back as it was, no attempt used (PastDeadline,
+                                          raised by StageContext.check_deadline: a download)
 * the lease was lost meanwhile         -> nothing is published; the new owner's work stands
+
+A run works on its items one after another, or `at_once` of them at a time in threads where the
+stage's StageSpec says so (downloads: a slow host does not hold up the rest of the batch); no item
+is started once the run's deadline has passed.
 
 A failing item never stops the others. Failures are logged, recorded on the work item, and reported
 on the partition as an observation with the reason; a run of a single partition fails outright so
@@ -36,6 +42,7 @@ import copy
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -56,6 +63,7 @@ from dataminer_dagster.engine.jobs import name_prefix
 from dataminer_dagster.engine.outcomes import (
     Blocked,
     ItemResult,
+    PastDeadline,
     PermanentFailure,
     Postponed,
     RequeueFirst,
@@ -112,11 +120,14 @@ class StageContext:
         context: dg.AssetExecutionContext,
         db: DatabaseResource,
         following: Sequence[str] = (),
+        deadline: float | None = None,
     ):
         self.context = context
         self.db = db
         self.log = context.log
         self.following = frozenset(following)
+        # When the command that asked for this run stops waiting for it (time.time()).
+        self.deadline = deadline
         self._memo: dict[Any, Any] = {}
         self._staged: list[Path] = []
 
@@ -160,6 +171,16 @@ class StageContext:
     def check_lease(self, item: StageItem) -> None:
         """Call between units of long work: raises LeaseLost when the item was taken away."""
         self.db.leases.check(item.lease)
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.time() > self.deadline
+
+    def check_deadline(self) -> None:
+        """Call while waiting on something slow (a download): raises PastDeadline once the
+        command that asked for this run stopped waiting (`dataminer run --timeout`), so that the
+        item is given back rather than finished long after."""
+        if self.past_deadline():
+            raise PastDeadline("past the deadline of the command that asked for this run")
 
 
 class StageConfig(dg.Config):
@@ -394,35 +415,29 @@ def run_stage(
         yield _current(key, earlier)
     deadline = float(tags[DEADLINE_TAG]) if DEADLINE_TAG in tags else None
 
-    ctx = StageContext(context, db, following)
+    ctx = StageContext(context, db, following, deadline)
     titles = _VideoTitles(ctx.catalog, leases)
     progress = Progress(f"{stage}", len(leases), context.log.info)
     failures: list[str] = []
     finished: list[str] = [earlier.key for earlier in current]
     pending = list(leases)
+
+    def work(lease: Lease) -> list[dg.AssetMaterialization | dg.AssetObservation]:
+        return list(_process_item(context, key, ctx, process, lease, titles, failures, dead))
+
     try:
-        while pending:
-            if deadline is not None and time.time() > deadline:
-                context.log.warning(
-                    f"{stage}: past the deadline of the command that asked for this run; "
-                    f"{len(pending)} items left for later"
-                )
-                break
-            lease = pending.pop(0)
-            for event in _process_item(
-                context,
-                key,
-                ctx,
-                process,
-                lease,
-                titles,
-                failures,
-                dead,
-            ):
+        at_once = REGISTRY[stage].at_once
+        for lease, events in _work_through(pending, at_once, ctx.past_deadline, work):
+            for event in events:
                 if isinstance(event, dg.AssetMaterialization):
                     finished.append(lease.key)
                 yield event
             progress.advance()
+        if pending:
+            context.log.warning(
+                f"{stage}: past the deadline of the command that asked for this run; "
+                f"{len(pending)} items left for later"
+            )
     finally:
         db.leases.release_many(pending)  # interrupted: give back what was never started
 
@@ -438,6 +453,32 @@ def run_stage(
         context.log.warning(
             f"{stage}: {len(failures)} of {len(leases)} items failed; the others are done"
         )
+
+
+def _work_through(
+    pending: list[Lease],
+    at_once: int,
+    past_deadline: Callable[[], bool],
+    work: Callable[[Lease], list[Any]],
+) -> Iterator[tuple[Lease, list[Any]]]:
+    """Work on the leases of `pending`, `at_once` at a time, taking each off the list as it starts
+    (none once past the deadline), and yield each with its events as it ends."""
+    if at_once == 1:  # in this thread, as a model stage wants
+        while pending and not past_deadline():
+            lease = pending.pop(0)
+            yield lease, work(lease)
+        return
+    with ThreadPoolExecutor(at_once, thread_name_prefix="stage-item") as pool:
+        running: dict[Future, Lease] = {}
+        while True:
+            while pending and len(running) < at_once and not past_deadline():
+                lease = pending.pop(0)
+                running[pool.submit(work, lease)] = lease
+            if not running:
+                return
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                yield running.pop(future), future.result()
 
 
 def _process_item(
@@ -477,6 +518,11 @@ def _process_item(
             )
     except LeaseLost as lost:
         context.log.warning(str(lost))
+    except PastDeadline as past:
+        leases.release_many([lease])
+        context.log.warning(
+            f"{lease.stage} {lease.key}: {past}; given back for a later run (no attempt used)"
+        )
     except Blocked as blocked:
         reason = redact(str(blocked))
         leases.block(lease, reason)

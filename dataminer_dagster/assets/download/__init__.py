@@ -11,4 +11,7 @@ STAGE = StageSpec(
     reads=CATALOG,
     group=INGEST,
     home=__name__,
+    # A slow host's download must not hold up its batch; download.max_downloads_per_host still
+    # bounds what one host sees, across every run.
+    at_once=4,
 )
