@@ -274,3 +274,42 @@ def test_a_long_wait_for_disk_space_is_logged_once_a_minute_not_once_per_try(
     assert len(lines) < len(postponements), f"not one line per try: {lines}"
     assert len(lines) <= 2, f"one line a minute at most: {lines}"
     assert not failed, "waiting for disk space fails no run"
+
+
+def test_what_a_killed_extraction_left_is_removed_before_the_free_space_is_checked(
+    tmp_path, database_url, engine
+):
+    """A process killed mid-extraction leaves its staging behind; that leftover must not be what
+    keeps the video postponed for want of space."""
+    clip = write_videos(tmp_path / "clips", {"clip.mp4": SMALL})["clip.mp4"]
+    video = video_id_for_file(clip)
+    with small_disk(tmp_path / "data", size_mb=4) as data_dir:
+        config = parse_project_config(
+            {
+                "name": "p1",
+                "inputs": {"files": [str(clip)]},
+                "extract": {"min_free_disk_mb": 2},
+                "filter": {"positive_prompts": ["a thing"]},
+            }
+        )
+        Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+        final = DataPaths(data_dir).frames_dir(video, config.extract.options().profile_id())
+        leftover = final.parent / f".staging-{final.name}-0badf00d"
+        leftover.mkdir(parents=True)
+        (leftover / f"{video}_000001.jpg").write_bytes(bytes(3 * 2**20))  # 3 of the 4 MB
+        res = resources(database_url, data_dir)
+        with dg.instance_for_test() as instance:
+            materialize_partitions(
+                [video_catalog],
+                ["p1"],
+                instance=instance,
+                resources=res,
+                partitions=projects_partitions,
+            )
+            for stage in (downloads, frames):
+                materialize_partitions(
+                    [stage], [video], instance=instance, resources=res, partitions=videos_partitions
+                )
+        item = work_items(engine, "frames")[video]
+        assert item.status == "done", item.last_error
+        assert _hidden(data_dir / "frames") == [], "the leftover is gone"

@@ -22,6 +22,10 @@ Outcomes per item:
                                           raised by StageContext.check_deadline: a download)
 * the lease was lost meanwhile         -> nothing is published; the new owner's work stands
 
+A stage builds its files in staging paths it takes from `ctx.staging_path(final)` and publishes them
+in its commit; whatever becomes of the item, the machinery removes those paths once it is over, so
+that no failure leaves a half-written output behind to fill the disk.
+
 A run works on its items one after another, or `at_once` of them at a time in threads where the
 stage's StageSpec says so (downloads: a slow host does not hold up the rest of the batch); no item
 is started once the run's deadline has passed.
