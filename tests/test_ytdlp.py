@@ -18,6 +18,7 @@ import pytest
 from dataminer_dagster.acquisition.download_rules import blocked_hashtag, check_download_rules
 from dataminer_dagster.acquisition.errors import (
     DownloadBlocked,
+    DownloadTooSlow,
     HostPaused,
     PermanentDownloadError,
     RetryableDownloadError,
@@ -45,6 +46,7 @@ from dataminer_dagster.acquisition.ytdlp_search import (
 from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from tests.helpers.http_server import LocalHTTPServer, http_server_fixture
+from tests.helpers.small_disk import small_disk
 
 SPEC = SyntheticVideoSpec(width=320, height=240, fps=10.0, seconds=1.0)
 
@@ -310,6 +312,31 @@ def test_slow_server_times_out_as_retryable(http_server, clips, tmp_path):
     assert_nothing_left_but(tmp_path)
 
 
+def test_a_trickling_host_is_given_up_once_the_speed_window_is_too_slow(
+    http_server, clips, tmp_path
+):
+    """512 bytes every 2 s with a correct Content-Length: no read ever times out."""
+    url = serve_copy(http_server, clips["mp4"], "trickle.mp4")
+    http_server.trickle("/trickle.mp4", bytes_per_step=512, every_s=2.0)
+    options = DownloadOptions(min_speed_bytes_s=16 * 1024, min_speed_window_s=4, retries=0)
+    with pytest.raises(DownloadTooSlow, match="download.min_speed_kb_s") as raised:
+        download_video(url, "vid", tmp_path, options)
+    assert "KB in the last" in str(raised.value) and "given up after" in str(raised.value)
+    assert isinstance(raised.value, RetryableDownloadError)
+    assert_nothing_left_but(tmp_path)
+    sent = [r.bytes_sent for r in http_server.requests if r.path == "/trickle.mp4"]
+    assert max(sent) < clips["mp4"].stat().st_size, "given up before the end"
+
+
+def test_a_download_past_its_deadline_is_given_up(http_server, clips, tmp_path):
+    url = serve_copy(http_server, clips["mp4"], "late.mp4")
+    http_server.trickle("/late.mp4", bytes_per_step=4096, every_s=1.0)  # fast enough per window
+    options = DownloadOptions(max_download_s=3, retries=0)
+    with pytest.raises(DownloadTooSlow, match=r"longer than download.max_download_s \(3 s\)"):
+        download_video(url, "vid", tmp_path, options)
+    assert_nothing_left_but(tmp_path)
+
+
 def test_duration_limit_blocks_and_removes_the_file(http_server, clips, tmp_path):
     url = serve_copy(http_server, clips["webm"], "long.webm")
     with pytest.raises(DownloadBlocked, match="over the limit of 0.5 s") as raised:
@@ -382,6 +409,21 @@ def test_a_download_needs_free_disk_space_for_its_size_and_a_reserve(http_server
     assert "free" in str(raised.value) and "vid" in str(raised.value)
     assert http_server.hits("/roomy.mp4") == 1, "refused after the metadata, before the media"
     assert_nothing_left_but(tmp_path)
+
+
+def test_a_disk_that_fills_mid_download_is_a_full_disk_and_leaves_nothing(http_server, tmp_path):
+    http_server.stream("/filling.mp4", total_bytes=16 * 2**20)  # no size announced to refuse
+    with small_disk(tmp_path / "disk", size_mb=2) as disk:
+        with pytest.raises(InsufficientDiskSpace, match="the disk is full") as raised:
+            download_video(
+                http_server.url("/filling.mp4"),
+                "vid",
+                disk,
+                DownloadOptions(min_free_disk_mb=0, max_filesize_mb=64),
+            )
+        assert "No space left on device" in str(raised.value)
+        assert str(raised.value).startswith("Video vid (")
+        assert_nothing_left_but(disk)
 
 
 def test_an_error_from_the_progress_callback_aborts_and_propagates(http_server, clips, tmp_path):
@@ -616,6 +658,19 @@ def test_ytdlp_messages_are_classified(message, expected, reason):
     assert "ERROR:" not in str(error)
 
 
+def test_a_full_disk_in_ytdlps_words_is_a_full_disk():
+    from yt_dlp.utils import DownloadError
+
+    error = classify_ytdlp_error(
+        DownloadError("ERROR: unable to write data: [Errno 28] No space left on device"),
+        subject="Video abc",
+    )
+    assert isinstance(error, InsufficientDiskSpace), error
+    assert str(error) == (
+        "Video abc: the disk is full: unable to write data: [Errno 28] No space left on device"
+    )
+
+
 @pytest.mark.parametrize(
     ("status", "kind"),
     [
@@ -818,3 +873,23 @@ def test_params_map_the_politeness_options():
     assert {"sleep_interval_requests", "ratelimit", "proxy"}.isdisjoint(
         ytdlp_params(DownloadOptions())
     )
+
+
+def test_the_speed_is_judged_on_the_last_window_and_the_deadline_on_the_whole():
+    from dataminer_dagster.acquisition.download_pace import DownloadPace
+
+    now = [0.0]
+    options = DownloadOptions(min_speed_bytes_s=1000, min_speed_window_s=10, max_download_s=100)
+    pace = DownloadPace(options, "Video v", clock=lambda: now[0])
+    late = DownloadPace(options, "Video v", clock=lambda: now[0])
+    downloaded = 0
+    for second in range(1, 30):  # 10 KB/s for 20 s, then 500 B/s
+        now[0] = float(second)
+        downloaded += 10_000 if second <= 20 else 500
+        pace.check(downloaded)  # the last 10 s still moved at least 1 KB/s on average
+    now[0], downloaded = 30.0, downloaded + 500
+    with pytest.raises(DownloadTooSlow, match=r"4\.9 KB in the last 10 s"):
+        pace.check(downloaded)
+    now[0] = 101.0
+    with pytest.raises(DownloadTooSlow, match=r"longer than download.max_download_s \(100 s\)"):
+        late.check(10**9)

@@ -2,7 +2,7 @@
 
 * `DownloadBlocked`: a rule says "do not download" (final, but not a failure);
 * `PermanentDownloadError`: retrying cannot help (404, private, removed, age-restricted);
-* `RetryableDownloadError`: try again later (5xx, timeouts, unknown errors);
+* `RetryableDownloadError`: try again later (5xx, timeouts, a host too slow, unknown errors);
 * `HostPaused`: not the video's fault: its host throttles us (429, 503, a bot check, a
   Retry-After) and every run leaves it alone until the pause ends; no attempt is used.
 """
@@ -46,6 +46,13 @@ class RetryableDownloadError(VideoDownloadError):
         self.retry_after = retry_after
         # set when the error says the host throttles us (a bot check in an extractor's message)
         self.signal = signal
+
+
+class DownloadTooSlow(RetryableDownloadError):
+    """The transfer went slower than the minimum speed over its window, or past the download's
+    deadline: given up so that the run goes on. Retryable, and the attempt counts: a host that is
+    slow for one try may not be for the next, but one that always is must end the item dead, or
+    its project would never complete."""
 
 
 class HostPaused(RetryableDownloadError):

@@ -13,8 +13,9 @@ from dataminer_dagster.assets.download.config import DownloadConfig
 def merged_download_options(configs: Sequence[DownloadConfig], host: str) -> DownloadOptions:
     """The options of one download (or search) from `host` for these projects: the most
     permissive of their rules (rules that only some projects have are applied per project
-    afterwards), but the largest reserve of free disk space and the politest pace (the longest
-    sleeps and pauses, the lowest limits). Sleeps a project leaves unset are the host's defaults."""
+    afterwards) and of their patience with a slow download, but the largest reserve of free disk
+    space and the politest pace (the longest sleeps and pauses, the lowest limits). Sleeps a
+    project leaves unset are the host's defaults."""
 
     def loosest(values):
         return None if any(v is None for v in values) else max(values)
@@ -28,6 +29,9 @@ def merged_download_options(configs: Sequence[DownloadConfig], host: str) -> Dow
         max_height=loosest([c.max_height for c in configs]),
         format=next((c.format for c in configs if c.format), None),
         socket_timeout=max(c.timeout_s for c in configs),
+        min_speed_bytes_s=min(c.min_speed_kb_s for c in configs) * 1024 or None,
+        min_speed_window_s=max(c.min_speed_window_s for c in configs),
+        max_download_s=max(c.max_download_s for c in configs),
         blocked_hashtags=tuple(sorted(blocked)),
         max_duration_s=loosest([c.max_duration_s for c in configs]),
         max_filesize_mb=loosest([c.max_filesize_mb for c in configs]),

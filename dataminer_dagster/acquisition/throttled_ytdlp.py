@@ -29,6 +29,7 @@ from dataminer_dagster.acquisition.politeness import (
     throttle_signal,
 )
 from dataminer_dagster.acquisition.ytdlp_errors import classify_ytdlp_error
+from dataminer_dagster.core.files import InsufficientDiskSpace
 
 # A call that meets a pause it may wait for tries again at most this often before giving up.
 _PAUSED_TRIES = 4
@@ -68,7 +69,7 @@ def next_proxy(proxies: tuple[str, ...], host: str, throttle: HostThrottle) -> s
 
 def classified(
     exc: BaseException, subject: str, throttle: HostThrottle, key: str
-) -> VideoDownloadError:
+) -> VideoDownloadError | InsufficientDiskSpace:
     """classify_ytdlp_error, with a throttle signal in the message (a bot check) pausing the host."""
     error = classify_ytdlp_error(exc, subject=subject)
     if isinstance(error, RetryableDownloadError) and error.signal is not None:

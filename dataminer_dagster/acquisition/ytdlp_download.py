@@ -6,7 +6,8 @@ moved into place (`<dest_dir>/<video_id>.<ext>`) only once they probe as a video
 never leaves a partial file behind. yt-dlp errors are sorted into the outcomes of
 `acquisition.errors` (`ytdlp_errors`), which the caller turns into claim-table states. Requests go
 through the host throttle (`throttled_ytdlp`); a stream URL refused mid-download (expired) is
-fetched again at once with fresh metadata.
+fetched again at once with fresh metadata. A transfer slower than the minimum speed, or past the
+download's deadline, is given up (`download_pace`).
 
 yt-dlp is imported inside the functions, so importing this module is cheap.
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dataminer_dagster.acquisition.download_pace import DownloadPace
 from dataminer_dagster.acquisition.download_rules import (
     check_download_rules,
     check_duration,
@@ -298,8 +300,8 @@ def _metadata(info: dict[str, Any], probe: VideoProbe, final: Path) -> VideoMeta
 
 
 class _ProgressForwarder:
-    """A yt-dlp progress hook that stops a download growing past the size cap, forwards to the
-    caller's callback and remembers its errors.
+    """A yt-dlp progress hook that stops a download growing past the size cap or going too slowly
+    (`DownloadPace`), forwards to the caller's callback and remembers its errors.
 
     yt-dlp's own max_filesize only acts on a size the server announces; a body without a
     Content-Length (a live or generated response) would otherwise be read to its end, if any."""
@@ -313,6 +315,7 @@ class _ProgressForwarder:
         self._callback = callback
         self._options = options
         self._max_bytes = max_filesize_bytes(options)
+        self._pace = DownloadPace(options, subject)
         self._subject = subject
         self._error: BaseException | None = None
 
@@ -328,6 +331,8 @@ class _ProgressForwarder:
                     "announced); the download was stopped there",
                     rule="filesize",
                 )
+            if status["status"] == "downloading":
+                self._pace.check(downloaded)
             if self._callback is None:
                 return
             self._callback(

@@ -1,5 +1,7 @@
 """yt-dlp's errors sorted into the outcomes of `acquisition.errors` (permanent, retryable, or a
-sign that the host throttles us), with a reason a user can read.
+sign that the host throttles us), with a reason a user can read. A full disk is none of these:
+yt-dlp reports a failed write in words ("unable to write data: [Errno 28] No space left on
+device"), and it becomes the InsufficientDiskSpace that postpones an item in any stage.
 
 yt-dlp is imported inside the functions, so importing this module is cheap.
 """
@@ -18,6 +20,7 @@ from dataminer_dagster.acquisition.politeness import (
     is_bot_check,
     parse_retry_after,
 )
+from dataminer_dagster.core.files import InsufficientDiskSpace, disk_full, says_disk_full
 
 _HTTP_STATUS_IN_TEXT = re.compile(r"HTTP Error (\d{3})")
 
@@ -65,13 +68,18 @@ _RETRYABLE_MARKERS = (
 _RETRYABLE_4XX = frozenset({403, 408, 425, 429})
 
 
-def classify_ytdlp_error(exc: BaseException, *, subject: str) -> VideoDownloadError:
+def classify_ytdlp_error(
+    exc: BaseException, *, subject: str
+) -> VideoDownloadError | InsufficientDiskSpace:
     """Map a yt-dlp exception (and its causes) to Permanent/Retryable, with a readable reason.
-    An error that says the host throttles us (a bot check, 429, 503) carries its `signal`."""
+    An error that says the host throttles us (a bot check, 429, 503) carries its `signal`; one
+    that says the disk is full is InsufficientDiskSpace."""
     chain = list(_exception_chain(exc))
     messages = [_clean_message(e) for e in chain]
     text = _summary(messages)
     lowered = " | ".join(messages).lower()
+    if says_disk_full(lowered) or any(disk_full(e) for e in chain):
+        return InsufficientDiskSpace(f"{subject}: the disk is full: {text}")
     retry_after = _retry_after(chain)
     if is_bot_check(lowered):
         signal = ThrottleSignal(

@@ -26,6 +26,9 @@ class DownloadOptions:
     max_height: int | None = None  # height cap for the default format
     format: str | None = None  # explicit yt-dlp format; default: see default_format()
     socket_timeout: float = 30
+    min_speed_bytes_s: float | None = None  # over min_speed_window_s; slower is given up
+    min_speed_window_s: float = 60.0
+    max_download_s: float | None = None  # one download's deadline, from its first request
     blocked_hashtags: tuple[str, ...] = ()  # whole tags, case-insensitive, '#' optional
     max_duration_s: float | None = None
     max_filesize_mb: float | None = None

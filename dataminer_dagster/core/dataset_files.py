@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from dataminer_dagster.core.files import link_or_copy, publish, staging_path
+from dataminer_dagster.core.files import link_or_copy, publish, remove, staging_path
 
 IMAGES_DIR = "images"
 COCO_FILE = "annotations.coco.json"
@@ -35,14 +35,17 @@ def export_dataset(dataset: Path, dest: Path, *, copy: bool) -> tuple[int, int]:
     """Build a copy of `dataset` beside `dest` and rename it into place; returns (images, hard
     links)."""
     staging = staging_path(dest)
-    (staging / IMAGES_DIR).mkdir(parents=True)
-    source_dir = dataset / IMAGES_DIR
-    images = sorted(source_dir.iterdir()) if source_dir.is_dir() else []
-    links = place_images(
-        ((image.resolve(), image.name) for image in images), staging / IMAGES_DIR, copy=copy
-    )
-    for name in (COCO_FILE, MANIFEST_FILE):
-        if (dataset / name).is_file():
-            shutil.copy2(dataset / name, staging / name)
-    publish(staging, dest)
+    try:
+        (staging / IMAGES_DIR).mkdir(parents=True)
+        source_dir = dataset / IMAGES_DIR
+        images = sorted(source_dir.iterdir()) if source_dir.is_dir() else []
+        links = place_images(
+            ((image.resolve(), image.name) for image in images), staging / IMAGES_DIR, copy=copy
+        )
+        for name in (COCO_FILE, MANIFEST_FILE):
+            if (dataset / name).is_file():
+                shutil.copy2(dataset / name, staging / name)
+        publish(staging, dest)
+    finally:  # a full disk, say: no half-built copy is left to keep it full
+        remove(staging)
     return len(images), links

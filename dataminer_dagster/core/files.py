@@ -2,20 +2,52 @@
 
 A re-run replaces what was there; a crash leaves either the old output or the new one, plus a
 hidden staging directory that the next attempt removes. Work that writes much checks the free
-space first (`require_free_space`).
+space first (`require_free_space`); a disk that fills all the same is recognised by `disk_full`.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import shutil
 import uuid
 from pathlib import Path
 
+# A write refused for want of space: the disk is full, or the user's quota on it is used up.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# The same, said only in words (an error that keeps the text of the OSError it wraps).
+DISK_FULL_WORDS = ("no space left on device", "disk quota exceeded")
+
 
 class InsufficientDiskSpace(OSError):
-    """Too little free disk space for a piece of work: the disk's state, not the work's fault."""
+    """Too little free disk space for a piece of work, or none left: the disk's state, not the
+    work's fault."""
+
+
+def disk_full(error: BaseException) -> OSError | None:
+    """The error of `error`'s chain (itself, its causes and contexts) that says a disk is full:
+    an InsufficientDiskSpace, or an OSError with errno ENOSPC or EDQUOT (or only its words, as
+    some libraries raise it). None when there is none."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, InsufficientDiskSpace) or (
+            isinstance(current, OSError)
+            and (current.errno in DISK_FULL_ERRNOS or says_disk_full(str(current)))
+        ):
+            return current
+        pending += [current.__cause__, current.__context__]
+    return None
+
+
+def says_disk_full(text: str) -> bool:
+    lowered = text.lower()
+    return any(words in lowered for words in DISK_FULL_WORDS)
 
 
 def require_free_space(directory: Path, needed_bytes: int, purpose: str) -> None:
@@ -34,8 +66,7 @@ def staging_path(final: Path) -> Path:
     Leftovers of an earlier attempt at the same output (killed mid-way) are removed first: one
     output has one writer at a time, its work item's lease holder."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in leftovers(final):
-        remove(leftover)
+    remove_leftovers(final)
     return final.parent / f".staging-{final.name}-{uuid.uuid4().hex[:8]}"
 
 
@@ -44,6 +75,13 @@ def leftovers(final: Path) -> list[Path]:
     (`staging_path`, `set_aside`)."""
     name = glob.escape(final.name)
     return [*final.parent.glob(f".staging-{name}-*"), *final.parent.glob(f".replaced-{name}-*")]
+
+
+def remove_leftovers(final: Path) -> None:
+    """Remove the `leftovers` of `final` (one output has one writer at a time, the lease holder
+    of its work item)."""
+    for leftover in leftovers(final):
+        remove(leftover)
 
 
 def publish(staged: Path, final: Path) -> None:

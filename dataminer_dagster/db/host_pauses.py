@@ -34,8 +34,11 @@ H = f"{SCHEMA}.run_heartbeats"
 _TURN_LOCKS = 0x686F7374
 _SLOT_LOCKS = 0x736C6F74
 
+# Times of a pause are read from the clock, not from now(): now() is when the turn's transaction
+# began, before it waited for the turn and for the request's answer, so a pause measured from it
+# ended early (by the wait: seconds, with many downloads of one host at once).
 _PAUSE_COLUMNS = """host, paused_at, paused_until, kind, reason, strikes, pauses, run_id,
-                    extract(epoch FROM paused_until - now()) AS remaining_s"""
+                    extract(epoch FROM paused_until - clock_timestamp()) AS remaining_s"""
 
 _LOCK = sa.text("SELECT pg_advisory_xact_lock(:space, hashtext(:key))")
 
@@ -44,11 +47,15 @@ _READ = sa.text(f"SELECT {_PAUSE_COLUMNS} FROM {P} WHERE host = :key")
 # A pause never shortens one in force, and counts a strike only when none is in force.
 _PAUSE = sa.text(f"""
     INSERT INTO {P} AS p (host, paused_at, paused_until, kind, reason, strikes, pauses, run_id)
-    VALUES (:key, now(), now() + make_interval(secs => :delay), :kind, :reason, 1, 1, :run)
+    SELECT :key, answered, answered + make_interval(secs => :delay), :kind, :reason, 1, 1, :run
+      FROM (SELECT clock_timestamp() AS answered) AS clock
     ON CONFLICT (host) DO UPDATE SET
-        paused_at = CASE WHEN p.paused_until > now() THEN p.paused_at ELSE now() END,
-        strikes = CASE WHEN p.paused_until > now() THEN p.strikes ELSE p.strikes + 1 END,
-        pauses = CASE WHEN p.paused_until > now() THEN p.pauses ELSE p.pauses + 1 END,
+        paused_at = CASE WHEN p.paused_until > EXCLUDED.paused_at THEN p.paused_at
+                         ELSE EXCLUDED.paused_at END,
+        strikes = CASE WHEN p.paused_until > EXCLUDED.paused_at THEN p.strikes
+                       ELSE p.strikes + 1 END,
+        pauses = CASE WHEN p.paused_until > EXCLUDED.paused_at THEN p.pauses
+                      ELSE p.pauses + 1 END,
         kind = CASE WHEN EXCLUDED.paused_until > p.paused_until THEN EXCLUDED.kind ELSE p.kind END,
         reason = CASE WHEN EXCLUDED.paused_until > p.paused_until THEN EXCLUDED.reason
                       ELSE p.reason END,

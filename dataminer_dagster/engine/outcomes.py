@@ -30,13 +30,20 @@ class RequeueFirst(Exception):
 
 
 class Postponed(Exception):
-    """Not the item's fault (too little free disk space, a paused host): it is tried again after a
-    back-off, or at `not_before` when given, and the attempt does not count, so a full disk or a
-    throttling host never turns good items dead."""
+    """Not the item's fault (a paused host): it is tried again after a back-off, or at
+    `not_before` when given, and the attempt does not count, so a throttling host never turns good
+    items dead. A full disk is postponed the same way without being raised as this: the stage
+    machinery recognises it in any exception (core/files.py, `disk_full`)."""
 
     def __init__(self, message: str, not_before: datetime | None = None):
         super().__init__(message)
         self.not_before = not_before
+
+
+class PastDeadline(Exception):
+    """The command that asked for this run stopped waiting (`dataminer run --timeout`) while the
+    item was worked on (`StageContext.check_deadline`): it is given back as it was, no attempt
+    used, for a later run."""
 
 
 @dataclass
@@ -47,8 +54,9 @@ class ItemResult:
     commit: Callable[[sa.Connection], None] | None = (
         None  # record + publish, inside the transaction
     )
-    # Paths removed once the item is over (committed or not): staging directories, and what the
-    # commit set aside for deletion (which a rollback has put back in place).
+    # Paths removed once the item is over (committed or not), besides its staging paths
+    # (StageContext.staging_path): what the commit set aside for deletion (which a rollback has
+    # put back in place).
     staged: list[Path] = field(default_factory=list)
     # What this item decided for another asset's same partition, recorded there as an observation
     # (asset name -> metadata): frames telling frames_backup that it has nothing to do.

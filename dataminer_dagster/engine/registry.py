@@ -2,11 +2,11 @@
 
 Every fact about a stage that another part needs is in its `StageSpec`: its partition set, its
 lane, the stage it reads from, whether it is in the project chain, on the status boards,
-forceable, a GPU stage, and its folder. A stage declares its spec in its folder's `__init__.py`
-(`assets/<stage>/`); `dataminer_dagster.assets.REGISTRY` lists them in flow order, the one
-statement of the flow. The sensors' run requests, the status tables and progress bars, the CLI's
-choices and `force-<stage>` commands, the admin operations and the lease statements' stage lists
-are derived from it.
+forceable, a GPU stage, how many items a run works on at once, and its folder. A stage declares
+its spec in its folder's `__init__.py` (`assets/<stage>/`); `dataminer_dagster.assets.REGISTRY`
+lists them in flow order, the one statement of the flow. The sensors' run requests, the status
+tables and progress bars, the CLI's choices and `force-<stage>` commands, the admin operations and
+the lease statements' stage lists are derived from it.
 
 Stage names are the `stage` column of work items. Video stages are keyed by video id,
 project-video stages by "<project>.<video id>" (video ids never contain a dot), project stages by
@@ -49,7 +49,9 @@ class StageSpec:
     group in the UI. `home`: its folder's package (`__name__` of the folder's `__init__.py`).
     `config`: the sections of the project config (ProjectConfig fields) its output depends on;
     with its upstream's, they make the stage's fingerprint (ProjectConfig.fingerprints): work
-    done under another fingerprint than its project's current one is stale, and done again."""
+    done under another fingerprint than its project's current one is stale, and done again.
+    `at_once`: items of a run worked on at the same time (threads), for a stage that waits on the
+    network, so that one slow item does not hold up the rest of its batch."""
 
     name: str
     keys: str
@@ -64,6 +66,7 @@ class StageSpec:
     on_board: bool = True
     forceable: bool = False
     gpu: bool = False
+    at_once: int = 1
 
     @property
     def per_video(self) -> bool:

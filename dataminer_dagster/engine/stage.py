@@ -12,14 +12,29 @@ Outcomes per item:
 * return an ItemResult                -> done, materialized
 * raise Blocked("reason")              -> blocked by a rule (terminal, not a failure)
 * raise PermanentFailure("reason")     -> dead at once (retrying cannot help)
-* raise Postponed("reason")            -> not the item's fault (the disk is full): failed, retried
+* raise Postponed("reason")            -> not the item's fault (a paused host): failed, retried
                                           with back-off, the attempt not counted (never dead)
+* a full disk, in any stage            -> postponed the same way: an OSError with errno ENOSPC or
+                                          EDQUOT anywhere in the exception's chain, or
+                                          InsufficientDiskSpace (core/files.py, `disk_full`)
 * raise anything else                  -> failed; retried with back-off, dead after the last attempt
+* the run's deadline passed meanwhile  -> given back as it was, no attempt used (PastDeadline,
+                                          raised by StageContext.check_deadline: a download)
 * the lease was lost meanwhile         -> nothing is published; the new owner's work stands
+
+A stage builds its files in staging paths it takes from `ctx.staging_path(final)` and publishes them
+in its commit; whatever becomes of the item, the machinery removes those paths once it is over, so
+that no failure leaves a half-written output behind to fill the disk.
+
+A run works on its items one after another, or `at_once` of them at a time in threads where the
+stage's StageSpec says so (downloads: a slow host does not hold up the rest of the batch); no item
+is started once the run's deadline has passed.
 
 A failing item never stops the others. Failures are logged, recorded on the work item, and reported
 on the partition as an observation with the reason; a run of a single partition fails outright so
-that `dagster asset materialize --partition X` shows the error.
+that `dagster asset materialize --partition X` shows the error. A postponement is no failure: its
+observation says why, and its log line is said at most once a minute (with a count), since a full
+disk postpones every item that meets it.
 
 What the UI shows of an item: its metadata made readable (engine/previews.py: previews as
 thumbnails and pictures, floats rounded, paths as paths), the video's title beside a video's
@@ -27,17 +42,21 @@ partition key, and the attempt only when it was a retry. A stage's `PartitionChe
 of the run, once for each partition it finished, and are recorded on that partition.
 """
 
+import copy
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from dataminer_dagster.assets import REGISTRY
-from dataminer_dagster.core.files import remove
-from dataminer_dagster.core.progress import Progress
+from dataminer_dagster.core.files import InsufficientDiskSpace, disk_full, remove, staging_path
+from dataminer_dagster.core.progress import Progress, RepeatedLines
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
@@ -48,6 +67,7 @@ from dataminer_dagster.engine.jobs import name_prefix
 from dataminer_dagster.engine.outcomes import (
     Blocked,
     ItemResult,
+    PastDeadline,
     PermanentFailure,
     Postponed,
     RequeueFirst,
@@ -92,7 +112,8 @@ class StageItem:
 
 
 class StageContext:
-    """What a stage function may use besides its item: the Dagster context, the database, logs.
+    """What a stage function may use besides its item: the Dagster context, the database, logs,
+    and the staging paths it builds its outputs in (`staging_path`).
 
     `following`: the stages this run executes after this one (its lane's). Items the stage queues
     for them are marked requested (`catalog`), so that no other run is asked for them meanwhile
@@ -103,12 +124,16 @@ class StageContext:
         context: dg.AssetExecutionContext,
         db: DatabaseResource,
         following: Sequence[str] = (),
+        deadline: float | None = None,
     ):
         self.context = context
         self.db = db
         self.log = context.log
         self.following = frozenset(following)
+        # When the command that asked for this run stops waiting for it (time.time()).
+        self.deadline = deadline
         self._memo: dict[Any, Any] = {}
+        self._staged: list[Path] = []
 
     @property
     def catalog(self) -> Catalog:
@@ -122,6 +147,25 @@ class StageContext:
             raise TypeError(f"resource download_client is a {type(client).__name__}")
         return client
 
+    def staging_path(self, final: Path) -> Path:
+        """A fresh hidden sibling of `final` to build it in (what an earlier attempt killed
+        mid-way left there is removed first). The stage machinery removes it once the item is
+        over, whatever became of it: the item's commit publishes it (`publish`) before that."""
+        staged = staging_path(final)
+        self._staged.append(staged)
+        return staged
+
+    def for_item(self) -> "StageContext":
+        """This context for the work on one item: the run's memo, the item's own staging."""
+        item_context = copy.copy(self)
+        item_context._staged = []
+        return item_context
+
+    @property
+    def staged(self) -> list[Path]:
+        """The staging paths handed out by `staging_path` (of the item's context)."""
+        return list(self._staged)
+
     def memo(self, key: Any, factory: Callable[[], Any]) -> Any:
         """Compute once per run (e.g. text embeddings of a project's prompts)."""
         if key not in self._memo:
@@ -131,6 +175,16 @@ class StageContext:
     def check_lease(self, item: StageItem) -> None:
         """Call between units of long work: raises LeaseLost when the item was taken away."""
         self.db.leases.check(item.lease)
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.time() > self.deadline
+
+    def check_deadline(self) -> None:
+        """Call while waiting on something slow (a download): raises PastDeadline once the
+        command that asked for this run stopped waiting (`dataminer run --timeout`), so that the
+        item is given back rather than finished long after."""
+        if self.past_deadline():
+            raise PastDeadline("past the deadline of the command that asked for this run")
 
 
 class StageConfig(dg.Config):
@@ -365,35 +419,29 @@ def run_stage(
         yield _current(key, earlier)
     deadline = float(tags[DEADLINE_TAG]) if DEADLINE_TAG in tags else None
 
-    ctx = StageContext(context, db, following)
+    ctx = StageContext(context, db, following, deadline)
     titles = _VideoTitles(ctx.catalog, leases)
     progress = Progress(f"{stage}", len(leases), context.log.info)
     failures: list[str] = []
     finished: list[str] = [earlier.key for earlier in current]
     pending = list(leases)
+
+    def work(lease: Lease) -> list[dg.AssetMaterialization | dg.AssetObservation]:
+        return list(_process_item(context, key, ctx, process, lease, titles, failures, dead))
+
     try:
-        while pending:
-            if deadline is not None and time.time() > deadline:
-                context.log.warning(
-                    f"{stage}: past the deadline of the command that asked for this run; "
-                    f"{len(pending)} items left for later"
-                )
-                break
-            lease = pending.pop(0)
-            for event in _process_item(
-                context,
-                key,
-                ctx,
-                process,
-                lease,
-                titles,
-                failures,
-                dead,
-            ):
+        at_once = REGISTRY[stage].at_once
+        for lease, events in _work_through(pending, at_once, ctx.past_deadline, work):
+            for event in events:
                 if isinstance(event, dg.AssetMaterialization):
                     finished.append(lease.key)
                 yield event
             progress.advance()
+        if pending:
+            context.log.warning(
+                f"{stage}: past the deadline of the command that asked for this run; "
+                f"{len(pending)} items left for later"
+            )
     finally:
         db.leases.release_many(pending)  # interrupted: give back what was never started
 
@@ -411,6 +459,32 @@ def run_stage(
         )
 
 
+def _work_through(
+    pending: list[Lease],
+    at_once: int,
+    past_deadline: Callable[[], bool],
+    work: Callable[[Lease], list[Any]],
+) -> Iterator[tuple[Lease, list[Any]]]:
+    """Work on the leases of `pending`, `at_once` at a time, taking each off the list as it starts
+    (none once past the deadline), and yield each with its events as it ends."""
+    if at_once == 1:  # in this thread, as a model stage wants
+        while pending and not past_deadline():
+            lease = pending.pop(0)
+            yield lease, work(lease)
+        return
+    with ThreadPoolExecutor(at_once, thread_name_prefix="stage-item") as pool:
+        running: dict[Future, Lease] = {}
+        while True:
+            while pending and len(running) < at_once and not past_deadline():
+                lease = pending.pop(0)
+                running[pool.submit(work, lease)] = lease
+            if not running:
+                return
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                yield running.pop(future), future.result()
+
+
 def _process_item(
     context: dg.AssetExecutionContext,
     asset_key: dg.AssetKey,
@@ -423,6 +497,7 @@ def _process_item(
 ) -> Iterator[dg.AssetMaterialization | dg.AssetObservation]:
     leases = ctx.db.leases
     item = StageItem(lease)
+    ctx = ctx.for_item()
     result: ItemResult | None = None
     try:
         leases.begin(lease)
@@ -449,23 +524,29 @@ def _process_item(
             )
     except LeaseLost as lost:
         context.log.warning(str(lost))
+    except PastDeadline as past:
+        leases.release_many([lease])
+        context.log.warning(
+            f"{lease.stage} {lease.key}: {past}; given back for a later run (no attempt used)"
+        )
     except Blocked as blocked:
         reason = redact(str(blocked))
         leases.block(lease, reason)
         context.log.info(f"{lease.stage} {lease.key}: skipped: {reason}")
         yield _observation(titles, asset_key, lease, "blocked", reason)
     except Postponed as postponed:
-        reason = redact(str(postponed))
-        outcome = leases.postpone(lease, reason, not_before=postponed.not_before)
-        if outcome.applied:
-            text = (
-                f"{lease.stage} {lease.key} postponed (not counted as an attempt): {reason}; "
-                f"tried again after {outcome.next_attempt_at:%H:%M:%S %Z}"
-            )
-            context.log.warning(text)
-            failures.append(text)
-            yield _observation(titles, asset_key, lease, "postponed", reason)
+        yield from _postpone(
+            context, asset_key, ctx, lease, titles, str(postponed), postponed.not_before
+        )
     except Exception as error:  # one bad item must not stop the batch
+        if (full := disk_full(error)) is not None:  # the disk's fault, whichever stage met it
+            reason = (
+                str(full)
+                if isinstance(full, InsufficientDiskSpace)
+                else f"the disk is full: {full}"
+            )
+            yield from _postpone(context, asset_key, ctx, lease, titles, reason, topic=_DISK_FULL)
+            return
         permanent = isinstance(error, PermanentFailure)
         message = redact(  # what the log, the run's failure and last_error show
             str(error)
@@ -490,9 +571,43 @@ def _process_item(
         if outcome.status == DEAD:
             dead.append(f"{lease.stage} {lease.key}: {message}")
         yield _observation(titles, asset_key, lease, outcome.status or "failed", message)
-    finally:
-        for path in result.staged if result else ():
+    finally:  # whatever became of the item: no staging is left to fill the disk
+        for path in [*ctx.staged, *(result.staged if result else ())]:
             remove(path)
+
+
+# A postponement is said at most once a minute for each topic: a full disk (any stage) or a
+# stage's other waits (a paused host). One per process, so that the runs `dataminer run`
+# executes one after another say it once a minute too, each partition's observation saying
+# the rest.
+_POSTPONED_LINES = RepeatedLines(every_s=60.0)
+_DISK_FULL = "the disk is full"
+
+
+def _postpone(
+    context: dg.AssetExecutionContext,
+    asset_key: dg.AssetKey,
+    ctx: StageContext,
+    lease: Lease,
+    titles: _VideoTitles,
+    reason: str,
+    not_before: datetime | None = None,
+    topic: str | None = None,
+) -> Iterator[dg.AssetObservation]:
+    """Not the item's fault: it waits without using an attempt, and it is not a failure of the
+    run (a one-partition run that meets it succeeds, its observation saying why)."""
+    reason = redact(reason)
+    outcome = ctx.db.leases.postpone(lease, reason, not_before=not_before)
+    if not outcome.applied:
+        return
+    line = _POSTPONED_LINES.line(
+        topic or lease.stage,
+        f"{lease.stage} {lease.key} postponed (not counted as an attempt): {reason}; "
+        f"tried again after {outcome.next_attempt_at:%H:%M:%S %Z}",
+    )
+    if line is not None:
+        context.log.warning(line)
+    yield _observation(titles, asset_key, lease, "postponed", reason)
 
 
 def _launched_to_retry(run: dg.DagsterRun, keys: Sequence[str]) -> bool:

@@ -133,6 +133,24 @@ def _wait_until(predicate, timeout_s: float = 30) -> None:
         time.sleep(0.02)
 
 
+def test_a_pause_starts_when_the_answer_came_not_when_the_turn_began(engine):
+    """A turn may wait long for the lock and for the answer (many downloads of one host at once):
+    the pause it records is measured from the answer, or the next request leaves early."""
+    t = throttle(engine)
+    with t.request_turn("example.com") as turn:
+        time.sleep(0.1)  # the request is on its way; the turn's transaction began before it
+        with engine.connect() as c:
+            answered = c.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
+        turn.pause(ThrottleSignal("rate limited", "HTTP 429", retry_after=30))
+    with engine.connect() as c:
+        row = c.execute(
+            sa.text("""SELECT paused_at, extract(epoch FROM paused_until - paused_at) AS length_s
+                         FROM dataminer.host_pauses WHERE host = 'example.com'""")
+        ).one()
+    assert row.paused_at >= answered, "the pause starts at the answer"
+    assert row.length_s == 30
+
+
 def test_a_request_turn_is_exclusive_and_a_stop_reaches_the_next_request_first(engine):
     """Run B asks for a turn while run A waits for its answer; A's answer is "stop": B's request
     starts only after the pause A recorded, never during it."""

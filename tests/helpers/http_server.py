@@ -9,6 +9,7 @@ Serves the files of one directory on 127.0.0.1 with an ephemeral port, answers R
         server.delay("/slow.mp4", seconds=2.0)
         server.cut_off("/cut.mp4", after_bytes=1000)
         server.stream("/endless.mp4", total_bytes=40 * 2**20)
+        server.trickle("/slow.mp4", bytes_per_step=512, every_s=2.0)
         url = server.url("/clip.mp4")
 
 Every request is recorded in `server.requests` (method, path, headers, status, arrival time; for a
@@ -47,7 +48,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     status: int = 0
-    bytes_sent: int = 0  # streamed routes: body bytes written (read by the client or not)
+    bytes_sent: int = 0  # streamed and trickled routes: body bytes written (read or not)
     at: float = field(default_factory=time.monotonic)  # arrival
 
 
@@ -64,6 +65,7 @@ class Route:
     cut_after_bytes: int | None = None  # announce the full length, send only this many bytes
     stall_s: float = 0.0  # with cut_after_bytes: keep the connection silent this long, then close
     body_s: float = 0.0  # spread the body over this many seconds (a slow transfer)
+    trickle: tuple[int, float] | None = None  # send (bytes, every seconds) of the body at a time
     delay_s: float = 0.0  # sleep before sending the response headers
     stream_bytes: int | None = None  # send this many filler bytes, chunked, without a length
     hits: int = 0
@@ -119,6 +121,11 @@ class LocalHTTPServer:
         """Answer `path` with `total_bytes` of filler in chunked transfer encoding, without a
         Content-Length, as a live or generated response does (no file needed)."""
         self.routes[path] = Route(stream_bytes=total_bytes, content_type=content_type)
+
+    def trickle(self, path: str, *, bytes_per_step: int, every_s: float) -> None:
+        """Serve the file at `path` with its full Content-Length, `bytes_per_step` bytes every
+        `every_s` seconds: a host too slow for any timeout of one read to notice."""
+        self.routes[path] = Route(trickle=(bytes_per_step, every_s))
 
     def delay(self, path: str, *, seconds: float) -> None:
         """Serve the file at `path` only after `seconds` (to trigger client timeouts)."""
@@ -255,6 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
             cut_after=cut_after,
             stall_s=route.stall_s if route else 0.0,
             body_s=route.body_s if route else 0.0,
+            trickle=route.trickle if route else None,
         )
 
     def _resolve(self, path: str) -> Path | None:
@@ -321,6 +329,7 @@ class _Handler(BaseHTTPRequestHandler):
         cut_after,
         stall_s=0.0,
         body_s=0.0,
+        trickle=None,
     ):
         size = file.stat().st_size
         start, end = 0, size - 1
@@ -355,7 +364,10 @@ class _Handler(BaseHTTPRequestHandler):
         with file.open("rb") as handle:
             handle.seek(start)
             try:
-                _copy_exactly(handle, self.wfile, min(length, cut_after or length), body_s)
+                if trickle is not None:
+                    _trickle(handle, self.wfile, length, record, *trickle)
+                else:
+                    _copy_exactly(handle, self.wfile, min(length, cut_after or length), body_s)
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
                 return
@@ -403,6 +415,19 @@ def _copy_exactly(source, target, length: int, spread_s: float = 0.0) -> None:
             target.flush()
             time.sleep(spread_s / 8)
     target.flush()
+
+
+def _trickle(source, target, length: int, record, step: int, every_s: float) -> None:
+    """Copy `length` bytes, `step` at a time with `every_s` seconds between them, counting them
+    in `record.bytes_sent`."""
+    while record.bytes_sent < length:
+        chunk = source.read(min(step, length - record.bytes_sent))
+        if not chunk:
+            break
+        target.write(chunk)
+        target.flush()
+        record.bytes_sent += len(chunk)
+        time.sleep(every_s)
 
 
 def http_server_fixture(*, scope: str = "function"):

@@ -23,7 +23,7 @@ import pandas as pd
 
 from dataminer_dagster.core.coco import Detection
 from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE, place_images
-from dataminer_dagster.core.files import publish, staging_path
+from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.redact import redact_url
 from dataminer_dagster.core.visualize import contact_sheet, draw_detections
@@ -201,8 +201,8 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     ]
     manifest = kept[MANIFEST_COLUMNS + prompt_columns]
 
-    staging = staging_path(paths.dataset_dir)
-    staged = [staging]
+    staging = ctx.staging_path(paths.dataset_dir)
+    released: list[Path] = []  # removed once the commit is done
     (staging / IMAGES_DIR).mkdir(parents=True)
     linked = place_images(
         zip(map(Path, kept["file"]), kept["file_name"], strict=True),
@@ -228,9 +228,8 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
             ),
         },
         outcome={"images": len(manifest)},
-        # The released frames go with the staging directory, once the commit is done.
-        commit=lambda conn: staged.extend(
+        commit=lambda conn: released.extend(
             _publish(catalog, conn, project, staging, paths.dataset_dir)
         ),
-        staged=staged,
+        staged=released,
     )

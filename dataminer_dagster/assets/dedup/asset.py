@@ -21,7 +21,7 @@ from dataminer_dagster.assets.filter.store import videos_with_passed_frames
 from dataminer_dagster.assets.filter.table import passed_frames
 from dataminer_dagster.core.dedup import deduplicate
 from dataminer_dagster.core.embedding_cache import EmbeddingCache
-from dataminer_dagster.core.files import publish, staging_path
+from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.pair_search import ENGINES
 from dataminer_dagster.core.visualize import PALETTE, contact_sheet
@@ -179,7 +179,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
         ctx.log.warning(f"dedup {project.name}: frame {frames['file'][index]} skipped: {message}")
 
     final = ProjectPaths(project.output_dir).dedup_table
-    staged = staging_path(final)
+    staged = ctx.staging_path(final)
     frames.to_parquet(staged, index=False)
     kept = int(frames["kept"].sum())
     ctx.log.info(
@@ -201,7 +201,6 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
         },
         outcome={"frames_in": len(frames), "kept": kept, "unreadable": len(unreadable)},
         commit=lambda conn: publish(staged, final),
-        staged=[staged],
     )
 
 

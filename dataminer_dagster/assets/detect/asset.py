@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from dataminer_dagster.core.coco import ImageDetections, build_coco, coco_problems, write_coco
-from dataminer_dagster.core.files import publish, staging_path
+from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import read_image, write_image
 from dataminer_dagster.core.progress import Progress
 from dataminer_dagster.core.visualize import contact_sheet, draw_detections
@@ -166,7 +166,7 @@ def detections(item: StageItem, ctx: StageContext) -> ItemResult:
 
     started = time.monotonic()
     detector = load_project_detector(config)
-    staging = staging_path(paths.detections_dir)
+    staging = ctx.staging_path(paths.detections_dir)
     staging.mkdir()
     if config.visualizations:
         (staging / "visualizations").mkdir()
@@ -212,5 +212,4 @@ def detections(item: StageItem, ctx: StageContext) -> ItemResult:
         },
         outcome={"frames": len(kept), "detections": len(table)},
         commit=lambda conn: publish(staging, paths.detections_dir),
-        staged=[staging],
     )

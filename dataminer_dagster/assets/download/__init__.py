@@ -13,4 +13,7 @@ STAGE = StageSpec(
     # settings apply to the downloads still to come; a file already fetched is kept.
     group=INGEST,
     home=__name__,
+    # A slow host's download must not hold up its batch; download.max_downloads_per_host still
+    # bounds what one host sees, across every run.
+    at_once=4,
 )

@@ -13,7 +13,10 @@ file is deleted at once (the original's holds the same bytes), a local one is le
 Downloads are polite to their host across every run (acquisition/politeness.py): a host that said
 stop is paused for all of them; a run waits for a short pause and gives its items back (no attempt
 used) for a long one, and the log and the partition's observation say which host, until when and
-why.
+why. A run downloads several of its videos at once (the stage's `at_once`), so that a slow host
+holds up no other; a download too slow or too long is given up (acquisition/download_pace.py), and
+one still going when the command that asked for its run stops waiting (`dataminer run --timeout`)
+is given back without using an attempt.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from dataminer_dagster.acquisition.options import merged_download_options
 from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
 from dataminer_dagster.core.content_hash import file_content_hash
-from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.project_records import ProjectRow
@@ -71,14 +73,21 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
 
     host = host_key(video.url)
     options = merged_download_options([p.config.download for p in projects], host)
+
+    def keep_going() -> None:
+        """Abandons the download, or the wait for its host, if another run took the video or
+        the command that asked for this run stopped waiting."""
+        ctx.check_lease(item)
+        ctx.check_deadline()
+
     throttle = ctx.db.host_throttle(
-        ctx.context.run_id, options, check=lambda: ctx.check_lease(item), log=ctx.log.warning
+        ctx.context.run_id, options, check=keep_going, log=ctx.log.warning
     )
     started = time.monotonic()
     last_log = [started]
 
     def progress(p) -> None:
-        ctx.check_lease(item)  # abandons the download if another run took the video
+        keep_going()
         if p.total_bytes and time.monotonic() - last_log[0] > 10:
             last_log[0] = time.monotonic()
             eta = f", ETA {format_seconds(p.eta)}" if p.eta else ""
@@ -96,8 +105,6 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
         raise Blocked(str(exc)) from exc
     except PermanentDownloadError as exc:
         raise PermanentFailure(str(exc)) from exc
-    except InsufficientDiskSpace as exc:
-        raise Postponed(str(exc)) from exc
 
     meta = downloaded.metadata
     rejected = _rejecting_projects(projects, meta, item.video_id)

@@ -18,6 +18,20 @@ class DownloadConfig(Section):
         description="Explicit yt-dlp format; default: one video-only stream under max_height (no ffmpeg needed).",
     )
     timeout_s: float = Field(30.0, gt=0, description="Network timeout of one request.")
+    min_speed_kb_s: float = Field(
+        16,
+        ge=0,
+        description="A download that moves fewer KB per second than this over min_speed_window_s is given up "
+        "(a failed attempt, retried with back-off); 0: no minimum.",
+    )
+    min_speed_window_s: float = Field(
+        60, gt=0, description="The window over which a download's speed is measured."
+    )
+    max_download_s: float = Field(
+        3600,
+        gt=0,
+        description="Longest one download may take, from its first request; past it, it is given up (a failed attempt).",
+    )
     blocked_hashtags: list[str] = Field(
         default_factory=list,
         description="Skip videos carrying one of these tags (whole-tag match, case-insensitive, leading # optional).",

@@ -19,7 +19,7 @@ from dataminer_dagster.assets.filter.scorer import load_scorer
 from dataminer_dagster.assets.filter.store import record_filter
 from dataminer_dagster.assets.filter.table import prompt_columns
 from dataminer_dagster.core.embedding_cache import EmbeddingCache, quantize
-from dataminer_dagster.core.files import publish, staging_path
+from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.filter_rule import apply_filter_rule
 from dataminer_dagster.core.frame_manifest import read_manifest
 from dataminer_dagster.core.images import read_image
@@ -81,7 +81,7 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
         ctx.log.warning(f"filter {item.key}: frame {manifest[index].file_name} skipped: {message}")
 
     final = ProjectPaths(project.output_dir).filter_table(item.video_id)
-    staged = staging_path(final)
+    staged = ctx.staging_path(final)
     table.to_parquet(staged, index=False)
 
     def commit(conn) -> None:
@@ -111,7 +111,6 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
             "embedded": embedded,
         },
         commit=commit,
-        staged=[staged],
     )
 
 

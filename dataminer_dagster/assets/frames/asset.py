@@ -15,11 +15,10 @@ from pathlib import Path
 from dataminer_dagster.assets.backup import NO_BACKUP
 from dataminer_dagster.core.extraction_options import ExtractionOptions
 from dataminer_dagster.core.files import (
-    InsufficientDiskSpace,
     make_read_only,
     publish,
+    remove_leftovers,
     require_free_space,
-    staging_path,
 )
 from dataminer_dagster.core.frame_extraction import extract_frames
 from dataminer_dagster.core.frame_manifest import read_manifest, write_manifest
@@ -32,7 +31,7 @@ from dataminer_dagster.db.retention import (
     release_unused_profiles,
 )
 from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
-from dataminer_dagster.engine.outcomes import ItemResult, PermanentFailure, Postponed
+from dataminer_dagster.engine.outcomes import ItemResult, PermanentFailure
 from dataminer_dagster.engine.registry import FRAMES
 from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
 from dataminer_dagster.paths import FRAMES_MANIFEST
@@ -140,16 +139,16 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
         )
 
     if missing:
+        for profile in missing:  # an attempt killed mid-way may be what fills the disk
+            remove_leftovers(paths.frames_dir(item.video_id, profile))
         _require_disk_space(ctx, projects)
-    staged: list[Path] = []
     made: list[tuple[str, ExtractionOptions, Path, Path, int]] = []
     summary: dict[str, int] = {}
     started = time.monotonic()
     for profile, options in sorted(missing.items()):
         final = paths.frames_dir(item.video_id, profile)
-        staging = staging_path(final)
+        staging = ctx.staging_path(final)
         staging.mkdir()
-        staged.append(staging)
         try:
             result = extract_frames(
                 source,
@@ -168,12 +167,13 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
         summary[profile] = len(result.frames)
         ctx.check_lease(item)
 
+    released: list[Path] = []  # frames of a profile no project uses: removed after the commit
+
     def commit(conn) -> None:
         for profile, options, staging, final, count in made:
             publish(staging, final)
             catalog.record_frames(conn, item.video_id, profile, asdict(options), final, count)
-        # Frames of a profile no project uses since its config changed go after the commit.
-        staged.extend(release_unused_profiles(catalog, conn, item.video_id).aside)
+        released.extend(release_unused_profiles(catalog, conn, item.video_id).aside)
         catalog.refilter_new_frames(conn, item.video_id, {profile for profile, *_ in made})
         if may_delete_video_file(projects) and delete_video_file(catalog, conn, item.video_id):
             ctx.log.info(
@@ -195,24 +195,22 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
         },
         outcome={"frames": summary},
         commit=commit,
-        staged=staged,
+        staged=released,
         observed={} if any(p.config.backup for p in projects) else {"frames_backup": NO_BACKUP},
     )
 
 
 def _require_disk_space(ctx: StageContext, projects: list[ProjectRow]) -> None:
-    """Raise Postponed when the data disk has less free space than a linked project reserves."""
+    """Raise InsufficientDiskSpace (the item is postponed) when the data disk has less free space
+    than a linked project reserves."""
     reserve_mb = max(p.config.extract.min_free_disk_mb for p in projects)
     root = ctx.db.paths.root
     root.mkdir(parents=True, exist_ok=True)
-    try:
-        require_free_space(
-            root,
-            int(reserve_mb * 2**20),
-            f"extracting frames (extract.min_free_disk_mb reserve of {reserve_mb:g} MB)",
-        )
-    except InsufficientDiskSpace as exc:
-        raise Postponed(str(exc)) from exc
+    require_free_space(
+        root,
+        int(reserve_mb * 2**20),
+        f"extracting frames (extract.min_free_disk_mb reserve of {reserve_mb:g} MB)",
+    )
 
 
 def _progress_logger(ctx: StageContext, item: StageItem, profile: str):
