@@ -35,7 +35,7 @@ def test_new_prompts_and_thresholds_filter_again_from_the_cache_and_redo_what_fo
     )
     assert result.changed_keys == ("filter.positive_prompts", "filter.positive_threshold")
     assert result.stale_stages == ("filter", "dedup", "detect", "dataset")
-    assert stale_counts(changing.engine, result.changing.id) == {
+    assert stale_counts(changing.engine, result.project.id) == {
         "filter": 2,
         "dedup": 1,
         "detect": 1,
@@ -43,7 +43,7 @@ def test_new_prompts_and_thresholds_filter_again_from_the_cache_and_redo_what_fo
     }
     second = changing.run()
     assert redone(first, second) == {"filter": 2, "dedup": 1, "detect": 1, "dataset": 1}
-    assert stale_counts(changing.engine, result.changing.id) == {}
+    assert stale_counts(changing.engine, result.project.id) == {}
     for key in members:  # from the cache: the model embedded no frame again
         outcome = changing.outcome("filter", key)
         assert outcome["embedded"] == 0 and outcome["frames"] > 0, outcome

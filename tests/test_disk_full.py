@@ -244,7 +244,7 @@ def test_a_long_wait_for_disk_space_is_logged_once_a_minute_not_once_per_try(
         {
             "name": "p1",
             "inputs": {"files": [str(p) for p in clips.values()]},
-            "extract": {"min_free_disk_mb": 2**40},  # a petabyte: the disk is "full"
+            "extract": {"min_free_disk_mb": 2**31 - 1},  # 2 PB: the disk is "full"
             "filter": {"positive_prompts": ["a thing"]},
         }
     )
