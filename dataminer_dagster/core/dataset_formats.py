@@ -385,21 +385,20 @@ def export_dataset(
     hard links into the frame store), manifest, annotations and report, and `formats` written
     anew for `dest`; returns (images, hard links among them, the formats written)."""
     staging = staging_path(dest)
-    (staging / IMAGES_DIR).mkdir(parents=True)
-    source_dir = dataset / IMAGES_DIR
-    images = sorted(source_dir.iterdir()) if source_dir.is_dir() else []
-    links = place_images(
-        ((image.resolve(), image.name) for image in images), staging / IMAGES_DIR, copy=copy
-    )
-    for name in (COCO_FILE, MANIFEST_FILE, REPORT_FILE):
-        if (dataset / name).is_file():
-            shutil.copy2(dataset / name, staging / name)
-    if (dataset / REPORT_DIR).is_dir():
-        shutil.copytree(dataset / REPORT_DIR, staging / REPORT_DIR)
     try:
+        (staging / IMAGES_DIR).mkdir(parents=True)
+        source_dir = dataset / IMAGES_DIR
+        images = sorted(source_dir.iterdir()) if source_dir.is_dir() else []
+        links = place_images(
+            ((image.resolve(), image.name) for image in images), staging / IMAGES_DIR, copy=copy
+        )
+        for name in (COCO_FILE, MANIFEST_FILE, REPORT_FILE):
+            if (dataset / name).is_file():
+                shutil.copy2(dataset / name, staging / name)
+        if (dataset / REPORT_DIR).is_dir():
+            shutil.copytree(dataset / REPORT_DIR, staging / REPORT_DIR)
         written = write_formats(staging, read_contents(staging), formats, published_at=dest)
-    except BaseException:
+        publish(staging, dest)
+    finally:  # a format it cannot write, a full disk: no half-built copy is left behind
         remove(staging)
-        raise
-    publish(staging, dest)
     return len(images), links, written
