@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.assets.backup.config import BackupConfig
 from dataminer_dagster.assets.catalog.config import InputsConfig
+from dataminer_dagster.assets.dataset.config import DatasetConfig
 from dataminer_dagster.assets.dedup.config import DedupConfig
 from dataminer_dagster.assets.detect.config import DetectConfig
 from dataminer_dagster.assets.download.config import DownloadConfig
@@ -64,12 +65,28 @@ class ProjectConfig(Section):
         description="Near-duplicate removal across the project's videos.",
     )
     detect: DetectConfig | None = Field(None, description="Object detection; leave out to skip it.")
+    dataset: DatasetConfig = Field(
+        default_factory=DatasetConfig,
+        description="What the dataset holds besides its images and manifest: splits, training "
+        "formats, the quality report's thresholds.",
+    )
     cleanup: CleanupConfig = Field(
         default_factory=CleanupConfig, description="Disk space: what may be deleted once used."
     )
     backup: BackupConfig | None = Field(
         None, description="Copy raw frames elsewhere with rsync, verified by checksum."
     )
+
+    @model_validator(mode="after")
+    def _boxes_for_yolo(self) -> ProjectConfig:
+        # A YOLO dataset without labels trains a detector on background only: refused here
+        # rather than written.
+        if "yolo" in self.dataset.formats and self.detect is None:
+            raise ValueError(
+                "dataset.formats has yolo, a format of boxes, and the project has no detect "
+                "section: add one, or leave yolo out"
+            )
+        return self
 
     def config_hash(self) -> str:
         return _short_hash(self.to_json())
@@ -315,7 +332,7 @@ def _type_name(annotation) -> str:
 def _show_default(field) -> str:
     if field.default_factory is not None:
         value = field.default_factory()
-        return "`[]`" if value == [] else "(section defaults)"
+        return f"`{value}`" if isinstance(value, list) else "(section defaults)"
     return "null" if field.default is None else f"`{field.default}`"
 
 

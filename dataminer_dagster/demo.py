@@ -138,6 +138,7 @@ def demo_config(name: str, urls: list[str], models: DemoModels, output_dir: Path
             "confidence": 0.001 if models.tiny_detector else 0.25,
             "visualizations": True,
         },
+        "dataset": {"formats": ["coco", "yolo", "hf"]},
     }
 
 

@@ -8,7 +8,8 @@ tables are read only when asked for).
     @dg.asset(partitions_def=projects_partitions, ins={"dataset": dg.AssetIn()})
     def training_split(context: dg.AssetExecutionContext, dataset: Dataset) -> None:
         manifest = dataset.read_manifest()            # pandas; read_manifest_arrow(): pyarrow
-        context.log.info(f"{dataset.images} images in {dataset.images_dir}")
+        train = dataset.read_split("train")           # the manifest's rows of one split
+        context.log.info(f"{dataset.splits['train']} of {dataset.images} images to train on")
 
 The stages' IO manager (`resources/stage_outputs.py`, key `OUTPUTS_IO_MANAGER_KEY`, carried by the lane
 asset: no code location needs to add it) builds the value from the project's row in the claim
@@ -26,6 +27,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE
+from dataminer_dagster.core.dataset_formats import (
+    COCO_SPLITS_DIR,
+    HF_DIR,
+    HF_SPLIT_DIRS,
+    REPORT_FILE,
+    YOLO_DATA_YAML,
+    YOLO_DIR,
+)
+from dataminer_dagster.core.dataset_splits import SPLITS
 from dataminer_dagster.engine.partitions import projects_partitions
 from dataminer_dagster.engine.registry import DATASET, DEDUP, DETECT
 from dataminer_dagster.paths import ProjectPaths
@@ -72,20 +82,36 @@ def _table(path: Path) -> pa.Table:
 @dataclass(frozen=True)
 class Dataset:
     """A project's dataset (`<output_dir>/dataset/`): the kept images, their Parquet manifest
-    (one row per image: video, source, timestamp, scores, duplicate group, detections) and, when
-    the project detects, the COCO annotations."""
+    (one row per image: video, source, timestamp, scores, duplicate group, detections, split),
+    when the project detects the COCO annotations, the training formats its config names, per
+    split, and the quality report."""
 
     project: str
     images_dir: Path
     manifest_path: Path
     coco_path: Path | None  # None: the project has no detect section
     images: int  # rows of the manifest
+    # split -> images (train, val, test; 0 for an empty split); empty for a dataset made before
+    # splits, which the next `dataminer run` makes again
+    splits: dict[str, int]
+    coco_splits: dict[str, Path]  # split -> coco/<split>.json, for the splits written
+    yolo_dir: Path | None  # yolo/ (images/<split>/, labels/<split>/), None when not written
+    yolo_data_yaml: Path | None  # None when not written (no yolo, or an empty train or val)
+    hf_dir: Path | None  # hf/, `datasets.load_dataset("imagefolder", data_dir=hf_dir)`
+    report_path: Path | None  # report.md, with its plots in report/
 
     def read_manifest(self) -> pd.DataFrame:
         return _frame(self.manifest_path)
 
     def read_manifest_arrow(self) -> pa.Table:
         return _table(self.manifest_path)
+
+    def read_split(self, split: str) -> pd.DataFrame:
+        """The manifest's rows of one split (train, val or test)."""
+        if split not in SPLITS:
+            raise ValueError(f"no split {split!r}; the splits are {', '.join(SPLITS)}")
+        manifest = self.read_manifest()
+        return manifest[manifest["split"] == split].reset_index(drop=True)
 
     def read_coco(self) -> dict:
         if self.coco_path is None:
@@ -148,8 +174,24 @@ def load_output(stage: str, project: str, output_dir: Path) -> StageOutput:
         root = paths.dataset_dir
         manifest = _present(root / MANIFEST_FILE, stage, project)
         coco = root / COCO_FILE
+        yolo = root / YOLO_DIR
+        hf = root / HF_DIR
         return Dataset(
-            project, root / IMAGES_DIR, manifest, coco if coco.is_file() else None, _rows(manifest)
+            project,
+            root / IMAGES_DIR,
+            manifest,
+            coco if coco.is_file() else None,
+            _rows(manifest),
+            splits=_split_sizes(manifest),
+            coco_splits={
+                s: root / COCO_SPLITS_DIR / f"{s}.json"
+                for s in SPLITS
+                if (root / COCO_SPLITS_DIR / f"{s}.json").is_file()
+            },
+            yolo_dir=yolo if yolo.is_dir() else None,
+            yolo_data_yaml=_if_file(yolo / YOLO_DATA_YAML),
+            hf_dir=hf if any((hf / d).is_dir() for d in HF_SPLIT_DIRS.values()) else None,
+            report_path=_if_file(root / REPORT_FILE),
         )
     if stage == DEDUP:
         table = _present(paths.dedup_table, stage, project)
@@ -167,6 +209,20 @@ def load_output(stage: str, project: str, output_dir: Path) -> StageOutput:
     raise ValueError(
         f"stage {stage!r} has no loadable output; these do: {', '.join(LOADABLE_STAGES)}"
     )
+
+
+def _split_sizes(manifest: Path) -> dict[str, int]:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    if "split" not in pq.read_schema(manifest).names:  # made before splits
+        return {}
+    table = pq.read_table(manifest, columns=["split"])
+    return {s: int(pc.sum(pc.equal(table["split"], s)).as_py() or 0) for s in SPLITS}
+
+
+def _if_file(path: Path) -> Path | None:
+    return path if path.is_file() else None
 
 
 def _present(path: Path, stage: str, project: str) -> Path:

@@ -785,15 +785,16 @@ def test_dev_runs_dg_dev(dataminer_env, capfd):
 
 
 def _dataset(world: World, project) -> Path:
+    """A real dataset (images, a manifest with splits, a COCO file) whose images are links into
+    the frame store."""
+    from tests.core.test_dataset_formats import make_dataset
+
     frames = world.paths.frames_dir("v", "prof")
     frames.mkdir(parents=True)
-    dataset = ProjectPaths(project.output_dir).dataset_dir
-    (dataset / "images").mkdir(parents=True)
-    for i in range(3):
-        (frames / f"v_{i}.jpg").write_bytes(b"jpeg %d" % i)
-        os.link(frames / f"v_{i}.jpg", dataset / "images" / f"v_{i}.jpg")
-    (dataset / "manifest.parquet").write_bytes(b"parquet")
-    (dataset / "annotations.coco.json").write_text("{}")
+    dataset = make_dataset(ProjectPaths(project.output_dir).dataset_dir)
+    for image in (dataset / "images").iterdir():
+        image.rename(frames / image.name)
+        os.link(frames / image.name, image)
     return frames
 
 
@@ -806,25 +807,43 @@ def test_export(world, tmp_path):
     frames = _dataset(world, project)
 
     out = invoke("export", "p1", str(tmp_path / "linked"), "--link").output
-    assert "exported 3 images (3 hard links, 0 copies) of project p1" in out
+    assert "exported 6 images (6 hard links, 0 copies) of project p1" in out
+    assert "coco: train 3, val 2, test 1 images" in out  # the config's formats: [coco]
     exported = tmp_path / "linked"
     assert sorted(p.name for p in exported.iterdir()) == [
         "annotations.coco.json",
+        "coco",
         "images",
         "manifest.parquet",
     ]
-    image = exported / "images" / "v_1.jpg"
+    image = exported / "images" / "v1_000000.jpg"
     assert image.is_file() and not image.is_symlink()
-    assert image.stat().st_ino == (frames / "v_1.jpg").stat().st_ino
+    assert image.stat().st_ino == (frames / "v1_000000.jpg").stat().st_ino
 
     (tmp_path / "empty").mkdir()
-    out = invoke("export", "p1", str(tmp_path / "empty")).output  # copies by default
-    assert "exported 3 images (copied)" in out
-    copied = tmp_path / "empty" / "images" / "v_1.jpg"
-    assert copied.read_bytes() == b"jpeg 1"
-    assert copied.stat().st_ino != (frames / "v_1.jpg").stat().st_ino
+    out = invoke(  # copies by default
+        "export", "p1", str(tmp_path / "empty"), "--format", "yolo", "--format", "hf"
+    ).output
+    assert "exported 6 images (copied)" in out
+    assert "yolo: train 3, val 2, test 1 images" in out and "hf: train 3" in out
+    copied = tmp_path / "empty" / "images" / "v1_000000.jpg"
+    assert copied.read_bytes() == (frames / "v1_000000.jpg").read_bytes()
+    assert copied.stat().st_ino != (frames / "v1_000000.jpg").stat().st_ino
+    data = yaml.safe_load((tmp_path / "empty" / "yolo" / "data.yaml").read_text())
+    assert data["path"] == str(tmp_path / "empty" / "yolo")
+    linked = tmp_path / "empty" / "yolo" / "images" / "train" / "v1_000000.jpg"
+    assert linked.stat().st_ino == copied.stat().st_ino  # the export's own copy, linked
 
     assert "is not an empty directory" in invoke("export", "p1", str(exported), code=1).output
+
+
+def test_export_refuses_yolo_for_a_dataset_without_boxes(world, tmp_path):
+    project = world.project("p1", ["v"])
+    _dataset(world, project)
+    (ProjectPaths(project.output_dir).dataset_dir / "annotations.coco.json").unlink()
+    out = invoke("export", "p1", str(tmp_path / "x"), "--format", "yolo", code=1).output
+    assert "project p1: yolo is a format of boxes and the dataset has no annotations" in out
+    assert not (tmp_path / "x").exists()
 
 
 def test_run_fails_a_project_whose_every_video_is_dead(world, tmp_path):

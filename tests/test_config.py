@@ -75,6 +75,35 @@ def test_minimal_config_has_no_domain_defaults():
             {"filter__positive_prompts": ["ok", "  "]},
             "filter.positive_prompts: prompts must not be blank",
         ),
+        (
+            {"dataset__splits": {"train": 0.7, "val": 0.2, "test": 0.2}},
+            "dataset.splits: train, val and test must add up to 1, they add up to 1.1",
+        ),
+        (
+            {"dataset__splits": {"train": 0, "val": 0.5, "test": 0.5}},
+            "dataset.splits: train must be above 0",
+        ),
+        (
+            {"dataset__formats": ["yolo", "voc"]},
+            "dataset.formats.1: must be 'coco', 'yolo' or 'hf', got 'voc'",
+        ),
+        ({"dataset__formats": ["hf", "hf"]}, "list each format once; repeated: hf"),
+        (
+            {"dataset__formats": ["yolo"]},
+            "dataset.formats has yolo, a format of boxes, and the project has no detect section",
+        ),
+        (
+            {
+                "dataset__formats": ["yolo"],
+                "dataset__splits": {"train": 0.9, "val": 0, "test": 0.1},
+                "detect": {"detector": "yolo", "model": "y.pt"},
+            },
+            "yolo, whose training needs a val split: give dataset.splits.val a share above 0",
+        ),
+        (
+            {"dataset__dark_below": 200, "dataset__overexposed_above": 100},
+            "dataset.dark_below must be below dataset.overexposed_above (200 >= 100)",
+        ),
     ],
 )
 def test_errors_name_the_key_and_the_fix(changes, expected):
@@ -83,6 +112,16 @@ def test_errors_name_the_key_and_the_fix(changes, expected):
     message = str(error.value)
     assert message.startswith("project.yaml: ")
     assert expected in message, message
+
+
+def test_the_dataset_section_has_defaults_that_split_and_write_coco():
+    config = parse_project_config(MINIMAL).dataset
+    assert config.splits.model_dump() == {"train": 0.8, "val": 0.1, "test": 0.1}
+    assert (config.seed, config.formats) == (0, ["coco"])
+    written = parse_project_config(
+        _with(dataset={"splits": {"train": 0.7, "val": 0.2, "test": 0.1}, "formats": ["hf"]})
+    ).dataset
+    assert written.splits.test == 0.1 and written.formats == ["hf"]  # 0.7 + 0.2 + 0.1 != 1.0
 
 
 def test_missing_required_keys_are_listed():
@@ -257,7 +296,7 @@ def _numeric_keys() -> list[tuple[str, type]]:
 
 def test_every_section_has_numeric_keys_to_bound():
     sections = {key.split(".")[0] for key, _ in _numeric_keys()}
-    assert sections == {"inputs", "download", "extract", "filter", "dedup", "detect"}
+    assert sections == {"inputs", "download", "extract", "filter", "dedup", "detect", "dataset"}
     assert ("inputs.search.max_results_per_query", int) in _numeric_keys()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import sqlalchemy as sa
+import yaml
 
 from dataminer_dagster.db.project_records import ProjectBusyError
 from dataminer_dagster.db.reports import stale_counts
@@ -72,11 +73,19 @@ def test_each_later_section_redoes_its_stage_and_what_follows_only(changing):
     after_detect = changing.run()
     assert redone(after_dedup, after_detect) == {"detect": 1, "dataset": 1}
 
+    # The dataset's own section (splits, formats, the report's thresholds): the dataset only.
+    result = changing.register(dataset={"seed": 11, "formats": ["coco", "hf"], "dark_below": 60})
+    assert result.changed_keys == ("dataset.dark_below", "dataset.formats", "dataset.seed")
+    assert result.stale_stages == ("dataset",)
+    after_dataset = changing.run()
+    assert redone(after_detect, after_dataset) == {"dataset": 1}
+    assert (changing.output.dataset_dir / "hf").is_dir()
+
     # A download setting applies to the downloads still to come: the files kept are used.
     result = changing.register(download={"max_height": 480})
     assert result.stale_stages == ()
     after_download = changing.run()
-    assert redone(after_detect, after_download) == {}
+    assert redone(after_dataset, after_download) == {}
 
     # A new source: the catalog runs again and only the new video goes through the chain;
     # the project's dedup, detection and dataset then take it in.
@@ -125,16 +134,23 @@ def test_a_new_extraction_profile_extracts_and_filters_again(changing):
 
 
 def test_a_new_output_dir_receives_the_results(changing, tmp_path):
+    changing.register(dataset={"formats": ["yolo"]})
     before = changing.run()
     old = changing.output
     images = sorted(p.name for p in (old.dataset_dir / "images").iterdir())
     assert images
+    assert yaml.safe_load((old.dataset_dir / "yolo" / "data.yaml").read_text())["path"] == str(
+        old.dataset_dir / "yolo"
+    )
 
     new_dir = tmp_path / "elsewhere" / "changing"
     result = changing.register(output_dir=str(new_dir))
     assert result.moved_from == old.root and result.stale_stages == ()
     assert not old.root.exists()
     assert sorted(p.name for p in (new_dir / "dataset" / "images").iterdir()) == images
+    # Ultralytics reads data.yaml's path as written: it names the new place
+    data = yaml.safe_load((new_dir / "dataset" / "yolo" / "data.yaml").read_text())
+    assert data["path"] == str(new_dir / "dataset" / "yolo")
     assert redone(before, changing.run()) == {}
     assert len(changing.manifest()) == len(images)
 

@@ -32,3 +32,13 @@ def test_demo_writes_a_valid_dataset(dataminer_env, monkeypatch):
     assert manifest["source_url"].str.startswith("http://127.0.0.1:").all(), (
         "videos went through yt-dlp"
     )
+    # shipped in every format, with its report; the tiny models' frames are all near-duplicates
+    # of each other, so every video is in one source unit, train, and the report says so
+    assert "report.md" in result.output
+    assert set(manifest["split"]) == {"train"}
+    assert len(json.loads((dataset / "coco" / "train.json").read_text())["images"]) == len(manifest)
+    assert len(list((dataset / "yolo" / "labels" / "train").iterdir())) == len(manifest)
+    assert len((dataset / "hf" / "train" / "metadata.jsonl").read_text().splitlines()) == len(
+        manifest
+    )
+    assert "the val and test splits are empty" in (dataset / "report.md").read_text()

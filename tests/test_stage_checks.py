@@ -15,7 +15,7 @@ import pytest
 
 from dataminer_dagster.acquisition.video_ids import video_id_for_file
 from dataminer_dagster.assets.catalog.asset import video_catalog
-from dataminer_dagster.assets.dataset.asset import check_dataset
+from dataminer_dagster.assets.dataset.checks import check_dataset
 from dataminer_dagster.assets.detect.asset import check_coco_file
 from dataminer_dagster.assets.download.asset import downloads
 from dataminer_dagster.assets.frames.asset import frames
@@ -198,3 +198,91 @@ def test_a_broken_coco_file_counts_its_invalid_annotations(tmp_path):
     path.write_text("{not json")
     assert "not readable JSON" in check_coco_file(path).description
     assert "missing" in check_coco_file(tmp_path / "nothing.json").description
+
+
+def _formats_dataset(root):
+    """A dataset with every format, as the dataset stage writes it (tests/core)."""
+    from dataminer_dagster.core.dataset_formats import read_contents, write_formats
+    from tests.core.test_dataset_formats import make_dataset
+
+    make_dataset(root)
+    write_formats(root, read_contents(root), ["coco", "yolo", "hf"], published_at=root)
+    return root
+
+
+def test_the_split_checks_pass_on_a_dataset_as_written_and_say_what_breaks(tmp_path):
+    from dataminer_dagster.assets.dataset.checks import check_splits
+
+    root = _formats_dataset(tmp_path / "dataset")
+    result = check_splits(root, ["coco", "yolo", "hf"], with_boxes=True)
+    assert result.passed, result.description
+    assert result.metadata["val_manifest_rows"] == result.metadata["val_yolo_labels"] == 2
+
+    (root / "yolo" / "labels" / "val" / "v3_000005.txt").unlink()
+    (root / "hf" / "test" / "v4_000000.jpg").unlink()
+    broken = check_splits(root, ["coco", "yolo", "hf"], with_boxes=True)
+    assert not broken.passed
+    assert "val: 2 manifest rows but 1 yolo labels" in broken.description
+    assert "test: 1 manifest rows but 0 hf images" in broken.description
+
+    plain = _dataset(tmp_path / "plain", ["a.jpg"])  # a manifest without splits: all differ
+    pd.DataFrame({"file_name": ["a.jpg"], "split": ["train"]}).to_parquet(
+        plain / "manifest.parquet"
+    )
+    missing = check_splits(plain, ["coco", "hf"], with_boxes=True)
+    assert "the coco folder is missing; the hf folder is missing" in missing.description
+    assert check_splits(plain, ["coco"], with_boxes=False).passed  # no boxes: no coco splits
+
+
+def test_a_video_or_a_near_duplicate_group_across_splits_is_a_leak(tmp_path):
+    from dataminer_dagster.assets.dataset.checks import check_no_pairs_across_splits
+
+    root = _formats_dataset(tmp_path / "dataset")
+    table = tmp_path / "frames.parquet"
+    # v3 is in val, v4 in test: a dropped frame of v4 in the group of a kept v3 frame
+    groups = {"video_id": ["v1", "v1", "v2", "v3", "v3", "v4", "v4", "v9"]}
+    pd.DataFrame({**groups, "group": [0, 1, 2, 3, 4, 5, 5, -1]}).to_parquet(table)
+    assert check_no_pairs_across_splits(root, table).passed
+    pd.DataFrame({**groups, "group": [0, 1, 2, 3, 4, 5, 3, -1]}).to_parquet(table)
+    leak = check_no_pairs_across_splits(root, table)
+    assert not leak.passed and leak.metadata == {
+        "videos_in_two_splits": 0,
+        "pairs_across_splits": 1,
+    }
+
+    manifest = pd.read_parquet(root / "manifest.parquet")
+    manifest.loc[manifest["file_name"] == "v3_000005.jpg", "split"] = "train"
+    manifest.to_parquet(root / "manifest.parquet")
+    split_video = check_no_pairs_across_splits(root, table)
+    assert split_video.metadata["videos_in_two_splits"] == 1 and "`v3`" in split_video.description
+
+
+def test_provenance_splits_and_image_quality_say_their_numbers(tmp_path):
+    from dataminer_dagster.assets.dataset.checks import (
+        check_image_quality,
+        check_provenance,
+        check_splits_filled,
+    )
+    from dataminer_dagster.assets.dataset.config import DatasetConfig
+
+    root = _formats_dataset(tmp_path / "dataset")
+    assert check_provenance(root).passed
+    assert check_splits_filled(root, {"train": 0.8, "val": 0.1, "test": 0.1}).passed
+    manifest = pd.read_parquet(root / "manifest.parquet")
+    manifest.loc[0, "source_url"] = "  "
+    manifest["split"] = manifest["split"].replace({"test": "val"})
+    manifest["sharpness"] = [5.0, 500, 500, 500, 500, 500]
+    manifest["brightness"] = [100.0, 10, 250, 251, 100, 100]
+    manifest.to_parquet(root / "manifest.parquet")
+
+    provenance = check_provenance(root)
+    assert not provenance.passed and provenance.metadata == {"images": 6, "without_source": 1}
+    assert "`v1_000000.jpg`" in provenance.description
+    filled = check_splits_filled(root, {"train": 0.8, "val": 0.1, "test": 0.1})
+    assert not filled.passed and filled.metadata["test_images"] == 0
+    assert "The test split is empty" in filled.description
+    assert check_splits_filled(root, {"train": 0.9, "val": 0.1, "test": 0.0}).passed
+    quality = check_image_quality(root, DatasetConfig())
+    assert not quality.passed
+    assert quality.metadata == {"images": 6, "blurry": 1, "dark": 1, "overexposed": 2}
+    assert "1 blurry, 1 dark, 2 overexposed" in quality.description

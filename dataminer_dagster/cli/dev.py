@@ -122,10 +122,22 @@ def dev(dry_run: bool, dagster_args: tuple[str, ...]) -> None:
     "filesystem (no extra space; the links are the frame store's own read-only files, so an "
     "edit in place by root would change the frame store and every dataset that uses them).",
 )
-def export(name: str, dest: Path, link_images: bool) -> None:
+@click.option(
+    "--format",
+    "formats",
+    multiple=True,
+    type=click.Choice(["coco", "yolo", "hf"]),
+    help="A training format to write per split (repeat for more): coco (coco/<split>.json), "
+    "yolo (Ultralytics: yolo/data.yaml, images/, labels/), hf (Hugging Face imagefolder: "
+    "hf/<split>/ with metadata.jsonl). Default: the project's dataset.formats.",
+)
+def export(name: str, dest: Path, link_images: bool, formats: tuple[str, ...]) -> None:
     """Export project NAME's dataset to DEST, a new or empty directory: images/ (copies, yours
-    to edit), annotations.coco.json (when the project detects) and manifest.parquet."""
-    from dataminer_dagster.core.dataset_files import MANIFEST_FILE, export_dataset
+    to edit), annotations.coco.json (when the project detects), manifest.parquet (with each
+    image's split), the quality report, and the training formats, written for DEST (their
+    images are hard links to DEST's images/)."""
+    from dataminer_dagster.core.dataset_files import MANIFEST_FILE
+    from dataminer_dagster.core.dataset_formats import DatasetFormatError, export_dataset
     from dataminer_dagster.paths import ProjectPaths
 
     _, _, catalog = context()
@@ -137,9 +149,17 @@ def export(name: str, dest: Path, link_images: bool) -> None:
             "`dataminer run CONFIG` (or `dataminer dev` and its sensors); "
             f"see `dataminer status {name}`"
         )
+    chosen = list(formats or project.config.dataset.formats)
     dest = dest.expanduser().resolve()
     if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
         raise UserError(f"{dest} already exists and is not an empty directory; choose a new one")
-    images, links = export_dataset(dataset, dest, copy=not link_images)
+    try:
+        images, links, written = export_dataset(dataset, dest, copy=not link_images, formats=chosen)
+    except DatasetFormatError as error:
+        raise UserError(f"project {name}: {error}") from None
     how = f"{links} hard links, {images - links} copies" if link_images else "copied"
     click.echo(f"exported {images} images ({how}) of project {name} to {dest}")
+    for fmt, counts in written.images.items():
+        click.echo(f"  {fmt}: " + ", ".join(f"{s} {n}" for s, n in counts.items()) + " images")
+    for note in written.notes:
+        click.echo(f"  note: {note}")

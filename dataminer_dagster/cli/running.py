@@ -88,6 +88,7 @@ def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> i
 
 def _print_outcome(project) -> None:
     from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE
+    from dataminer_dagster.core.dataset_formats import REPORT_FILE, YOLO_DATA_YAML, YOLO_DIR
     from dataminer_dagster.db.project_flow import COMPLETE
     from dataminer_dagster.paths import ProjectPaths
 
@@ -101,7 +102,7 @@ def _print_outcome(project) -> None:
     images_dir = dataset / IMAGES_DIR
     images = len(list(images_dir.iterdir())) if images_dir.is_dir() else 0
     click.echo(f"project {project.name}: complete; dataset of {images} images in {dataset}")
-    for name in (MANIFEST_FILE, COCO_FILE):
+    for name in (MANIFEST_FILE, COCO_FILE, f"{YOLO_DIR}/{YOLO_DATA_YAML}", REPORT_FILE):
         if (dataset / name).is_file():
             click.echo(f"  {dataset / name}")
 

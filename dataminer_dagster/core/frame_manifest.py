@@ -20,11 +20,14 @@ MANIFEST_COLUMNS = (
 # Written since frames are turned upright; a manifest from before has none, and its frames were
 # stored as decoded: turned by 0 degrees.
 ROTATION_COLUMN = "rotation"
+# Written since extraction measures it; a manifest from before has none (None: not measured).
+BRIGHTNESS_COLUMN = "brightness"
 
 
 def write_manifest(result: ExtractionResult, path: Path) -> None:
     """One Parquet row per kept frame: frame_index, timestamp, file_name, width and height (as
-    stored, upright), ..., rotation (degrees clockwise the decoded picture was turned)."""
+    stored, upright), ..., rotation (degrees clockwise the decoded picture was turned),
+    brightness (mean grey level, 0-255)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -38,6 +41,7 @@ def write_manifest(result: ExtractionResult, path: Path) -> None:
             ("sharpness", pa.float64()),
             ("content_hash", pa.string()),
             (ROTATION_COLUMN, pa.int16()),
+            (BRIGHTNESS_COLUMN, pa.float64()),
         ]
     )
     columns = {
@@ -49,6 +53,7 @@ def write_manifest(result: ExtractionResult, path: Path) -> None:
         "sharpness": [f.sharpness for f in result.frames],
         "content_hash": [f.content_hash for f in result.frames],
         ROTATION_COLUMN: [f.rotation for f in result.frames],
+        BRIGHTNESS_COLUMN: [f.brightness for f in result.frames],
     }
     pq.write_table(pa.table(columns, schema=schema), Path(path))
 
@@ -60,7 +65,7 @@ def read_manifest(path: Path) -> list[ExtractedFrame]:
     missing = [c for c in MANIFEST_COLUMNS if c not in table.column_names]
     if missing:
         raise ValueError(f"Frame manifest {path} lacks the columns {', '.join(missing)}")
-    columns = [*MANIFEST_COLUMNS, ROTATION_COLUMN]
+    columns = [*MANIFEST_COLUMNS, ROTATION_COLUMN, BRIGHTNESS_COLUMN]
     rows = table.select([c for c in columns if c in table.column_names]).to_pylist()
     return [
         ExtractedFrame(
@@ -72,6 +77,7 @@ def read_manifest(path: Path) -> list[ExtractedFrame]:
             sharpness=row["sharpness"],
             content_hash=row["content_hash"],
             rotation=row.get(ROTATION_COLUMN, 0),
+            brightness=row.get(BRIGHTNESS_COLUMN),
         )
         for row in rows
     ]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from dataminer_dagster.core.extraction_options import ExtractionOptions
 from dataminer_dagster.core.frame_rotation import frame_rotation, turn_upright, upright_size
-from dataminer_dagster.core.images import encode_image, fit_within, sharpness
+from dataminer_dagster.core.images import encode_image, fit_within, picture_measures
 
 if TYPE_CHECKING:
     import av
@@ -33,6 +33,8 @@ class ExtractedFrame:
     sharpness: float  # variance of the Laplacian at a fixed scale; higher is sharper
     content_hash: str  # hex digest of the encoded image bytes
     rotation: int  # degrees clockwise the decoded picture was turned to be upright
+    # mean grey level, 0-255; None for a frame extracted before extraction measured it
+    brightness: float | None = None
 
 
 def frame_file_name(prefix: str, index: int, image_format: str) -> str:
@@ -91,13 +93,15 @@ class FrameWriter:
         data = encode_image(image, options.image_format, quality=options.quality)
         file_name = frame_file_name(self.prefix, index, options.image_format)
         (self.out_dir / file_name).write_bytes(data)
+        sharpness, brightness = picture_measures(image)
         return ExtractedFrame(
             index=index,
             timestamp=timestamp,
             file_name=file_name,
             width=width,
             height=height,
-            sharpness=sharpness(image),
+            sharpness=sharpness,
             content_hash=hashlib.blake2b(data, digest_size=16).hexdigest(),
             rotation=rotation,
+            brightness=brightness,
         )

@@ -141,10 +141,29 @@ def list_images(directory: Path) -> list[Path]:
     return sorted(p for p in Path(directory).iterdir() if is_image_path(p) and p.is_file())
 
 
-def sharpness(image: np.ndarray) -> float:
-    """Variance of the Laplacian of the grey image scaled to a longest side of 512: higher is sharper."""
+def picture_measures(image: np.ndarray) -> tuple[float, float]:
+    """(sharpness, brightness) of a BGR (or grey) picture, from one grey copy scaled to a longest
+    side of 512: the variance of its Laplacian (higher is sharper) and its mean level (0 black,
+    255 white). Both cost little beside the frame's encoding, which is why extraction measures
+    them."""
     import cv2
 
     grey = image if image.ndim == 2 else cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)
     grey = resize_to_max_side(grey, SHARPNESS_SIDE)
-    return float(cv2.Laplacian(grey, cv2.CV_64F).var())
+    return float(cv2.Laplacian(grey, cv2.CV_64F).var()), float(grey.mean())
+
+
+def brightness_of_file(path: Path) -> float:
+    """The mean grey level (0-255) of an image file, for frames extracted before extraction
+    measured it. A JPEG is decoded at an eighth of its size (libjpeg keeps each 8x8 block's
+    mean while scaling, so the mean moves by a fraction of a level); OpenCV reduces other formats
+    by picking pixels, which moves it more, so they are decoded whole."""
+    import cv2
+
+    reduced = image_format_of(path) == "jpg"
+    grey = cv2.imread(
+        str(path), cv2.IMREAD_REDUCED_GRAYSCALE_8 if reduced else cv2.IMREAD_GRAYSCALE
+    )
+    if grey is None:
+        raise ImageReadError(Path(path), "not a readable JPEG, PNG or WebP image")
+    return float(grey.mean())

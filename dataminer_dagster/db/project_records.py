@@ -13,6 +13,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from dataminer_dagster.config import ProjectConfig
+from dataminer_dagster.core.dataset_formats import YOLO_DIR, point_yolo_at
 from dataminer_dagster.core.rsync import is_remote
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import DEAD, DONE, RUNNING, SCHEMA
@@ -253,6 +254,8 @@ def move_outputs(old: Path, new: Path) -> None:
     (old / marker).unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # something the project did not write stays with it
         old.rmdir()
+    # Ultralytics reads data.yaml's path as it is written: it must name the new place.
+    point_yolo_at(ProjectPaths(new).dataset_dir / YOLO_DIR)
 
 
 def project_columns(engine: sa.Engine, names: Sequence[str], column: str) -> dict[str, object]:

@@ -33,11 +33,16 @@ class CheckResult:
 @dataclass(frozen=True)
 class PartitionCheck:
     """An asset check evaluated for each partition a run finished, at the end of the run: its
-    result is recorded on that partition (the Checks tab's Partition column)."""
+    result is recorded on that partition (the Checks tab's Partition column). `severity`: how a
+    failure shows (ERROR red, WARN yellow). `blocking`: a failure of severity ERROR fails the
+    step once it has recorded everything (Dagster's blocking checks), so the run fails, the
+    partitions it materialized show failed, and no later step of the run starts."""
 
     name: str
     description: str
     evaluate: Callable[[StageContext, str], CheckResult]
+    severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR
+    blocking: bool = False
 
 
 def evaluate_checks(
@@ -62,12 +67,13 @@ def evaluate_checks(
         for partition in finished:
             result = _evaluate_partition(ctx, check, partition)
             if partition == single:  # Dagster counts it as the check's output of this run
-                yield dg.AssetCheckResult(
+                yield dg.AssetCheckResult(  # blocking comes from the check's spec
                     asset_key=key,
                     check_name=check.name,
                     passed=result.passed,
                     metadata={k: readable(v) for k, v in result.metadata.items()},
                     description=result.description,
+                    severity=check.severity,
                 )
                 continue
             yield dg.AssetCheckEvaluation(
@@ -78,6 +84,8 @@ def evaluate_checks(
                 description=result.description,
                 target_materialization_data=targets.get(partition),
                 partition=partition,
+                severity=check.severity,
+                blocking=check.blocking,
             )
 
 

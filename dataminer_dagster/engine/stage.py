@@ -246,6 +246,7 @@ class StageAsset:
                     asset=self.key,
                     description=c.description,
                     partitions_def=self.partitions_def,
+                    blocking=c.blocking,
                 )
                 for c in self.checks
             ]

@@ -7,13 +7,14 @@ import pytest
 
 from dataminer_dagster.core.images import (
     ImageReadError,
+    brightness_of_file,
     decode_image,
     encode_image,
     fit_within,
     image_format_of,
     list_images,
+    picture_measures,
     read_image,
-    sharpness,
     write_image,
 )
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, synthetic_frames
@@ -103,7 +104,23 @@ def test_sharpness_is_higher_for_a_sharper_image(frame):
 
     blurred = cv2.GaussianBlur(frame, (9, 9), 3)
 
-    assert sharpness(frame) > 2 * sharpness(blurred) > 0
+    assert picture_measures(frame)[0] > 2 * picture_measures(blurred)[0] > 0
+
+
+@pytest.mark.parametrize("image_format", FORMATS)
+def test_brightness_is_the_mean_grey_level_in_memory_and_from_a_file(tmp_path, frame, image_format):
+    """Extraction measures the picture it encodes; a frame extracted before is measured from its
+    file, at an eighth of its size for a JPEG: the two agree within a level."""
+    dark = (frame * 0.2).astype(np.uint8)
+    for picture in (frame, dark):
+        _, measured = picture_measures(picture)
+        write_image(tmp_path / f"f.{image_format}", picture, quality=95)
+        assert abs(brightness_of_file(tmp_path / f"f.{image_format}") - measured) < 1.5
+    assert picture_measures(dark)[1] < 0.3 * picture_measures(frame)[1]
+    assert picture_measures(np.full((40, 60, 3), 255, np.uint8))[1] == 255.0
+    with pytest.raises(ImageReadError, match="not a readable"):
+        (tmp_path / "x.jpg").write_bytes(b"nope")
+        brightness_of_file(tmp_path / "x.jpg")
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""dataset: export a project's images, Parquet manifest and COCO annotations."""
+"""dataset: export a project's images, Parquet manifest and annotations, split by source, in
+the training formats its config names, with a quality report."""
 
 from dataminer_dagster.engine.registry import DATASET, DETECT, PROJECTS, StageSpec
 
@@ -10,5 +11,6 @@ STAGE = StageSpec(
     description="export the dataset",
     reads=DETECT,
     after_members=True,
+    config=("dataset",),
     home=__name__,
 )

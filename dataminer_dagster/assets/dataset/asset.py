@@ -5,31 +5,44 @@
     manifest.parquet         one row per kept frame: video, source URL, every source of the
                              video (its copies': the same content found elsewhere), timestamp,
                              size and rotation (how far the frame was turned upright), filter
-                             scores, dedup group and size, number of detections
+                             scores, sharpness and brightness, dedup group and size, number of
+                             detections, and its split
+    coco/, yolo/, hf/        the training formats the config names (dataset.formats), per split
+                             (core/dataset_formats.py)
+    report.md, report/       the quality report and its plots (core/dataset_report.py)
 
-Rebuilt atomically on every run: a re-run replaces the dataset, never appends to it. Its check,
-`dataset_complete`, counts the images three ways (files, manifest rows, COCO images) and looks for
-every file the manifest and the COCO file name; its preview is a sample of the images with their
-annotations drawn.
+Splits are assigned by source (core/dataset_splits.py): a video, its copies and the videos it
+shares a near-duplicate group with (the dedup table's groups) go to one split, so no scene is in
+two. Rebuilt atomically on every run: a re-run replaces the dataset, never appends to it. Its
+checks (checks.py) read the files once they are in place; its previews are a sample of the images
+with their annotations drawn, and the quality report's plots.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from dataminer_dagster.assets.dataset.checks import DATASET_CHECKS
 from dataminer_dagster.core.coco import Detection
 from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE, place_images
+from dataminer_dagster.core.dataset_formats import (
+    REPORT_FILE,
+    DatasetContents,
+    read_contents,
+    write_formats,
+)
+from dataminer_dagster.core.dataset_report import Thresholds, summarize, write_report
+from dataminer_dagster.core.dataset_splits import assign_splits, shared_group_links
 from dataminer_dagster.core.files import publish
-from dataminer_dagster.core.images import read_image
+from dataminer_dagster.core.images import brightness_of_file, read_image
 from dataminer_dagster.core.redact import redact_url
 from dataminer_dagster.core.visualize import contact_sheet, draw_detections
 from dataminer_dagster.db.project_flow import project_members
 from dataminer_dagster.db.retention import release_finished_frames
-from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.previews import preview_metadata
 from dataminer_dagster.engine.registry import DATASET
@@ -71,85 +84,37 @@ MANIFEST_COLUMNS = [
     "pos_max",
     "best_prompt",
     "sharpness",
+    "brightness",
     "group",
     "group_size",
     "detections",
+    "split",
 ]
 
 
 SAMPLE_SIZE = 8  # images in the dataset's preview
 
 
-def _dataset_complete(ctx: StageContext, project_name: str) -> CheckResult:
-    project = ctx.catalog.project(project_name)
-    root = ProjectPaths(project.output_dir).dataset_dir
-    return check_dataset(root, with_coco=project.config.detect is not None)
-
-
-def check_dataset(root: Path, *, with_coco: bool) -> CheckResult:
-    """The dataset in `root` holds as many images as its manifest has rows (and its COCO file
-    images, `with_coco`), and every file they name is in images/."""
-    images_dir = root / IMAGES_DIR
-    on_disk = {p.name for p in images_dir.iterdir()} if images_dir.is_dir() else set()
-    manifest_path = root / MANIFEST_FILE
-    named = (
-        pd.read_parquet(manifest_path, columns=["file_name"])["file_name"].tolist()
-        if manifest_path.is_file()
-        else []
-    )
-    metrics = {"images": len(on_disk), "manifest_rows": len(named)}
-    problems = [] if manifest_path.is_file() else [f"`{manifest_path}` is missing"]
-    if with_coco:
-        coco_path = root / COCO_FILE
-        coco_names = (
-            [image["file_name"] for image in json.loads(coco_path.read_text())["images"]]
-            if coco_path.is_file()
-            else []
-        )
-        metrics["coco_images"] = len(coco_names)
-        if not coco_path.is_file():
-            problems.append(f"`{coco_path}` is missing")
-        named += coco_names
-    missing = sorted(set(named) - on_disk)
-    metrics["missing_files"] = len(missing)
-    counts = {v for k, v in metrics.items() if k != "missing_files"}
-    if len(counts) > 1:
-        problems.append(
-            "the counts differ: "
-            + ", ".join(f"{k} {v}" for k, v in metrics.items() if k != "missing_files")
-        )
-    if missing:
-        problems.append(
-            f"{len(missing)} files named by the manifest or the COCO file are not in "
-            f"`{images_dir}`, e.g. " + ", ".join(f"`{m}`" for m in missing[:5])
-        )
-    if not problems:
-        return CheckResult(True, metrics)
-    return CheckResult(
-        False, metrics, f"The dataset in `{root}` is incomplete: " + "; ".join(problems) + "."
-    )
-
-
-def _sample_preview(staging: Path, manifest: pd.DataFrame, with_coco: bool, previews: Path) -> dict:
-    """A sample of the dataset's images with their COCO annotations drawn (the images with the
-    most annotations first)."""
-    boxes: dict[str, list[Detection]] = {name: [] for name in manifest["file_name"]}
-    if with_coco:
-        coco = json.loads((staging / COCO_FILE).read_text())
-        names = {image["id"]: image["file_name"] for image in coco["images"]}
-        labels = {c["id"]: c["name"] for c in coco["categories"]}
-        for a in coco["annotations"]:
-            boxes[names[a["image_id"]]].append(
-                Detection(*a["bbox"], a.get("score", 1.0), labels[a["category_id"]])
-            )
+def _sample_preview(staging: Path, contents: DatasetContents, previews: Path) -> dict:
+    """A sample of the dataset's images with their annotations drawn (the images with the most
+    annotations first)."""
+    with_boxes = contents.names is not None
+    names = contents.names or []
+    boxes = {
+        image.file_name: [
+            Detection(b.x, b.y, b.w, b.h, 1.0 if b.score is None else b.score, names[b.category])
+            for b in image.boxes
+        ]
+        for image in contents.images
+    }
     sample = sorted(boxes, key=lambda name: (-len(boxes[name]), name))[:SAMPLE_SIZE]
     pictures = [
         draw_detections(read_image(staging / IMAGES_DIR / name), boxes[name]) for name in sample
     ]
-    what = "annotations" if with_coco else "images (no detect section: no annotations)"
+    what = "annotations" if with_boxes else "images (no detect section: no annotations)"
     captions = [
         f"{len(boxes[name])} box{'' if len(boxes[name]) == 1 else 'es'}: {name}"
-        if with_coco
+        if with_boxes
         else name
         for name in sample
     ]
@@ -161,27 +126,38 @@ def _sample_preview(staging: Path, manifest: pd.DataFrame, with_coco: bool, prev
     )
 
 
-@stage_asset(
-    stage=DATASET,
-    kinds={"image", "parquet", "json"},
-    loadable=True,  # a downstream asset loads it (outputs.py)
-    checks=[
-        PartitionCheck(
-            "dataset_complete",
-            "Images on disk = manifest rows = COCO images, and every file they name is present.",
-            _dataset_complete,
-        )
-    ],
-)
-def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
-    """The project's dataset: kept images, COCO annotations and a Parquet manifest."""
-    catalog = ctx.catalog
-    project = catalog.project(item.key)
-    paths = ProjectPaths(project.output_dir)
-    kept = pd.read_parquet(paths.dedup_table)
-    kept = kept[kept["kept"]].reset_index(drop=True)
+def _split(kept: pd.DataFrame, table: pd.DataFrame, videos: dict, config):
+    """The split of each source video: whole units of a video, its copies and the videos it
+    shares a dedup group with (every frame of the dedup table counts, not only the kept ones: a
+    dropped frame is the near-duplicate of a kept one in another video)."""
+    links = shared_group_links(zip(table["video_id"], table["group"], strict=True))
+    links += [(v, row.same_as) for v, row in videos.items() if row.same_as]
+    return assign_splits(
+        kept.groupby("video_id").size().to_dict(),
+        links,
+        config.splits.model_dump(),
+        config.seed,
+    )
+
+
+def _measure_brightness(kept: pd.DataFrame) -> pd.Series:
+    """The frames' brightness; measured now from the file for frames extracted before extraction
+    measured it."""
+    brightness = kept["brightness"].astype(np.float64)
+    missing = brightness.isna()
+    brightness[missing] = [brightness_of_file(Path(f)) for f in kept.loc[missing, "file"]]
+    return brightness
+
+
+def _manifest(catalog, project, paths: ProjectPaths, table: pd.DataFrame):
+    """The kept frames of the dedup table with everything the manifest says of them, their split
+    included; and the split assignment (its warnings)."""
+    kept = table[table["kept"]].reset_index(drop=True)
     if "rotation" not in kept:  # a dedup table from before frames were turned: none was
         kept["rotation"] = 0
+    if "brightness" not in kept:  # ... from before extraction measured it
+        kept["brightness"] = np.nan
+    kept["brightness"] = _measure_brightness(kept)
     kept["file_name"] = [Path(f).name for f in kept["file"]]
 
     video_ids = kept["video_id"].unique().tolist()
@@ -190,12 +166,65 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     kept["source_url"] = [sources[v][0] for v in kept["video_id"]]
     kept["sources"] = pd.Series([sources[v] for v in kept["video_id"]], dtype=object)
     kept["video_title"] = [videos[v].title for v in kept["video_id"]]
-    has_detections = paths.detections_table.is_file() and project.config.detect is not None
-    if has_detections:
+    if _has_detections(project, paths):
         counts = pd.read_parquet(paths.detections_table).groupby("frame_id").size()
         kept["detections"] = kept["frame_id"].map(counts).fillna(0).astype("int64")
     else:
         kept["detections"] = pd.Series([None] * len(kept), dtype="Int64")
+    splits = _split(kept, table, videos, project.config.dataset)
+    kept["split"] = kept["video_id"].map(splits.split_of)
+    return kept, splits
+
+
+def _has_detections(project, paths: ProjectPaths) -> bool:
+    return paths.detections_table.is_file() and project.config.detect is not None
+
+
+def _quality_report(project, manifest, contents, table, formats, warnings, staging: Path):
+    """The report's numbers, and its files in `staging`; returns (numbers, overview picture)."""
+    config = project.config
+    report = summarize(
+        manifest,
+        contents.images,
+        contents.names,
+        zip(table["video_id"], table["group"], strict=True),
+        ratios=config.dataset.splits.model_dump(),
+        seed=config.dataset.seed,
+        thresholds=Thresholds(
+            config.dataset.blurry_below,
+            config.dataset.dark_below,
+            config.dataset.overexposed_above,
+            config.filter.positive_threshold,
+            config.detect.confidence if config.detect else None,
+        ),
+        warnings=warnings,
+    )
+    overview = write_report(
+        report,
+        manifest,
+        contents.images,
+        staging,
+        title=f"dataset of project {project.name}",
+        formats=formats.images,
+    )
+    return report, overview
+
+
+@stage_asset(
+    stage=DATASET,
+    kinds={"image", "parquet", "json"},
+    loadable=True,  # a downstream asset loads it (outputs.py)
+    checks=DATASET_CHECKS,
+)
+def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
+    """The project's dataset: kept images split by source, a Parquet manifest, COCO annotations,
+    the training formats of its config and a quality report."""
+    catalog = ctx.catalog
+    project = catalog.project(item.key)
+    config = project.config.dataset
+    paths = ProjectPaths(project.output_dir)
+    table = pd.read_parquet(paths.dedup_table)
+    kept, splits = _manifest(catalog, project, paths, table)
     prompt_columns = [
         c for c in kept.columns if c.startswith(("positive: ", "negative: ", "junk: "))
     ]
@@ -210,15 +239,29 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
         copy=False,
     )
     manifest.to_parquet(staging / MANIFEST_FILE, index=False)
+    has_detections = _has_detections(project, paths)
     if has_detections:
         shutil.copy2(paths.coco_file, staging / COCO_FILE)
+    contents = read_contents(staging)
+    formats = write_formats(staging, contents, config.formats, published_at=paths.dataset_dir)
+    warnings = [*splits.warnings, *formats.notes]
+    for warning in warnings:
+        ctx.log.warning(f"dataset {project.name}: {warning}")
+    report, overview = _quality_report(
+        project, manifest, contents, table, formats, warnings, staging
+    )
     ctx.log.info(
-        f"dataset {project.name}: {len(manifest)} images ({linked} hard links) in {paths.dataset_dir}"
+        f"dataset {project.name}: {len(manifest)} images ({linked} hard links) in "
+        f"{paths.dataset_dir}: "
+        + ", ".join(f"{s} {n}" for s, n in report.per_split.items())
+        + (f"; formats {', '.join(config.formats)}" if config.formats else "")
     )
     return ItemResult(
         metadata={
-            **_sample_preview(staging, manifest, has_detections, paths.previews_dir),
+            **_sample_preview(staging, contents, paths.previews_dir),
+            **preview_metadata("quality_report", overview, paths.previews_dir, chart=True),
             "images": len(manifest),
+            **{f"{s}_images": n for s, n in report.per_split.items()},
             "hard_links": linked,
             "copies": len(manifest) - linked,
             "dataset": paths.dataset_dir,
@@ -226,8 +269,15 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
             "annotations": (
                 paths.dataset_dir / COCO_FILE if has_detections else "none (no detect section)"
             ),
+            "formats": ", ".join(formats.images) or "none",
+            "report": paths.dataset_dir / REPORT_FILE,
+            "near_duplicate_pairs_across_splits": report.pairs_across_splits,
+            "blurry": report.blurry,
+            "dark": report.dark,
+            "overexposed": report.overexposed,
+            **({"warnings": "\n".join(warnings)} if warnings else {}),
         },
-        outcome={"images": len(manifest)},
+        outcome={"images": len(manifest), **report.per_split},
         commit=lambda conn: released.extend(
             _publish(catalog, conn, project, staging, paths.dataset_dir)
         ),

@@ -218,6 +218,7 @@ def _results_table(
             "height": [f.height for f in manifest],
             "rotation": [f.rotation for f in manifest],
             "sharpness": [f.sharpness for f in manifest],
+            "brightness": np.array([f.brightness for f in manifest], np.float64),
             "content_hash": [f.content_hash for f in manifest],
             "readable": readable,
             "error": [errors.get(i) for i in range(n)],

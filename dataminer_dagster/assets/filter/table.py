@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import pandas as pd
 
 from dataminer_dagster.assets.filter.config import FilterConfig
@@ -19,6 +20,7 @@ FRAME_COLUMNS = [
     "height",
     "rotation",
     "sharpness",
+    "brightness",
     "content_hash",
     "readable",
     "error",
@@ -61,6 +63,8 @@ def passed_frames(project, video_ids: list[str]) -> pd.DataFrame:
         table = table[table["passed"]]
         if "rotation" not in table:  # a table from before frames were turned: none was
             table = table.assign(rotation=0)
+        if "brightness" not in table:  # a table from before extraction measured it
+            table = table.assign(brightness=np.nan)
         if len(table):
             parts.append(table.assign(video_id=video_id))
     if not parts:
