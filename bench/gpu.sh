@@ -21,7 +21,12 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 WHEELS=${WHEELS:-.whl}
 SITE=/tmp/site
-case " $* " in *" --dry-run "*) SITE=$(mktemp -d /tmp/gpu-bench-site.XXXXXX) ;; esac
+case " $* " in
+*" --dry-run "*) # a throwaway install, removed however the script ends
+    SITE=$(mktemp -d "${TMPDIR:-/tmp}/gpu-bench-site.XXXXXX")
+    trap 'rm -rf "$SITE"' EXIT
+    ;;
+esac
 install_wheels() {
     if "$PYTHON" -m pip --version >/dev/null 2>&1; then
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -44,6 +49,3 @@ export PYTHONUNBUFFERED=1
 export YOLO_OFFLINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export YOLO_CONFIG_DIR=${YOLO_CONFIG_DIR:-/tmp/yolo-config}
 "$PYTHON" bench/gpu.py "$@"
-status=$?
-case " $* " in *" --dry-run "*) rm -rf "$SITE" ;; esac
-exit $status

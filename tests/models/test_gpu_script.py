@@ -48,6 +48,7 @@ def test_dry_run_checks_the_whole_script(tmp_path):
         WHEELS=str(tmp_path / "wheels"),
         PYTHON=sys.executable,
         YOLO_CONFIG_DIR=str(tmp_path / "yolo"),
+        TMPDIR=str(tmp_path),
     )
     done = subprocess.run(
         ["bash", "bench/gpu.sh", "--dry-run"],
@@ -65,8 +66,8 @@ def test_dry_run_checks_the_whole_script(tmp_path):
     }
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert lines[-1].startswith("dry run: complete"), lines[-5:]
-    assert "1 from" in done.stdout and "installed into /tmp/gpu-bench-site." in done.stdout
-    assert "gpu_bench_probe import from /tmp/gpu-bench-site." in checks["wheels"]
+    assert "1 from" in done.stdout and f"installed into {tmp_path}/gpu-bench-site." in done.stdout
+    assert f"gpu_bench_probe import from {tmp_path}/gpu-bench-site." in checks["wheels"]
     assert "428.2M parameters in the vision tower" in checks["SigLIP2 so400m-patch14-384"]
     assert "logits (2, 3600, 3)" in checks["OWLv2 base-patch16 960"]
     for model in ("yolo11m", "yolo11l"):
@@ -89,7 +90,7 @@ def test_dry_run_checks_the_whole_script(tmp_path):
     table = (out / "gpu.md").read_text()
     assert all(f"| {section} |" in table for section in sections)
     # the temporary install is gone again
-    assert not list(Path("/tmp").glob("gpu-bench-site.*/gpu_bench_probe"))
+    assert not list(tmp_path.glob("gpu-bench-site.*"))
 
 
 @pytest.fixture(scope="module")
