@@ -174,7 +174,7 @@ def pages(video_partition: str) -> list[Page]:
         Page("deduped-set-overview", "/assets/deduped_set", 1, 1),
         Page("deduped-set-events", "/assets/deduped_set?view=events", 1, 1),
         Page("detections-events", "/assets/detections?view=events", 1, 1),
-        Page("dataset-events", "/assets/dataset?view=events", 1, 1),
+        Page("dataset-events", "/assets/dataset?view=events", 2, 2),  # sample, quality report
         Page("frames-backup-events", "/assets/frames_backup?view=events", 0),
         Page("dataset-checks", "/assets/dataset?view=checks", 0),
     ]
