@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -77,6 +78,10 @@ class HookedDatabase(DatabaseResource):
 
     _order: dict = PrivateAttr(default_factory=dict)  # stage -> lease tokens in the order seen
     _claimed: set = PrivateAttr(default_factory=set)  # leases whose "claimed" point has passed
+    _begun: set = PrivateAttr(default_factory=set)  # (stage, key) of the items begun
+    # Held by a kill while it records the items begun, so that no other thread (a stage working
+    # on several items at once) begins one between the record and the kill.
+    _beginning: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     @property
     def leases(self) -> RunLeases:
@@ -99,7 +104,16 @@ class HookedDatabase(DatabaseResource):
                 if _hook_id(raw) in _FIRED_IN_PROCESS:
                     continue
                 _FIRED_IN_PROCESS.add(_hook_id(raw))
-            _ACTIONS[hook.action](hook, leases, lease)
+            if hook.action == "kill":
+                with self._beginning:
+                    _kill(hook, leases, lease, begun=self._begun)
+            else:
+                _ACTIONS[hook.action](hook, leases, lease)
+
+    def begin(self, leases: RunLeases, lease: Lease) -> None:
+        with self._beginning:
+            leases.begin(lease)
+            self._begun.add((lease.stage, lease.key))
 
 
 class _HookedLeases:
@@ -114,7 +128,7 @@ class _HookedLeases:
 
     def begin(self, lease: Lease) -> None:
         self._resource.fire(self._real, lease, "claimed")
-        self._real.begin(lease)
+        self._resource.begin(self._real, lease)
 
     def check(self, lease: Lease) -> None:
         self._resource.fire(self._real, lease, "claimed")
@@ -131,14 +145,17 @@ class _HookedLeases:
 # --- actions -------------------------------------------------------------------------------------
 
 
-def _kill(hook: Hook, leases: RunLeases, lease: Lease) -> None:
-    """Record what the run holds, then die the way an OOM kill or a segfault does."""
+def _kill(hook: Hook, leases: RunLeases, lease: Lease, begun: set[tuple[str, str]]) -> None:
+    """Record what the run holds and which of those items it has begun (several, where a stage
+    works on some at once), then die the way an OOM kill or a segfault does."""
+    held = sorted([h.stage, h.key] for h in leases.held)
     record = {
         "stage": lease.stage,
         "key": lease.key,
         "phase": hook.phase,
         "run_id": leases.owner,
-        "held": sorted([held.stage, held.key] for held in leases.held),
+        "held": held,
+        "begun": [h for h in held if tuple(h) in begun],
     }
     if hook.path:
         _write_atomically(Path(hook.path), json.dumps(record))
@@ -160,7 +177,7 @@ def _restart_postgres(hook: Hook, leases: RunLeases, lease: Lease) -> None:
     PrivatePostgres.running(hook.pgdata).restart(down_s=hook.down_s)
 
 
-_ACTIONS = {"kill": _kill, "wait": _wait, "restart_postgres": _restart_postgres}
+_ACTIONS = {"wait": _wait, "restart_postgres": _restart_postgres}  # and "kill", in fire
 
 
 def _write_atomically(path: Path, text: str) -> None:
