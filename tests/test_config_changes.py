@@ -134,7 +134,12 @@ def test_a_new_extraction_profile_extracts_and_filters_again(changing):
 
 
 def test_a_new_output_dir_receives_the_results(changing, tmp_path):
-    changing.register(dataset={"formats": ["yolo"]})
+    # Two clips that are no near-duplicates of each other (at 0.99 the tiny random model finds
+    # them alike): one per split, so that the YOLO export has its data.yaml.
+    changing.register(
+        dataset={"formats": ["yolo"], "splits": {"train": 0.5, "val": 0.5, "test": 0.0}},
+        dedup={"threshold": 0.9999},
+    )
     before = changing.run()
     old = changing.output
     images = sorted(p.name for p in (old.dataset_dir / "images").iterdir())

@@ -39,6 +39,7 @@ def test_the_dataset_has_every_format_per_split_and_a_report(changing):
             "splits": {"train": 0.34, "val": 0.33, "test": 0.33},
             "seed": 3,
         },
+        dedup={"threshold": 0.9999},
     )
     changing.run()
     root = changing.output.dataset_dir
@@ -46,7 +47,8 @@ def test_the_dataset_has_every_format_per_split_and_a_report(changing):
     assert set(manifest["split"]) <= set(SPLITS) and manifest["split"].notna().all()
     assert (manifest.groupby("video_id")["split"].nunique() == 1).all()
     per_split = manifest["split"].value_counts().to_dict()
-    # three clips, no near-duplicate across them at dedup's 0.99: three units, one per split
+    # three clips, no near-duplicate across them at 0.9999 (at 0.99 the tiny random model finds
+    # two of the clips alike): three units, one per split
     assert set(per_split) == set(SPLITS) and manifest["video_id"].nunique() == 3
     assert manifest["brightness"].between(0, 255).all()
     for video in manifest["video_id"].unique():  # measured at extraction, not from the file
