@@ -1,11 +1,17 @@
-"""Which runs are dead: `judge` on run records and heartbeats, case by case (no database)."""
+"""Which runs are dead: `judge` on run records and heartbeats, case by case (no database), and
+whether the process behind a heartbeat is gone."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 import uuid
 from datetime import UTC, datetime
 
 import dagster as dg
+import psutil
 import pytest
 from dagster._core.remote_origin import (
     RegisteredCodeLocationOrigin,
@@ -14,6 +20,7 @@ from dagster._core.remote_origin import (
 )
 from dagster._core.storage.dagster_run import DagsterRun, RunRecord
 
+from dataminer_dagster.core.process_liveness import process_gone, process_space
 from dataminer_dagster.db.leases import Heartbeat
 from dataminer_dagster.engine.run_health import judge, run_worker_owner
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
@@ -120,3 +127,61 @@ def test_a_run_worker_waiting_for_its_step_keeps_the_run_alive_but_not_a_dead_st
     assert set(found) == {ids[1], ids[2]}
     assert "no heartbeat for 600 s (run worker pid 12 on gpu-2" in found[ids[1]].reason
     assert "never reported a heartbeat" in found[ids[2]].reason
+
+
+# --- a process known to be gone -------------------------------------------------------------------
+
+
+def exited_pid() -> int:
+    """The pid of a process of ours that has exited (and been waited for)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_process_is_gone_when_it_exited_and_alive_while_it_runs():
+    here = process_space()
+    assert here is not None, "Linux says which boot and pid namespace a process runs in"
+    assert not process_gone(os.getpid(), here, beat_age_s=0.5)
+    assert process_gone(exited_pid(), here, beat_age_s=0.5)
+    # The pid of a process created after the last beat is a reused pid, not the sender's.
+    assert process_gone(
+        os.getpid(), here, beat_age_s=time.time() - psutil.Process().create_time() + 5
+    )
+    # From another process space (another container, machine or boot) nothing is known.
+    assert not process_gone(exited_pid(), "another-boot pid:[1]", beat_age_s=0.5)
+    assert not process_gone(exited_pid(), None, beat_age_s=0.5)
+
+
+def test_a_run_whose_process_is_gone_is_dead_at_once_without_waiting_for_staleness():
+    killed, alive, elsewhere = (record(S.STARTED, since_s=60) for _ in range(3))
+    here = process_space()
+    beats = {
+        killed.dagster_run.run_id: Heartbeat(
+            age_s=3, host="gpu-1", pid=exited_pid(), process_space=here
+        ),
+        alive.dagster_run.run_id: Heartbeat(
+            age_s=3, host="gpu-1", pid=os.getpid(), process_space=here
+        ),
+        elsewhere.dagster_run.run_id: Heartbeat(3, "gpu-2", exited_pid(), "another-boot pid:[1]"),
+    }
+    found = judge([killed, alive, elsewhere], beats, lease=LEASE, runs=RUNS, now=NOW)
+    assert [d.run_id for d in found] == [killed.dagster_run.run_id]
+    assert found[0].reason.startswith("its process is gone (pid") and not found[0].cancel
+
+
+def test_a_step_process_gone_between_two_steps_is_not_a_dead_run_while_its_run_worker_beats():
+    """Under the multiprocess executor a step's process ends before the next step's begins; the
+    run worker's own heartbeat says the run goes on."""
+    between_steps, all_gone = record(S.STARTED, since_s=60), record(S.STARTED, since_s=60)
+    here = process_space()
+    beats = {
+        between_steps.dagster_run.run_id: Heartbeat(3, "gpu-1", exited_pid(), here),
+        run_worker_owner(between_steps.dagster_run.run_id): Heartbeat(
+            3, "gpu-1", os.getpid(), here
+        ),
+        all_gone.dagster_run.run_id: Heartbeat(3, "gpu-1", exited_pid(), here),
+        run_worker_owner(all_gone.dagster_run.run_id): Heartbeat(3, "gpu-1", exited_pid(), here),
+    }
+    found = judge([between_steps, all_gone], beats, lease=LEASE, runs=RUNS, now=NOW)
+    assert [d.run_id for d in found] == [all_gone.dagster_run.run_id]

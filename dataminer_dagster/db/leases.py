@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from psycopg.rows import namedtuple_row
 
 from dataminer_dagster.assets import VIDEO_STAGES
+from dataminer_dagster.core.process_liveness import process_gone
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.schema import (
@@ -107,6 +108,12 @@ class Heartbeat:
     age_s: float  # seconds since the run's last beat, by the database clock
     host: str
     pid: int
+    process_space: str | None = None  # where `pid` can be looked up; None: judged by silence only
+
+    def process_gone(self) -> bool:
+        """The process that sent this beat is known to be gone (looked up from its own process
+        space; from elsewhere this is never known, and False)."""
+        return process_gone(self.pid, self.process_space, beat_age_s=self.age_s)
 
 
 @dataclass(frozen=True)
@@ -471,18 +478,24 @@ class LeaseStore:
 
     # --- liveness ---------------------------------------------------------------------------
 
-    def heartbeat(self, owner: str, host: str, pid: int) -> set[uuid.UUID]:
-        """Prove that run `owner` is alive; returns the tokens of the leases it still holds."""
+    def heartbeat(
+        self, owner: str, host: str, pid: int, process_space: str | None = None
+    ) -> set[uuid.UUID]:
+        """Prove that run `owner` is alive (process `pid` of `process_space`, on `host`);
+        returns the tokens of the leases it still holds."""
         statement = sa.text(f"""
             WITH beat AS (
-                INSERT INTO {H} (run_id, host, pid) VALUES (:owner, :host, :pid)
+                INSERT INTO {H} (run_id, host, pid, process_space)
+                VALUES (:owner, :host, :pid, :space)
                 ON CONFLICT (run_id) DO UPDATE SET heartbeat_at = now(), host = EXCLUDED.host,
-                                                   pid = EXCLUDED.pid
+                                                   pid = EXCLUDED.pid,
+                                                   process_space = EXCLUDED.process_space
                 RETURNING run_id)
             SELECT w.lease_token FROM {W} w JOIN beat ON w.lease_owner = beat.run_id
              WHERE w.status = '{RUNNING}'
         """)
-        rows = self._run(statement, {"owner": owner, "host": host, "pid": pid})
+        params = {"owner": owner, "host": host, "pid": pid, "space": process_space}
+        rows = self._run(statement, params)
         return {row.lease_token for row in rows}
 
     def heartbeats(self, owners: Sequence[str]) -> dict[str, Heartbeat]:
@@ -490,11 +503,11 @@ class LeaseStore:
         if not owners:
             return {}
         statement = sa.text(f"""
-            SELECT run_id, extract(epoch FROM now() - heartbeat_at) AS age, host, pid FROM {H}
-             WHERE run_id = ANY(CAST(:owners AS text[]))
+            SELECT run_id, extract(epoch FROM now() - heartbeat_at) AS age, host, pid, process_space
+              FROM {H} WHERE run_id = ANY(CAST(:owners AS text[]))
         """)
         rows = self._run(statement, {"owners": list(owners)})
-        return {r.run_id: Heartbeat(float(r.age), r.host, r.pid) for r in rows}
+        return {r.run_id: Heartbeat(float(r.age), r.host, r.pid, r.process_space) for r in rows}
 
     def mark_started(self, lease: Lease) -> None:
         """Note that the holder begins the item now (from here on, losing it costs an attempt).

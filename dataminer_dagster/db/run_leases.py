@@ -19,6 +19,7 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
+from dataminer_dagster.core.process_liveness import process_space
 from dataminer_dagster.db.leases import FailResult, Lease, LeaseLost, LeaseStore, Unclaimed
 
 _log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ class RunLeases:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._host, self._pid = socket.gethostname(), os.getpid()
+        self._host, self._pid, self._space = socket.gethostname(), os.getpid(), process_space()
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -62,7 +63,7 @@ class RunLeases:
 
     def beat(self) -> None:
         with self._lock:
-            alive = self.store.heartbeat(self.owner, self._host, self._pid)
+            alive = self.store.heartbeat(self.owner, self._host, self._pid, self._space)
             newly_lost = set(self._held) - alive - self._lost
             self._lost |= newly_lost
         for token in newly_lost:

@@ -235,6 +235,7 @@ run_heartbeats = sa.Table(
     sa.Column("run_id", sa.Text, primary_key=True),
     sa.Column("host", sa.Text, nullable=False),
     sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("process_space", sa.Text),  # where `pid` can be looked up (core/process_liveness.py)
     sa.Column("started_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
     sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
     sa.Index("run_heartbeats_at", "heartbeat_at"),

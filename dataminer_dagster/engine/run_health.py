@@ -4,13 +4,15 @@ Under the default run launcher (what `dagster dev` uses) Dagster cannot see a ki
 the run stays STARTED for ever, counts against its lane's share of runs and keeps its `gpu` pool
 slot. Every run that uses the database resource keeps a heartbeat row alive from a thread; this
 module reads those rows beside Dagster's run records and says which runs are dead and why, in words
-a person can read in the UI. The lease reaper fails (or, when they never started, cancels) them:
+a person can read in the UI. A run is dead when its heartbeat went stale, or at once when its
+process is known to be gone (a reaper in the same process space looks the pid up:
+core/process_liveness.py), as after a SIGKILL of the daemon with its runs. The lease reaper fails (or, when they never started, cancels) them:
 `reap_dead_work` is its pass, shared by the sensor and `dataminer run`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import dagster as dg
@@ -57,16 +59,20 @@ def judge(
     lease: LeasePolicy,
     runs: RunPolicy,
     now: float,
+    gone: Callable[[Heartbeat], bool] = Heartbeat.process_gone,
 ) -> list[DeadRun]:
     """The runs among `records` (unfinished in Dagster) that are dead. A run with a heartbeat row
-    is dead when the row went stale; one without is alive while its run worker beats (it waits
-    for a step to start), else judged only if the sensors requested it (a person's run of
-    another job may never use our resource): it must have a heartbeat within `start_grace_s` of
-    starting, and the queue must start it within `queued_timeout_s`."""
+    is dead when the row went stale, or when its process is `gone` and so is its run worker's
+    (between two steps of a multiprocess run the step's process is gone while its run worker
+    beats); one without is alive while its run worker beats (it waits for a step to start), else
+    judged only if the sensors requested it (a person's run of another job may never use our
+    resource): it must have a heartbeat within `start_grace_s` of starting, and the queue must
+    start it within `queued_timeout_s`."""
     dead = []
     for record in records:
         run = record.dagster_run
         beat = heartbeats.get(run.run_id)
+        waiting = heartbeats.get(run_worker_owner(run.run_id))
         requested_here = LANE_TAG in run.tags
         if beat is not None and run.status in (Status.STARTING, Status.STARTED):
             if beat.age_s > lease.stale_after_s:
@@ -80,8 +86,19 @@ def judge(
                         cancel=False,
                     )
                 )
+            elif gone(beat) and (
+                waiting is None or waiting.age_s > lease.stale_after_s or gone(waiting)
+            ):
+                dead.append(
+                    DeadRun(
+                        run,
+                        f"its process is gone (pid {beat.pid} on {beat.host}, last heartbeat "
+                        f"{beat.age_s:.0f} s ago): it was killed or crashed. Its items go back "
+                        "to the queue.",
+                        cancel=False,
+                    )
+                )
             continue
-        waiting = heartbeats.get(run_worker_owner(run.run_id))
         if waiting is not None and waiting.age_s <= lease.stale_after_s:
             continue
         if not requested_here:
@@ -143,15 +160,23 @@ def dead_runs(
     return judge(records, heartbeats, lease=lease, runs=runs, now=time.time())
 
 
-def end_dead_runs(instance: dg.DagsterInstance, dead: Iterable[DeadRun]) -> None:
+def end_dead_runs(instance: dg.DagsterInstance, dead: Iterable[DeadRun]) -> list[DeadRun]:
     """Mark the dead runs failed (or cancelled) in Dagster, with the reason, and free their pool
-    slots at once: their processes are gone, so nothing else ever would."""
+    slots at once: their processes are gone, so nothing else ever would. A run that finished
+    since it was judged (its run worker, or the code server that launched it, said so) is left
+    as it is. Returns the runs ended."""
+    ended = []
     for d in dead:
+        current = instance.get_run_by_id(d.run_id)
+        if current is None or current.is_finished:
+            continue
+        ended.append(d)
         if d.cancel:
             instance.report_run_canceled(d.run, message=f"Cancelled by dataminer: {d.reason}")
         else:
             instance.report_run_failed(d.run, message=f"Failed by dataminer: {d.reason}")
         instance.event_log_storage.free_concurrency_slots_for_run(d.run_id)
+    return ended
 
 
 @dataclass(frozen=True)
@@ -179,8 +204,7 @@ def reap_dead_work(
     """The lease reaper's pass, for the sensor and for `dataminer run`: end the dead runs in
     Dagster, then take back the leases of runs that stopped heartbeating or that Dagster reports
     as finished."""
-    dead = dead_runs(instance, store, lease=lease, runs=runs)
-    end_dead_runs(instance, dead)
+    dead = end_dead_runs(instance, dead_runs(instance, store, lease=lease, runs=runs))
     owners = store.lease_owners()
     finished = (
         [
