@@ -39,14 +39,25 @@ def _board_video_stages() -> list[str]:
     return [stage for stage in REGISTRY.member_board if REGISTRY[stage].per_video]
 
 
+def _project_work(columns: str) -> str:
+    """`columns` of the work items that concern project :p: its own (`project_id`) and its
+    videos' downloads and extractions (`:video_stages`, through `project_videos`). Two indexed
+    reads joined by UNION ALL (a video's items have no project, so none is counted twice): the
+    cost follows the project's size, never the catalog's (an `OR ... IN (subquery)` became a
+    plain SubPlan over the whole of project_videos past `work_mem`, issue 25)."""
+    return f"""
+        SELECT {columns} FROM {S}.work_items w WHERE w.project_id = :p
+        UNION ALL
+        SELECT {columns} FROM {S}.project_videos pv JOIN {S}.work_items w ON w.video_id = pv.video_id
+         WHERE pv.project_id = :p AND w.project_id IS NULL
+           AND w.stage = ANY(CAST(:video_stages AS text[]))"""
+
+
 def stage_counts(engine: sa.Engine, project_id: int) -> dict[str, dict[str, int]]:
     """{stage: {status: count}} of the work that concerns one project (its videos' downloads and
     extractions, its filters, its project stages)."""
     statement = sa.text(f"""
-        SELECT w.stage, w.status, count(*) AS n FROM {S}.work_items w
-         WHERE w.project_id = :p
-            OR (w.stage = ANY(CAST(:video_stages AS text[]))
-                AND w.video_id IN (SELECT video_id FROM {S}.project_videos WHERE project_id = :p))
+        SELECT stage, status, count(*) AS n FROM ({_project_work("w.stage, w.status")}) work
          GROUP BY 1, 2
     """)
     counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(STATUSES, 0))
@@ -93,14 +104,15 @@ def stale_counts(engine: sa.Engine, project_id: int) -> dict[str, int]:
 
 
 def recent_failures(engine: sa.Engine, project_id: int, limit: int = 10) -> list[sa.Row]:
+    columns = "w.stage, w.item_key, w.status, w.attempts, w.last_error, w.updated_at"
     statement = sa.text(f"""
-        SELECT w.stage, w.item_key, w.status, w.attempts, w.last_error, w.updated_at FROM {S}.work_items w
-         WHERE w.status IN ('failed', 'dead', 'blocked') AND w.last_error IS NOT NULL
-           AND (w.project_id = :p OR w.video_id IN (SELECT video_id FROM {S}.project_videos WHERE project_id = :p))
-         ORDER BY w.updated_at DESC LIMIT :n
+        SELECT * FROM ({_project_work(columns)}) work
+         WHERE status IN ('{FAILED}', '{DEAD}', '{BLOCKED}') AND last_error IS NOT NULL
+         ORDER BY updated_at DESC LIMIT :n
     """)
+    params = {"p": project_id, "n": limit, "video_stages": list(REGISTRY.names)}
     with engine.connect() as c:
-        return c.execute(statement, {"p": project_id, "n": limit}).all()
+        return c.execute(statement, params).all()
 
 
 DEFAULT_WINDOW_MINUTES = 15.0
@@ -124,13 +136,9 @@ def finished_in_window(engine: sa.Engine, project_id: int, window_minutes: float
     """{stage: items finished in the last `window_minutes`}, for the work that concerns one
     project (the same items as stage_counts)."""
     statement = sa.text(f"""
-        SELECT w.stage, count(*) AS n FROM {S}.work_items w
-         WHERE w.status IN ('{DONE}', '{DEAD}', '{BLOCKED}')
-           AND w.finished_at > now() - make_interval(secs => :window_s)
-           AND (w.project_id = :p
-                OR (w.stage = ANY(CAST(:video_stages AS text[]))
-                    AND w.video_id IN (SELECT video_id FROM {S}.project_videos
-                                        WHERE project_id = :p)))
+        SELECT stage, count(*) AS n FROM ({_project_work("w.stage, w.status, w.finished_at")}) work
+         WHERE status IN ('{DONE}', '{DEAD}', '{BLOCKED}')
+           AND finished_at > now() - make_interval(secs => :window_s)
          GROUP BY 1
     """)
     with engine.connect() as c:

@@ -1,0 +1,111 @@
+"""`dataminer status` at any catalog size: the statements that count a project's work read that
+project's rows through indexes, never the whole catalog (issue 25: at 1M videos an
+`OR ... IN (subquery)` became a plain SubPlan over all of project_videos and status never ended).
+
+The check is on PostgreSQL's own plan (EXPLAIN) of the statements as the product sends them, on a
+seeded catalog of 20,000 videos beside a small project, so a regression fails here in CI."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.reports import finished_in_window, recent_failures, stage_counts
+from dataminer_dagster.paths import DataPaths
+from tests.helpers.catalog_seed import add_project, seed_videos
+
+BIG, SMALL = 20_000, 20
+CATALOG_TABLES = {"work_items", "project_videos", "videos"}
+
+
+@pytest.fixture
+def seeded(engine, tmp_path) -> tuple[sa.Engine, int, int]:
+    catalog = Catalog(engine, LeaseStore(engine), DataPaths(tmp_path / "data"))
+    big, small = add_project(catalog, "big"), add_project(catalog, "small")
+    seed_videos(engine, big, BIG, "b")
+    seed_videos(engine, small, SMALL, "s")
+    return engine, big, small
+
+
+def nodes(plan: dict) -> Iterator[dict]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from nodes(child)
+
+
+def whole_table_reads(plan: dict) -> list[str]:
+    """What in a plan reads a catalog table whole: a sequential scan of it, or a subquery run as
+    a SubPlan (once per outer row, over a materialized read of its table)."""
+    found = []
+    for node in nodes(plan):
+        if node["Node Type"] == "Seq Scan" and node.get("Relation Name") in CATALOG_TABLES:
+            found.append(f"Seq Scan on {node['Relation Name']}")
+        if node.get("Parent Relationship") == "SubPlan":
+            found.append(f"SubPlan {node.get('Subplan Name')}")
+    return found
+
+
+def plans_of(engine: sa.Engine, call) -> list[dict]:
+    """PostgreSQL's plan of each statement that `call` sends, with the parameters it sent."""
+    sent = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith(("SELECT", "WITH")):
+            sent.append((statement, parameters))
+
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        call()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
+    assert sent
+    with engine.connect() as c:
+        return [
+            c.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).scalar()[0]["Plan"]
+            for statement, parameters in sent
+        ]
+
+
+def test_the_plan_check_catches_the_statement_that_never_ended_at_a_million_videos(seeded):
+    engine, _, small = seeded
+    before = """SELECT w.stage, w.status, count(*) FROM dataminer.work_items w
+                 WHERE w.project_id = %(p)s
+                    OR (w.stage = ANY(ARRAY['download', 'frames'])
+                        AND w.video_id IN (SELECT video_id FROM dataminer.project_videos
+                                            WHERE project_id = %(p)s))
+                 GROUP BY 1, 2"""
+    with engine.connect() as c:
+        plan = c.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {before}", {"p": small}).scalar()
+    assert whole_table_reads(plan[0]["Plan"]), "the check sees the old statement's full scan"
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        lambda engine, p: stage_counts(engine, p),
+        lambda engine, p: finished_in_window(engine, p, 15),
+        lambda engine, p: recent_failures(engine, p),
+    ],
+    ids=["stage_counts", "finished_in_window", "recent_failures"],
+)
+def test_a_projects_status_reads_only_its_own_rows(seeded, report):
+    engine, _, small = seeded
+    for plan in plans_of(engine, lambda: report(engine, small)):
+        assert whole_table_reads(plan) == [], plan
+
+
+def test_the_counts_are_each_projects_own(seeded):
+    engine, big, small = seeded
+    for project, n in ((big, BIG), (small, SMALL)):
+        counts = stage_counts(engine, project)
+        assert {stage: {s: c for s, c in by.items() if c} for stage, by in counts.items()} == {
+            "download": {"done": n},
+            "frames": {"done": n},
+            "filter": {"pending": n},
+            "catalog": {"pending": 1},  # its inputs, not listed yet
+        }
+        assert finished_in_window(engine, project, 15) == {"download": n, "frames": n}

@@ -1,0 +1,49 @@
+"""A catalog filled in bulk, as far along as a long-running deployment's: videos linked to a
+project, each with its download and extraction done and its filter queued. Written with
+`generate_series` (a million rows in a minute), for the status plan test and bench/status.py."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from dataminer_dagster.config import parse_project_config
+from dataminer_dagster.db.catalog import Catalog
+
+S = "dataminer"
+
+
+def add_project(catalog: Catalog, name: str) -> int:
+    """A project registered as `dataminer project add` registers it; its id."""
+    config = parse_project_config(
+        {
+            "name": name,
+            "inputs": {"urls": ["https://videos.invalid/listed"]},
+            "filter": {"positive_prompts": ["x"]},
+        }
+    )
+    catalog.register_project(config)
+    return catalog.project(name).id
+
+
+def seed_videos(engine: sa.Engine, project_id: int, count: int, prefix: str) -> None:
+    """`count` videos `<prefix><n>` linked to the project: download and frames done, filter
+    pending (project videos keyed as the filter keys them does not matter to a count)."""
+    params = {"p": project_id, "n": count, "prefix": prefix}
+    statements = [
+        f"""INSERT INTO {S}.videos (video_id, url)
+            SELECT :prefix || g, 'https://videos.invalid/' || :prefix || g
+              FROM generate_series(1, :n) g""",
+        f"""INSERT INTO {S}.project_videos (project_id, video_id, source)
+            SELECT :p, :prefix || g, 'url' FROM generate_series(1, :n) g""",
+        f"""INSERT INTO {S}.work_items (stage, item_key, video_id, status, max_attempts, finished_at)
+            SELECT stage, :prefix || g, :prefix || g, 'done', 4, now()
+              FROM generate_series(1, :n) g, unnest(ARRAY['download', 'frames']) stage""",
+        f"""INSERT INTO {S}.work_items (stage, item_key, project_id, video_id, status, max_attempts)
+            SELECT 'filter', :p || '-' || :prefix || g, :p, :prefix || g, 'pending', 4
+              FROM generate_series(1, :n) g""",
+    ]
+    with engine.begin() as c:
+        for statement in statements:
+            c.execute(sa.text(statement), params)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(sa.text(f"ANALYZE {S}.videos, {S}.project_videos, {S}.work_items"))
