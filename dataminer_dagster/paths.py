@@ -85,6 +85,10 @@ class ProjectPaths:
         return self.root / "dataset"
 
     @property
+    def dataset_versions_dir(self) -> Path:
+        return self.root / "dataset_versions"
+
+    @property
     def previews_dir(self) -> Path:
         return self.root / "previews"
 
@@ -99,6 +103,7 @@ class ProjectPaths:
             self.dedup_table.parent,
             self.detections_dir,
             self.dataset_dir,
+            self.dataset_versions_dir,
             self.previews_dir,
             self.marker,
         ]

@@ -1,4 +1,5 @@
-"""`dataminer dev` (the Dagster UI with the sensors) and `dataminer export` (a project's dataset)."""
+"""`dataminer dev` (the Dagster UI with the sensors), `dataminer export` (a project's dataset) and
+`dataminer dataset` (its versions)."""
 
 from __future__ import annotations
 
@@ -163,3 +164,55 @@ def export(name: str, dest: Path, link_images: bool, formats: tuple[str, ...]) -
         click.echo(f"  {fmt}: " + ", ".join(f"{s} {n}" for s, n in counts.items()) + " images")
     for note in written.notes:
         click.echo(f"  note: {note}")
+
+
+@main.group()
+def dataset() -> None:
+    """A project's dataset versions: every build whose content changed is kept."""
+
+
+@dataset.command("versions")
+@click.argument("name")
+def dataset_versions(name: str) -> None:
+    """List the kept versions of project NAME's dataset, oldest first."""
+    from dataminer_dagster.core.dataset_versions import list_versions
+    from dataminer_dagster.paths import ProjectPaths
+
+    _, _, catalog = context()
+    project = project_or_fail(catalog, name)
+    folder = ProjectPaths(project.output_dir).dataset_versions_dir
+    versions = list_versions(folder)
+    if not versions:
+        raise UserError(f"project {name} has no dataset version yet; make its dataset first")
+    for v in versions:
+        click.echo(f"v{v.number}  {v.created_at}  {v.images} images  {v.content_hash[:12]}")
+    click.echo(f"in {folder}")
+
+
+@dataset.command("diff")
+@click.argument("name")
+@click.option("--from", "old", type=int, help="The earlier version (default: the one before --to).")
+@click.option("--to", "new", type=int, help="The later version (default: the latest).")
+@click.option("--show", type=int, default=5, show_default=True, help="File names shown per kind.")
+def dataset_diff(name: str, old: int | None, new: int | None, show: int) -> None:
+    """What was added, removed, relabelled and moved to another split between two versions of
+    project NAME's dataset (images matched by file name: a frame's video and index)."""
+    from dataminer_dagster.core.dataset_versions import (
+        DatasetVersionError,
+        diff_versions,
+        list_versions,
+    )
+    from dataminer_dagster.paths import ProjectPaths
+
+    _, _, catalog = context()
+    project = project_or_fail(catalog, name)
+    folder = ProjectPaths(project.output_dir).dataset_versions_dir
+    numbers = [v.number for v in list_versions(folder)]
+    new = new if new is not None else (numbers[-1] if numbers else 1)
+    old = old if old is not None else new - 1
+    try:
+        found = diff_versions(folder, old, new)
+    except DatasetVersionError as error:
+        raise UserError(f"project {name}: {error}") from None
+    for line in found.lines(show):
+        click.echo(line)

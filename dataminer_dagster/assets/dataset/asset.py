@@ -10,6 +10,10 @@
     coco/, yolo/, hf/        the training formats the config names (dataset.formats), per split
                              (core/dataset_formats.py)
     report.md, report/       the quality report and its plots (core/dataset_report.py)
+    version.json             which version of the dataset this is (core/dataset_versions.py)
+
+A build whose content differs from the last version's is kept as a new version, never changed
+again, in `<output>/dataset_versions/v<N>/`; `dataminer dataset diff` compares two.
 
 Splits are assigned by source (core/dataset_splits.py): a video, its copies and the videos it
 shares a near-duplicate group with (the dedup table's groups) go to one split, so no scene is in
@@ -20,6 +24,7 @@ with their annotations drawn, and the quality report's plots.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -37,6 +42,7 @@ from dataminer_dagster.core.dataset_formats import (
 )
 from dataminer_dagster.core.dataset_report import Thresholds, summarize, write_report
 from dataminer_dagster.core.dataset_splits import assign_splits, shared_group_links
+from dataminer_dagster.core.dataset_versions import VERSION_FILE, keep_version, next_version
 from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import brightness_of_file, read_image
 from dataminer_dagster.core.redact import redact_url
@@ -63,9 +69,23 @@ def _sources(catalog, project_id: int, videos: dict) -> dict[str, list[str]]:
     }
 
 
-def _publish(catalog, conn, project, staging: Path, final: Path) -> list[Path]:
-    """Publish the dataset and release the members' frames; returns the frames set aside."""
-    publish(staging, final)
+def _produced_by(project) -> dict:
+    """What a version records of what made it: the config's fingerprints and the model ids."""
+    config = project.config
+    return {
+        "fingerprints": config.fingerprints(),
+        "filter_model": config.filter.model,
+        "detector": None
+        if config.detect is None
+        else f"{config.detect.detector} {config.detect.model}",
+    }
+
+
+def _publish(catalog, conn, project, staging: Path, paths: ProjectPaths, version) -> list[Path]:
+    """Publish the dataset, keep it as `version` where that is a new one, and release the
+    members' frames; returns the frames set aside."""
+    publish(staging, paths.dataset_dir)
+    keep_version(paths.dataset_dir, paths.dataset_versions_dir, version)
     members = [row.video_id for row in project_members(catalog.engine, project.id)]
     return release_finished_frames(catalog, conn, members, completing=project.name).aside
 
@@ -243,6 +263,8 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     if has_detections:
         shutil.copy2(paths.coco_file, staging / COCO_FILE)
     contents = read_contents(staging)
+    version, new_version = next_version(paths.dataset_versions_dir, contents, _produced_by(project))
+    (staging / VERSION_FILE).write_text(json.dumps(version.as_json(), indent=2) + "\n")
     formats = write_formats(staging, contents, config.formats, published_at=paths.dataset_dir)
     warnings = [*splits.warnings, *formats.notes]
     for warning in warnings:
@@ -251,7 +273,9 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
         project, manifest, contents, table, formats, warnings, staging
     )
     ctx.log.info(
-        f"dataset {project.name}: {len(manifest)} images ({linked} hard links) in "
+        f"dataset {project.name} v{version.number}"
+        f"{'' if new_version else ' (the same content as before)'}: "
+        f"{len(manifest)} images ({linked} hard links) in "
         f"{paths.dataset_dir}: "
         + ", ".join(f"{s} {n}" for s, n in report.per_split.items())
         + (f"; formats {', '.join(config.formats)}" if config.formats else "")
@@ -261,6 +285,8 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
             **_sample_preview(staging, contents, paths.previews_dir),
             **preview_metadata("quality_report", overview, paths.previews_dir, chart=True),
             "images": len(manifest),
+            "version": version.number,
+            "new_version": new_version,
             **{f"{s}_images": n for s, n in report.per_split.items()},
             "hard_links": linked,
             "copies": len(manifest) - linked,
@@ -277,9 +303,9 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
             "overexposed": report.overexposed,
             **({"warnings": "\n".join(warnings)} if warnings else {}),
         },
-        outcome={"images": len(manifest), **report.per_split},
+        outcome={"images": len(manifest), "version": version.number, **report.per_split},
         commit=lambda conn: released.extend(
-            _publish(catalog, conn, project, staging, paths.dataset_dir)
+            _publish(catalog, conn, project, staging, paths, version)
         ),
         staged=released,
     )
