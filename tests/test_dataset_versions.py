@@ -9,8 +9,8 @@ import pandas as pd
 from click.testing import CliRunner
 
 from dataminer_dagster.cli import main
-from dataminer_dagster.core.dataset_files import IMAGES_DIR, MANIFEST_FILE
-from dataminer_dagster.core.dataset_versions import VERSION_FILE, diff_versions, list_versions
+from dataminer_dagster.core.dataset_files import IMAGES_DIR, MANIFEST_FILE, VERSION_FILE
+from dataminer_dagster.core.dataset_versions import diff_versions, list_versions
 from dataminer_dagster.testing import environment_for
 from tests.helpers.project_runs import redone
 
@@ -60,6 +60,8 @@ def test_a_changed_dataset_is_a_new_version_and_the_old_one_stays_readable(
     assert said.splitlines()[0] == "dataset v1 -> v2:"
     assert f"  {len(diff.relabelled)} relabelled: {diff.relabelled[0]}" in said
     assert "  0 added" in said and "  0 removed" in said
+    dataminer("export", "changing", str(tmp_path / "exported"), "--link")
+    assert json.loads((tmp_path / "exported" / VERSION_FILE).read_text())["version"] == 2
 
 
 def test_a_version_that_does_not_exist_is_named_with_the_ones_kept(

@@ -5,6 +5,7 @@ request). The training formats and the report beside them: core/dataset_formats.
     images/                  the kept frames
     annotations.coco.json    the detections (when the project detects)
     manifest.parquet         one row per kept frame
+    version.json             which version of the dataset this is
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataminer_dagster.core.files import link_or_copy
 IMAGES_DIR = "images"
 COCO_FILE = "annotations.coco.json"
 MANIFEST_FILE = "manifest.parquet"
+VERSION_FILE = "version.json"  # which version of the dataset (core/dataset_versions.py)
 
 
 def place_images(images: Iterable[tuple[Path, str]], images_dir: Path, *, copy: bool) -> int:

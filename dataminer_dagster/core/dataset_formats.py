@@ -37,6 +37,7 @@ from dataminer_dagster.core.dataset_files import (
     COCO_FILE,
     IMAGES_DIR,
     MANIFEST_FILE,
+    VERSION_FILE,
     place_images,
 )
 from dataminer_dagster.core.dataset_splits import SPLITS
@@ -392,7 +393,7 @@ def export_dataset(
         links = place_images(
             ((image.resolve(), image.name) for image in images), staging / IMAGES_DIR, copy=copy
         )
-        for name in (COCO_FILE, MANIFEST_FILE, REPORT_FILE):
+        for name in (COCO_FILE, MANIFEST_FILE, REPORT_FILE, VERSION_FILE):
             if (dataset / name).is_file():
                 shutil.copy2(dataset / name, staging / name)
         if (dataset / REPORT_DIR).is_dir():

@@ -33,7 +33,13 @@ import pandas as pd
 
 from dataminer_dagster.assets.dataset.checks import DATASET_CHECKS
 from dataminer_dagster.core.coco import Detection
-from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE, place_images
+from dataminer_dagster.core.dataset_files import (
+    COCO_FILE,
+    IMAGES_DIR,
+    MANIFEST_FILE,
+    VERSION_FILE,
+    place_images,
+)
 from dataminer_dagster.core.dataset_formats import (
     REPORT_FILE,
     DatasetContents,
@@ -42,7 +48,7 @@ from dataminer_dagster.core.dataset_formats import (
 )
 from dataminer_dagster.core.dataset_report import Thresholds, summarize, write_report
 from dataminer_dagster.core.dataset_splits import assign_splits, shared_group_links
-from dataminer_dagster.core.dataset_versions import VERSION_FILE, keep_version, next_version
+from dataminer_dagster.core.dataset_versions import keep_version, next_version
 from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import brightness_of_file, read_image
 from dataminer_dagster.core.redact import redact_url
