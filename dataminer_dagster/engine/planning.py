@@ -10,6 +10,7 @@ runs in flight are producing, so that the next lane's process starts while they 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -192,6 +193,67 @@ class RunLimits:
     runs: RunPolicy
 
 
+# Dagster's order of each partition set is kept between ticks in the process that plans (the code
+# server under the daemon, `dataminer run`'s own): a tick reads only the keys added since the last
+# one (Dagster's storage-id cursor), so a quiet tick costs what changed, not the catalog's size. It
+# is read whole again at most this often, which also catches keys deleted by other hands.
+ORDER_REREAD_EVERY_S = 300.0
+_ORDER_PAGE = 50_000
+
+
+@dataclass
+class _KnownOrder:
+    """Dagster's order of one partition set as last read: its keys (positions in that list; a key
+    forgotten keeps its place, unused) and where the next read starts."""
+
+    keys: list[str] = field(default_factory=list)
+    positions: dict[str, int] = field(default_factory=dict)
+    cursor: str | None = None
+    read_at: float = field(default_factory=time.monotonic)
+
+    def append(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            if key not in self.positions:
+                self.positions[key] = len(self.keys)
+                self.keys.append(key)
+
+    def read_new(self, instance: dg.DagsterInstance, name: str) -> None:
+        while True:
+            page = instance.get_paginated_dynamic_partitions(
+                name, limit=_ORDER_PAGE, ascending=True, cursor=self.cursor
+            )
+            self.append(page.results)
+            self.cursor = page.cursor
+            if not page.has_more:
+                return
+
+    def forget(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self.positions.pop(key, None)
+
+
+_KNOWN_ORDERS: dict[tuple[str, str], _KnownOrder] = {}
+_KNOWN_ORDERS_LOCK = threading.Lock()
+
+
+def _known_order(instance: dg.DagsterInstance, name: str) -> _KnownOrder:
+    """The order of partition set `name` on `instance`, brought up to date."""
+    from dagster._serdes import serialize_value
+
+    try:
+        identity = serialize_value(instance.get_ref())  # a new instance object each tick
+    except dg.DagsterInvariantViolationError:  # an ephemeral instance: nothing to keep
+        identity = None
+    with _KNOWN_ORDERS_LOCK:
+        known = _KNOWN_ORDERS.get((identity, name)) if identity else None
+        if known is None or time.monotonic() - known.read_at > ORDER_REREAD_EVERY_S:
+            known = _KnownOrder()
+            if identity:
+                _KNOWN_ORDERS[identity, name] = known
+        known.read_new(instance, name)
+    return known
+
+
 @dataclass
 class _PartitionOrders:
     """Dagster's order of each partition set, as it will be once this cycle's discovery is
@@ -199,16 +261,18 @@ class _PartitionOrders:
 
     instance: dg.DagsterInstance
     discovery: Discovery
-    _orders: dict[str, dict[str, int]] = field(default_factory=dict)
+    _orders: dict[str, _KnownOrder] = field(default_factory=dict)
 
-    def __getitem__(self, name: str) -> dict[str, int]:
+    def known(self, name: str) -> _KnownOrder:
         if name not in self._orders:
-            keys = self.instance.get_dynamic_partitions(name)
-            existing = set(keys)
-            keys += [k for k in self.discovery.additions.get(name, ()) if k not in existing]
-            removed = set(self.discovery.removals.get(name, ()))
-            self._orders[name] = {k: i for i, k in enumerate(keys) if k not in removed}
+            known = _known_order(self.instance, name)
+            known.forget(self.discovery.removals.get(name, ()))
+            known.append(self.discovery.additions.get(name, ()))
+            self._orders[name] = known
         return self._orders[name]
+
+    def __getitem__(self, name: str) -> Mapping[str, int]:
+        return self.known(name).positions
 
 
 def _covered(record: dg.RunRecord, order: Mapping[str, int]) -> range:
@@ -251,8 +315,9 @@ def plan_runs(
         if slots <= 0:
             continue
         covered = {position for record in live for position in _covered(record, order)}
+        busy = [orders.known(lane.partitions).keys[position] for position in sorted(covered)]
         again = min(rerequest_after_s, REREQUEST_UNCOVERED_S) if limits else rerequest_after_s
-        ready = _ready_batches(engine, lane, order, covered, slots, again, projects)
+        ready = _ready_batches(engine, lane, order, busy, slots, again, projects)
         for keys, items in ready:
             first = min(lane.stages.index(i.stage) for i in items)
             item_ids = [i.id for i in items]
@@ -301,14 +366,13 @@ def _ready_batches(
     engine: sa.Engine,
     lane: Lane,
     order: Mapping[str, int],
-    covered: set[int],
+    busy: Sequence[str],
     slots: int,
     rerequest_after_s: float,
     projects: Sequence[int] | None,
 ) -> list[tuple[list[str], list]]:
     """Up to `slots` batches of ready keys (each with its items), in partition order. Keys that
-    live runs cover are left out in the query, so that they never fill its limit."""
-    busy = [key for key, position in order.items() if position in covered] if covered else []
+    live runs cover (`busy`) are left out in the query, so that they never fill its limit."""
     items = requestable(
         engine, lane.stages, slots * lane.policy.batch, rerequest_after_s, projects, busy
     )
