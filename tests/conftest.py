@@ -8,6 +8,7 @@ runs against both servers. Each test gets a fresh database cloned from a migrate
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +48,18 @@ def _dagster_home_is_left_as_found(request):
         else:
             os.environ["DAGSTER_HOME"] = before
         pytest.fail(f"{request.node.nodeid} left DAGSTER_HOME={after!r} (was {before!r})")
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_is_left_as_found():
+    """Dagster's in-process execution maps SIGTERM to SIGINT's handler (its
+    setup_interrupt_handlers) and leaves it so. Where the test process was started in the
+    background, SIGINT is ignored, so SIGTERM became ignored too, and so in every process a later
+    test starts: a multiprocessing pool's terminate() then waits for ever. Put it back."""
+    before = signal.getsignal(signal.SIGTERM)
+    yield
+    if signal.getsignal(signal.SIGTERM) != before:
+        signal.signal(signal.SIGTERM, before)
 
 
 @pytest.fixture(autouse=True)

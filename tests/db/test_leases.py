@@ -60,6 +60,8 @@ def test_eight_processes_claim_every_row_exactly_once(database_url, engine):
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(8) as pool:
         counts = pool.starmap(_claim_until_empty, [(database_url, f"run-{i}", i) for i in range(8)])
+        pool.close()  # the workers end on their own: no terminate(), which signals them
+        pool.join()
 
     assert sum(counts) == 2000
     assert sum(1 for c in counts if c > 0) >= 2, "the claims should be spread over processes"

@@ -91,6 +91,8 @@ def test_several_processes_migrate_a_fresh_database_at_once(empty_database_url):
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(4) as pool:
         revisions = pool.map(_ensure_in_new_process, [empty_database_url] * 4)
+        pool.close()  # the workers end on their own: no terminate(), which signals them
+        pool.join()
     assert revisions == [migrate.head_revision()] * 4
     assert _advisory_locks(empty_database_url) == []
 
