@@ -236,8 +236,9 @@ _KNOWN_ORDERS: dict[tuple[str, str], _KnownOrder] = {}
 _KNOWN_ORDERS_LOCK = threading.Lock()
 
 
-def _known_order(instance: dg.DagsterInstance, name: str) -> _KnownOrder:
-    """The order of partition set `name` on `instance`, brought up to date."""
+def _known_order(instance: dg.DagsterInstance, name: str, discovery: Discovery) -> _KnownOrder:
+    """The order of partition set `name` on `instance`, brought up to date: the keys Dagster added
+    since the last read, then this cycle's discovery (its keys added last, its removals gone)."""
     from dagster._serdes import serialize_value
 
     try:
@@ -251,6 +252,8 @@ def _known_order(instance: dg.DagsterInstance, name: str) -> _KnownOrder:
             if identity:
                 _KNOWN_ORDERS[identity, name] = known
         known.read_new(instance, name)
+        known.forget(discovery.removals.get(name, ()))
+        known.append(discovery.additions.get(name, ()))
     return known
 
 
@@ -265,10 +268,7 @@ class _PartitionOrders:
 
     def known(self, name: str) -> _KnownOrder:
         if name not in self._orders:
-            known = _known_order(self.instance, name)
-            known.forget(self.discovery.removals.get(name, ()))
-            known.append(self.discovery.additions.get(name, ()))
-            self._orders[name] = known
+            self._orders[name] = _known_order(self.instance, name, self.discovery)
         return self._orders[name]
 
     def __getitem__(self, name: str) -> Mapping[str, int]:

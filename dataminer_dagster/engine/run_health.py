@@ -6,8 +6,9 @@ slot. Every run that uses the database resource keeps a heartbeat row alive from
 module reads those rows beside Dagster's run records and says which runs are dead and why, in words
 a person can read in the UI. A run is dead when its heartbeat went stale, or at once when its
 process is known to be gone (a reaper in the same process space looks the pid up:
-core/process_liveness.py), as after a SIGKILL of the daemon with its runs. The lease reaper fails (or, when they never started, cancels) them:
-`reap_dead_work` is its pass, shared by the sensor and `dataminer run`.
+core/process_liveness.py), as after a SIGKILL of the daemon with its runs. The lease reaper fails
+(or, when they never started, cancels) them: `reap_dead_work` is its pass, shared by the sensor
+and `dataminer run`.
 """
 
 from __future__ import annotations
