@@ -92,14 +92,7 @@ def trial(urls: list[str], siglip: Path, yolo: Path, *, pid_lookup: bool) -> dic
     try:
         home.start_daemon()
         home.add_project(demo_project("alpha", urls, siglip, yolo))
-        found = {}
-
-        def filtering() -> bool:
-            found["row"] = home.running_item("filter")
-            return found["row"] is not None
-
-        wait(home, filtering, "a filter item being worked on")
-        row = found["row"]
+        row = home.wait_for_running_item("filter", WAIT_S, "alpha")
         home.kill_daemon_group()
         if not pid_lookup:
             forget_process_space(home, row.lease_owner)
@@ -151,7 +144,7 @@ def trial(urls: list[str], siglip: Path, yolo: Path, *, pid_lookup: bool) -> dic
             "the killed filter item worked on again",
         )
         figures["its item worked on again"] = elapsed()
-        wait(home, lambda: home.project_stage("alpha") == "complete", "the project complete")
+        home.wait_for_stage("alpha", "complete", WAIT_S)
         figures["project complete"] = elapsed()
         instance.dispose()
         return figures
@@ -182,16 +175,9 @@ def rerun_trial(urls: list[str], siglip: Path, yolo: Path, *, pid_lookup: bool) 
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        found = {}
-
-        def filtering() -> bool:
-            found["row"] = home.running_item("filter")
-            return found["row"] is not None
-
-        wait(home, filtering, "a filter item being worked on")
+        row = home.wait_for_running_item("filter", WAIT_S, "alpha")
         first.kill()
         first.wait(30)
-        row = found["row"]
         if not pid_lookup:
             forget_process_space(home, row.lease_owner)
         started = time.monotonic()

@@ -166,14 +166,7 @@ def test_two_projects_complete_under_the_daemon_with_gpu_steps_one_at_a_time(
 
 def running_filter_item(deployment):
     """The row of a filter item of project alpha once one is being processed."""
-    found = {}
-
-    def filtering() -> bool:
-        found["row"] = deployment.running_item("filter")
-        return found["row"] is not None
-
-    deployment.wait_until(filtering, COMPLETE_WITHIN_S, "a filter item being processed", "alpha")
-    return found["row"]
+    return deployment.wait_for_running_item("filter", COMPLETE_WITHIN_S, "alpha")
 
 
 def test_a_run_worker_killed_mid_stage_is_failed_and_its_work_done_again(

@@ -191,6 +191,17 @@ class DaemonHome:
         )
         return rows[0] if rows else None
 
+    def wait_for_running_item(self, stage: str, timeout_s: float, project: str) -> sa.Row:
+        """`running_item(stage)` once there is one (a run has begun an item of `stage`)."""
+        found = {}
+
+        def running() -> bool:
+            found["row"] = self.running_item(stage)
+            return found["row"] is not None
+
+        self.wait_until(running, timeout_s, f"a {stage} item being processed", project)
+        return found["row"]
+
     def report(self, project: str) -> str:
         status = self.dataminer("status", project, timeout_s=60)
         log = self.log_path.read_text()[-6000:] if self.log_path.exists() else "(no log)"
