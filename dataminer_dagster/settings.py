@@ -80,6 +80,7 @@ class SensorPolicy(_Section):
 
     work_interval_s: int = Field(1, ge=1)
     reaper_interval_s: int = Field(15, ge=1)
+    refresh_interval_s: int = Field(60, ge=1)  # how often the refresh crons are looked at
 
 
 class LongRunningPolicy(_Section):

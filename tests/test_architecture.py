@@ -183,7 +183,7 @@ def test_the_real_definitions_load_and_validate(dataminer_env, executor):
         env={"DATAMINER_EXECUTOR": executor},
     )
     _, sensors, assets = summary.split("|")
-    assert sensors == "lease_reaper,release_cancelled_runs,release_failed_runs,work"
+    assert sensors == "lease_reaper,refresh_sources,release_cancelled_runs,release_failed_runs,work"
     assert assets == ",".join(
         sorted(
             [

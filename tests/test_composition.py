@@ -63,6 +63,7 @@ def test_a_prefixed_pipeline_merges_with_a_users_assets_of_the_same_names(datami
     ]
     assert sorted(s.name for s in repository.sensor_defs) == [
         "dm_lease_reaper",
+        "dm_refresh_sources",
         "dm_release_cancelled_runs",
         "dm_release_failed_runs",
         "dm_work",

@@ -58,7 +58,7 @@ def test_minimal_config_has_no_domain_defaults():
             {"filter__positive_threshold": 1.5},
             "filter.positive_threshold: Input should be less than or equal to 1",
         ),
-        ({"inputs": {}}, "inputs: give at least one of search, urls, url_file or files"),
+        ({"inputs": {}}, "inputs: give at least one of search, urls, url_file, listings or files"),
         (
             {"detect": {"detector": "owlv2", "model": "m"}},
             "detect: detect.prompts is required for the owlv2 detector",

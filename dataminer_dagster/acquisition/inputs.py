@@ -1,7 +1,8 @@
 """Turning a project's `inputs` section into candidate videos.
 
-Every source is tried; a source that fails (a search that errors, an unreadable URL file, a glob
-that matches nothing, a URL without a usable id) is reported by name and the others go on, and so
+Every source is tried; a source that fails (a search or listing that errors, an unreadable URL
+file, a glob that matches nothing, a URL without a usable id) is reported by name and the others
+go on, and so
 is a path a glob matches that cannot be a video (a symbolic link loop, a name that is not UTF-8, a
 FIFO, a device, a directory, a file not named as a video). The first source of a video wins when
 it is found twice.
@@ -36,6 +37,7 @@ from dataminer_dagster.db.video_records import Candidate
 VIDEO_SUFFIXES = {".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".mpg", ".mpeg", ".ts"}
 
 SearchFunction = Callable[[str, int], list]  # (query, max_results) -> hits with .video_id
+ListFunction = Callable[[str, int], list]  # (listing URL, max_entries) -> hits, newest first
 PROBLEMS_KEPT = 20
 NAMES_SHOWN = 5  # file names quoted in a problem about several files
 
@@ -46,6 +48,7 @@ class Collected:
     problems: list[str] = field(default_factory=list)  # the first PROBLEMS_KEPT
     problem_count: int = 0
     per_source: dict[str, int] = field(default_factory=dict)  # "search: <query>" -> videos found
+    failed_sources: dict[str, str] = field(default_factory=dict)  # searches and listings: error
     _seen: set[str] = field(default_factory=set)
 
     def add(self, candidate: Candidate) -> None:
@@ -67,22 +70,49 @@ class Collected:
         return "; ".join(self.problems) + (f" (and {more} more problems)" if more else "")
 
 
-def collect_candidates(inputs: InputsConfig, search: SearchFunction) -> Collected:
+def collect_candidates(
+    inputs: InputsConfig,
+    search: SearchFunction,
+    list_videos: ListFunction | None = None,
+    *,
+    skip: frozenset[str] = frozenset(),
+) -> Collected:
+    """The candidates of every source of `inputs`. Searches and listings named in `skip` (their
+    `per_source` keys: sources waiting for their back-off after failing) are not asked."""
     found = Collected()
     if inputs.search:
         for query in _queries(inputs, found):
+            if f"search: {query}" in skip:
+                continue
             try:
                 hits = search(query, inputs.search.max_results_per_query)
             except HostPaused:
                 raise  # YouTube said stop: not this query's fault, the whole search waits
             except Exception as exc:
                 found.problem(f"search {query!r} failed: {exc}")
+                found.failed_sources[f"search: {query}"] = redact(str(exc))
                 continue
             found.per_source[f"search: {query}"] = len(hits)
             for hit in hits:
                 found.add(
                     Candidate(hit.video_id, "search", query, url=youtube_watch_url(hit.video_id))
                 )
+    for url in inputs.listings:
+        if f"listing: {url}" in skip:
+            continue
+        if list_videos is None:
+            raise ValueError("the project has listings and no way to list them was given")
+        try:
+            hits = list_videos(url, inputs.max_per_listing)
+        except HostPaused:
+            raise  # the host said stop: every source of it waits
+        except Exception as exc:
+            found.problem(f"listing {redact(url)} failed: {exc}")
+            found.failed_sources[f"listing: {url}"] = redact(str(exc))
+            continue
+        found.per_source[f"listing: {url}"] = len(hits)
+        for hit in hits:
+            found.add(Candidate(hit.video_id, "listing", url, url=hit.url))
     for url in inputs.urls:
         _add_url(found, url, "url", "config")
     if inputs.url_file:

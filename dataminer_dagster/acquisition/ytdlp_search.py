@@ -1,6 +1,8 @@
-"""Searching YouTube with yt-dlp: the first videos for a query, as `SearchHit`s.
+"""Finding videos with yt-dlp, as `SearchHit`s: the first videos of a YouTube search, and the
+newest entries of a listing (an RSS/Atom feed, a YouTube channel or playlist).
 
-A search takes YouTube's turn at the host throttle (`throttled_ytdlp`) like a download does.
+A search or a listing takes its host's turn at the host throttle (`throttled_ytdlp`) like a
+download does. Both are flat extractions: the videos are named, never resolved one by one.
 yt-dlp is imported inside the functions, so importing this module is cheap.
 """
 
@@ -13,14 +15,24 @@ from pathlib import Path
 from typing import Any
 
 from dataminer_dagster.acquisition.errors import HostPaused
-from dataminer_dagster.acquisition.politeness import HostThrottle, LocalThrottle, throttle_key
+from dataminer_dagster.acquisition.politeness import (
+    HostThrottle,
+    LocalThrottle,
+    host_key,
+    throttle_key,
+)
 from dataminer_dagster.acquisition.throttled_ytdlp import (
     classified,
     gated_ytdlp,
     next_proxy,
     politely,
 )
-from dataminer_dagster.acquisition.video_ids import YOUTUBE_ID, youtube_watch_url
+from dataminer_dagster.acquisition.video_ids import (
+    YOUTUBE_ID,
+    is_youtube_url,
+    video_id_for_url,
+    youtube_watch_url,
+)
 from dataminer_dagster.acquisition.ytdlp_params import (
     DownloadOptions,
     positive_number,
@@ -64,23 +76,101 @@ def search_videos(
     return parse_search_results(politely(search, throttle))
 
 
+def list_videos(
+    url: str,
+    max_entries: int,
+    *,
+    options: DownloadOptions | None = None,
+    throttle: HostThrottle | None = None,
+) -> list[SearchHit]:
+    """The newest `max_entries` videos a listing names (a feed's items in its order, a channel's
+    or playlist's first entries: newest first on YouTube). Errors raise; they are never ignored.
+    Entries without a usable video URL are left out."""
+    if max_entries < 1:
+        raise ValueError(f"max_entries must be at least 1, got {max_entries}")
+    options = options or DownloadOptions()
+    throttle = throttle or LocalThrottle(options.pauses)
+    host = host_key(url)
+    proxy = next_proxy(options.proxies, host, throttle)
+    listing = functools.partial(
+        _extract,
+        url,
+        f"listing {url}",
+        host,
+        {"noplaylist": False, "playlistend": max_entries},
+        options,
+        throttle,
+        proxy,
+    )
+    return parse_listing(politely(listing, throttle))[:max_entries]
+
+
 def _search(query, max_results, options, throttle, proxy) -> dict[str, Any] | None:
+    return _extract(
+        f"ytsearch{max_results}:{query}",
+        f"YouTube search {query!r}",
+        YOUTUBE,
+        {},
+        options,
+        throttle,
+        proxy,
+    )
+
+
+def _extract(target, subject, host, extra, options, throttle, proxy) -> dict[str, Any] | None:
     from yt_dlp.utils import YoutubeDLError
 
-    subject = f"YouTube search {query!r}"
-    key = throttle_key(YOUTUBE, proxy)
-    params = ytdlp_params(options, proxy) | {"skip_download": True}
+    key = throttle_key(host, proxy)
+    params = ytdlp_params(options, proxy) | {"skip_download": True} | extra
     with tempfile.TemporaryDirectory(prefix="dataminer-search-") as scratch:
         if options.cookies_file is not None:
             params["cookiefile"] = str(private_cookies(options.cookies_file, Path(scratch)))
         try:
             throttle.before_starting(key)
             with gated_ytdlp()(params, throttle=throttle, proxy=proxy) as ydl:
-                return ydl.extract_info(f"ytsearch{max_results}:{query}", download=False)
+                return ydl.extract_info(target, download=False)
         except HostPaused as exc:
             raise exc.about(subject) from exc
         except YoutubeDLError as exc:
             raise classified(exc, subject, throttle, key) from exc
+
+
+def parse_listing(info: dict[str, Any] | None) -> list[SearchHit]:
+    """The videos of a flat yt-dlp listing, in its order, without duplicates: YouTube entries by
+    their id, others (a feed's links) by their URL. A single video (a URL that is not a listing)
+    is a listing of one."""
+    if info is not None and info.get("_type", "video") == "video":
+        info = {"entries": [info | {"url": info.get("webpage_url") or info.get("url")}]}
+    hits: list[SearchHit] = []
+    seen: set[str] = set()
+    for entry in (info or {}).get("entries") or ():
+        hit = _listed_video(entry or {})
+        if hit is not None and hit.video_id not in seen:
+            seen.add(hit.video_id)
+            hits.append(hit)
+    return hits
+
+
+def _listed_video(entry: dict[str, Any]) -> SearchHit | None:
+    from yt_dlp.utils import unsmuggle_url
+
+    if entry.get("_type") == "playlist":  # a channel's tab or a nested playlist: not walked
+        return None
+    url = unsmuggle_url(entry.get("url") or entry.get("webpage_url") or "")[0]
+    video_id = entry.get("id")
+    if (
+        entry.get("ie_key") == "Youtube"
+        and isinstance(video_id, str)
+        and YOUTUBE_ID.fullmatch(video_id)
+    ):
+        url = youtube_watch_url(video_id)
+    try:
+        video_id = video_id_for_url(url)
+    except ValueError:
+        return None
+    if is_youtube_url(url):
+        url = youtube_watch_url(video_id)
+    return SearchHit(video_id, url, entry.get("title"), positive_number(entry.get("duration")))
 
 
 def parse_search_results(info: dict[str, Any] | None) -> list[SearchHit]:

@@ -3,7 +3,7 @@ what they show or do lives in the package's other parts (db/, hosting/, core/).
 
     app.py        the group, errors a user can fix, the process's database context
     database.py   dataminer db ...
-    projects.py   dataminer project add|list, add-video, populate
+    projects.py   dataminer project add|list, add-video, refresh, populate
     running.py    dataminer run, dataminer demo
     status.py     dataminer status, dataminer project status
     admin.py      project delete, delete-videos, cleanup-orphans, retry, force-<stage>

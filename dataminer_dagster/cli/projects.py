@@ -1,4 +1,5 @@
-"""`dataminer project add|list`, `add-video` and `populate`: registering projects and their videos."""
+"""`dataminer project add|list`, `add-video`, `refresh` and `populate`: registering projects and
+their videos."""
 
 from __future__ import annotations
 
@@ -92,6 +93,35 @@ def add_video(url: str, project_name: str) -> None:
 
 
 @main.command()
+@click.argument("name")
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Run the refresh in this process, as `dataminer run` does, until the project is "
+    "finished again (without it, the sensors of a running `dg dev` or daemon take it).",
+)
+@click.option(
+    "--timeout", type=float, default=None, help="With --wait: give up after this many seconds."
+)
+def refresh(name: str, wait: bool, timeout: float | None) -> None:
+    """List the sources of project NAME again (searches, listings, URL files) and take only the
+    videos it has not seen; a finished project reopens for them. A refresh that finds nothing new
+    downloads nothing."""
+    from dataminer_dagster.db.source_refresh import request_refresh
+
+    _, store, catalog = context()
+    project = catalog.project(name)
+    if project is None:
+        raise UserError(f"no project named {name!r} (dataminer project list)")
+    request = request_refresh(store, project.id, name)
+    click.echo(f"refresh of {name}: {request.reason}")
+    if wait:
+        from dataminer_dagster.cli.running import run_projects
+
+        raise SystemExit(run_projects([project.config], timeout=timeout, progress=False))
+
+
+@main.command()
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Only print what would be added.")
 def populate(config: str, dry_run: bool) -> None:
@@ -101,6 +131,7 @@ def populate(config: str, dry_run: bool) -> None:
 
     from dataminer_dagster.acquisition.inputs import collect_candidates
     from dataminer_dagster.acquisition.options import merged_download_options
+    from dataminer_dagster.acquisition.politeness import host_key
     from dataminer_dagster.acquisition.ytdlp_search import YOUTUBE
     from dataminer_dagster.core.redact import redact
     from dataminer_dagster.db.schema import DONE
@@ -119,8 +150,14 @@ def populate(config: str, dry_run: bool) -> None:
         options,
         stale_after_s=settings.lease.stale_after_s,
     )
-    search = functools.partial(YtDlpClient().search, options=options, throttle=throttle)
-    found = collect_candidates(cfg.inputs, search)
+    client = YtDlpClient()
+    search = functools.partial(client.search, options=options, throttle=throttle)
+
+    def list_videos(url: str, max_entries: int):
+        listing_options = merged_download_options([cfg.download], host_key(url))
+        return client.list_videos(url, max_entries, options=listing_options, throttle=throttle)
+
+    found = collect_candidates(cfg.inputs, search, list_videos)
     for problem in found.problems:
         click.echo(f"warning: {problem}", err=True)
     if dry_run:

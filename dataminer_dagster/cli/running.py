@@ -25,7 +25,7 @@ def _instance():
     return dg.DagsterInstance.local_temp(directory.name), directory
 
 
-def _run_projects(configs, *, timeout: float | None, progress: bool = True) -> int:
+def run_projects(configs, *, timeout: float | None, progress: bool = True) -> int:
     from dataminer_dagster.cli.board import ProgressBoard
     from dataminer_dagster.cli.projects import registration_lines
     from dataminer_dagster.definitions import LANES, defs
@@ -114,9 +114,7 @@ def _print_outcome(project) -> None:
 def run_command(config: str, timeout: float | None, no_progress: bool) -> None:
     """Drive a project to complete in this process: the sensors' decisions, the same runs,
     with progress bars. For machines without the Dagster UI."""
-    raise SystemExit(
-        _run_projects([load_config(config)], timeout=timeout, progress=not no_progress)
-    )
+    raise SystemExit(run_projects([load_config(config)], timeout=timeout, progress=not no_progress))
 
 
 @main.command()
@@ -153,7 +151,7 @@ def demo(videos: int, port: int, no_progress: bool) -> None:
         )
         path = write_demo_config(root / "demo.yaml", raw)
         click.echo(f"demo: project config in {path}; serving the videos at {base}")
-        code = _run_projects(
+        code = run_projects(
             [parse_project_config(raw, source=str(path))], timeout=None, progress=not no_progress
         )
     raise SystemExit(code)

@@ -32,6 +32,8 @@ def _print_project_status(data: dict) -> None:
             + f"{row['per_minute']:>9.1f}  {eta_text}"
         )
     click.echo("(ETA -: nothing queued; ?: nothing finished in the window)")
+    if data["refresh"] or data["sources"]:
+        _print_sources(data["refresh"], data["sources"])
     if data["stale"]:
         click.echo("")
         click.echo(
@@ -63,6 +65,26 @@ def _print_project_status(data: dict) -> None:
             click.echo(
                 f"  {f['at']}  {f['stage']} {f['item']}: {f['status']} "
                 f"({f['attempts']} attempts): {f['error']}"
+            )
+
+
+def _print_sources(refresh: dict | None, sources: list[dict]) -> None:
+    click.echo("")
+    if refresh:
+        click.echo(
+            f"refresh: cron {refresh['cron']!r} ({refresh['timezone']}), last listed "
+            f"{refresh['last_listed_at'] or 'never'}, next {refresh['next_at'] or 'after the first listing'}"
+        )
+    for s in sources:
+        if s["failures"]:
+            click.echo(
+                f"  {s['source']}: FAILING ({s['failures']} times in a row): {s['error']}; "
+                f"asked again after {s['retry_at']}"
+            )
+        else:
+            click.echo(
+                f"  {s['source']}: {s['videos_listed']} videos listed, {s['videos_new']} new "
+                f"(listed {s['listed_at']})"
             )
 
 
@@ -115,6 +137,16 @@ def _show_status(project_name: str | None, as_json: bool, window: float) -> None
     data = project_status(
         catalog, project_or_fail(catalog, project_name), window, load_settings().long_running
     )
+    if data["refresh"]:
+        from datetime import datetime
+
+        from dataminer_dagster.engine.refresh_schedule import next_refresh
+
+        refresh, last = data["refresh"], data["refresh"]["last_listed_at"]
+        after = next_refresh(
+            refresh["cron"], refresh["timezone"], last and datetime.fromisoformat(last)
+        )
+        refresh["next_at"] = after and after.isoformat(timespec="seconds")
     if as_json:
         click.echo(json.dumps({**data, "host_pauses": [p.to_json() for p in paused]}, indent=2))
     else:

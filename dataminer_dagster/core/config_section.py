@@ -34,11 +34,20 @@ class Section(BaseModel):
     # Keys that change how a stage runs, not what it makes (a device, a batch size): changing one
     # leaves the work done with the old value current.
     RUN_SETTINGS: ClassVar[frozenset[str]] = frozenset()
+    # Keys added by a later release: left out of the fingerprint while they hold their default,
+    # so that upgrading does not make the work of every registered project stale.
+    ADDED_LATER: ClassVar[frozenset[str]] = frozenset()
 
     def results_view(self) -> dict[str, Any]:
         """What of this section the output of a stage that reads it depends on (its part of the
         stage's fingerprint)."""
-        return self.model_dump(mode="json", exclude=set(self.RUN_SETTINGS))
+        defaults = {
+            key
+            for key in self.ADDED_LATER
+            if getattr(self, key)
+            == type(self).model_fields[key].get_default(call_default_factory=True)
+        }
+        return self.model_dump(mode="json", exclude=set(self.RUN_SETTINGS) | defaults)
 
     @field_validator("*")
     @classmethod

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from dataminer_dagster.assets import REGISTRY
-from dataminer_dagster.core.redact import redact_url
+from dataminer_dagster.core.redact import redact, redact_url
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import (
@@ -29,6 +29,7 @@ from dataminer_dagster.db.schema import (
     STATUSES,
     stale_sql,
 )
+from dataminer_dagster.db.source_refresh import last_listings, source_states
 from dataminer_dagster.settings import LongRunningPolicy
 
 S = SCHEMA
@@ -244,6 +245,19 @@ def project_status(
         "error": project.error,
         "output_dir": str(project.output_dir),
         "videos": catalog.member_counts().get(project.id, 0),
+        "refresh": refresh_report(engine, project),
+        "sources": [
+            {
+                "source": redact(state.source),
+                "listed_at": _iso(state.listed_at),
+                "videos_listed": state.videos_listed,
+                "videos_new": state.videos_new,
+                "failures": state.failures,
+                "error": state.last_error,
+                "retry_at": _iso(state.retry_at),
+            }
+            for state in source_states(engine, project.id)
+        ],
         "copies": copies,
         "window_minutes": window,
         "stages": stages,
@@ -283,3 +297,21 @@ def item_state(engine: sa.Engine, stage: str, key: str) -> sa.Row | None:
             ),
             {"stage": stage, "key": key},
         ).first()
+
+
+def refresh_report(engine: sa.Engine, project: ProjectRow) -> dict | None:
+    """The project's refresh schedule: its cron and when its sources were last listed (None: no
+    schedule). The CLI adds when they are listed next (engine/refresh_schedule.py)."""
+    schedule = project.config.inputs.refresh
+    if schedule is None:
+        return None
+    _, _, last = last_listings(engine).get(project.name, (None, None, None))
+    return {
+        "cron": schedule.cron,
+        "timezone": schedule.timezone,
+        "last_listed_at": _iso(last),
+    }
+
+
+def _iso(moment) -> str | None:
+    return None if moment is None else moment.isoformat(timespec="seconds")

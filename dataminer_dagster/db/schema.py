@@ -58,7 +58,15 @@ FINISHED = (DONE, DEAD, BLOCKED)
 
 # How a project came to a video; `copy`: through a copy of it (the link is the catalog's own).
 LINKED_THROUGH_COPY = "copy"
-PROJECT_VIDEO_SOURCES = ("search", "url", "url_file", "file", "manual", LINKED_THROUGH_COPY)
+PROJECT_VIDEO_SOURCES = (
+    "search",
+    "url",
+    "url_file",
+    "file",
+    "manual",
+    LINKED_THROUGH_COPY,
+    "listing",
+)
 
 metadata = sa.MetaData(schema=SCHEMA)
 
@@ -85,8 +93,31 @@ projects = sa.Table(
     sa.Column("error", sa.Text),
     # {project stage: fingerprint of the config its output depends on} (ProjectConfig.fingerprints)
     sa.Column("fingerprints", JSONB),
+    # A refresh asked for and not yet done: the next catalog run links only new videos.
+    sa.Column("refresh_requested_at", sa.DateTime(timezone=True)),
     *_timestamps(),
     sa.CheckConstraint("name ~ '^[A-Za-z0-9_-]{1,64}$'", name="project_name_safe"),
+)
+
+# One row per search and listing of a project ("search: <query>", "listing: <url>"): what its
+# last listing found, and, for a source that failed, why and when it is asked again.
+project_sources = sa.Table(
+    "project_sources",
+    metadata,
+    sa.Column(
+        "project_id",
+        sa.Integer,
+        sa.ForeignKey(f"{SCHEMA}.projects.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("source", sa.Text, primary_key=True),
+    sa.Column("listed_at", sa.DateTime(timezone=True)),  # the last listing that worked
+    sa.Column("videos_listed", sa.Integer, nullable=False, server_default="0"),  # by that listing
+    sa.Column("videos_new", sa.Integer, nullable=False, server_default="0"),  # new to the project
+    sa.Column("failures", sa.Integer, nullable=False, server_default="0"),  # in a row
+    sa.Column("last_error", sa.Text),
+    sa.Column("retry_at", sa.DateTime(timezone=True)),  # a failing source waits until then
+    *_timestamps(),
 )
 
 videos = sa.Table(

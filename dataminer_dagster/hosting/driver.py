@@ -17,6 +17,7 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_flow import COMPLETE, PROJECT_FAILED
 from dataminer_dagster.db.project_records import project_columns
 from dataminer_dagster.db.scheduling import next_due
+from dataminer_dagster.db.source_refresh import listings_under_way
 from dataminer_dagster.engine.jobs import lane_jobs, lanes_of
 from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
 from dataminer_dagster.engine.planning import (
@@ -116,7 +117,9 @@ def drive(
         on_tick()
 
         stages = _stages(store, projects)
-        if all(stage in (COMPLETE, PROJECT_FAILED) for stage in stages.values()):
+        if all(
+            stage in (COMPLETE, PROJECT_FAILED) for stage in stages.values()
+        ) and not listings_under_way(engine, projects):
             return DriveResult(stages, runs, failed, time.monotonic() - started)
         _check_deadline(deadline, timeout_s, stages)
 

@@ -1,4 +1,5 @@
-"""The download client: searching for videos and downloading one, behind a small interface.
+"""The download client: searching for videos, listing a feed or channel, and downloading one,
+behind a small interface.
 
 `YtDlpClient` is the real thing (yt-dlp's Python API, `acquisition.ytdlp_search` and
 `acquisition.ytdlp_download`). Tests replace search results, which need YouTube, with canned ones
@@ -21,13 +22,23 @@ from dataminer_dagster.acquisition.ytdlp_search import SearchHit
 
 
 class DownloadClient(dg.ConfigurableResource):
-    """Interface: search for videos and download one. Both raise the outcomes of
-    `acquisition.errors`; HostPaused when the host said stop for longer than the throttle waits."""
+    """Interface: search for videos, list a feed's or channel's newest videos, download one. All
+    raise the outcomes of `acquisition.errors`; HostPaused when the host said stop for longer
+    than the throttle waits."""
 
     def search(
         self,
         query: str,
         max_results: int,
+        options: DownloadOptions | None = None,
+        throttle: HostThrottle | None = None,
+    ) -> list[SearchHit]:
+        raise NotImplementedError
+
+    def list_videos(
+        self,
+        url: str,
+        max_entries: int,
         options: DownloadOptions | None = None,
         throttle: HostThrottle | None = None,
     ) -> list[SearchHit]:
@@ -46,12 +57,17 @@ class DownloadClient(dg.ConfigurableResource):
 
 
 class YtDlpClient(DownloadClient):
-    """YouTube search and downloads of any URL yt-dlp supports."""
+    """YouTube search, and listings and downloads of any URL yt-dlp supports."""
 
     def search(self, query, max_results, options=None, throttle=None) -> list[SearchHit]:
         from dataminer_dagster.acquisition.ytdlp_search import search_videos
 
         return search_videos(query, max_results, options=options, throttle=throttle)
+
+    def list_videos(self, url, max_entries, options=None, throttle=None) -> list[SearchHit]:
+        from dataminer_dagster.acquisition.ytdlp_search import list_videos
+
+        return list_videos(url, max_entries, options=options, throttle=throttle)
 
     def download(
         self, url, video_id, dest_dir, options, progress=None, throttle=None

@@ -8,6 +8,8 @@
   reason; leases of dead or finished runs come back, counted as attempts; leases held far longer
   than their stage usually takes are reported
 * release_failed_runs / release_cancelled_runs: a run's leases are released at once
+* refresh_sources: projects whose `inputs.refresh` cron is due have their sources listed again
+  (their catalog is queued; the work sensor requests its run)
 
 All run by default. They read and write the claim tables only; no network I/O happens here.
 """
@@ -51,6 +53,11 @@ _LEASE_REAPER_DESCRIPTION = (
     "Fails in Dagster the runs that died (no heartbeat; started or queued far too long), "
     "takes back the leases of runs that stopped heartbeating or finished, and warns once "
     "about each lease held far longer than its stage usually takes."
+)
+_REFRESH_SOURCES_DESCRIPTION = (
+    "Lists the sources of every project with an `inputs.refresh` cron again when it is due: its "
+    "catalog is queued, links only the videos the project has not seen, and a finished project "
+    "reopens to take them. Turn it off here to stop every scheduled refresh."
 )
 _RELEASE_FAILED_RUNS_DESCRIPTION = (
     "A failed run's leases are released at once (the attempt counts), and the items it was "
@@ -144,6 +151,28 @@ def build_sensors(
             done.append(f"{len(long_running)} long-running leases")
         return dg.SkipReason("; ".join(done) or "every lease belongs to a live run")
 
+    @dg.sensor(
+        name=f"{prefix}refresh_sources",
+        minimum_interval_seconds=settings.sensors.refresh_interval_s,
+        default_status=RUNNING,
+        description=_REFRESH_SOURCES_DESCRIPTION,
+    )
+    def refresh_sources(context: dg.SensorEvaluationContext, db: DatabaseResource):
+        from datetime import UTC, datetime
+
+        from dataminer_dagster.db import source_refresh
+        from dataminer_dagster.engine.refresh_schedule import due_projects
+
+        listings = source_refresh.last_listings(db.store.engine)
+        queued = []
+        for project in due_projects(db.catalog.projects(), listings, datetime.now(UTC)):
+            request = source_refresh.request_refresh(db.store, project.id, project.name)
+            context.log.info(f"refresh of {project.name}: {request.reason}")
+            queued += [project.name] if request.queued else []
+        if not queued:
+            return dg.SkipReason("no project's refresh is due")
+        return dg.SkipReason(f"refresh queued: {', '.join(queued)} (the work sensor runs it)")
+
     @dg.run_failure_sensor(
         name=f"{prefix}release_failed_runs",
         default_status=RUNNING,
@@ -163,7 +192,7 @@ def build_sensors(
     def release_cancelled_runs(context: dg.RunStatusSensorContext, db: DatabaseResource):
         _release(context, db, "was cancelled", count_attempt=False)
 
-    return [work, lease_reaper, release_failed_runs, release_cancelled_runs]
+    return [work, lease_reaper, refresh_sources, release_failed_runs, release_cancelled_runs]
 
 
 def _release(context, db: DatabaseResource, what: str, *, count_attempt: bool) -> None:

@@ -1,10 +1,12 @@
-"""video_catalog: find a project's videos (searches, URLs, URL files, local files) and link them.
+"""video_catalog: find a project's videos (searches, listings, URLs, URL files, local files) and
+link them.
 
-Network I/O (YouTube search) happens here, in a run, never in a sensor. Searches use the
-project's cookies, proxies and pace, and YouTube's shared throttle: when YouTube is paused for
-longer than the run waits, the catalog is postponed (no attempt used) until the pause ends.
-Linking is idempotent; a video the project links again is re-queued when it had failed or when its
-files are gone.
+Network I/O (YouTube search, feeds, channels) happens here, in a run, never in a sensor. Searches
+and listings use the project's cookies, proxies and pace, and the hosts' shared throttle: when a
+host is paused for longer than the run waits, the catalog is postponed (no attempt used) until
+the pause ends. Linking is idempotent; a video the project links again is re-queued when it had
+failed or when its files are gone. A refresh (db/source_refresh.py) links only the videos the
+project has not seen, and what each search and listing found is recorded per source.
 """
 
 from __future__ import annotations
@@ -14,12 +16,20 @@ import functools
 from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.inputs import collect_candidates
 from dataminer_dagster.acquisition.options import merged_download_options
+from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.acquisition.ytdlp_search import YOUTUBE
+from dataminer_dagster.db import source_refresh
 from dataminer_dagster.engine.outcomes import ItemResult, Postponed
 from dataminer_dagster.engine.registry import CATALOG
 from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
 
-SOURCE_NAMES = {"search": "YouTube search", "url": "URL", "url_file": "URL file", "files": "files"}
+SOURCE_NAMES = {
+    "search": "YouTube search",
+    "listing": "listing",
+    "url": "URL",
+    "url_file": "URL file",
+    "files": "files",
+}
 
 
 def describe_sources(per_source: dict[str, int]) -> str:
@@ -42,18 +52,31 @@ def describe_sources(per_source: dict[str, int]) -> str:
     kinds={"postgres"},  # searches go through yt-dlp; URLs and files are only linked
 )
 def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
-    """The project's videos: every search, URL, URL file and local file in its config, linked to it."""
+    """The project's videos: every search, listing, URL, URL file and local file in its config,
+    linked to it (on a refresh: only those it has not seen)."""
     catalog = ctx.catalog
     project = catalog.project(item.key)
     if project is None:
         raise ValueError(f"project {item.key!r} is not registered (dataminer project add CONFIG)")
+    with catalog.engine.connect() as conn:
+        refresh = source_refresh.refresh_requested(conn, project.id)
+        waiting = source_refresh.waiting_sources(conn, project.id)
     options = merged_download_options([project.config.download], YOUTUBE)
     throttle = ctx.db.host_throttle(ctx.context.run_id, options, log=ctx.log.warning)
     search = functools.partial(ctx.download_client.search, options=options, throttle=throttle)
+
+    def list_videos(url: str, max_entries: int):
+        listing_options = merged_download_options([project.config.download], host_key(url))
+        return ctx.download_client.list_videos(
+            url, max_entries, options=listing_options, throttle=throttle
+        )
+
     try:
-        found = collect_candidates(project.config.inputs, search)
+        found = collect_candidates(project.config.inputs, search, list_videos, skip=waiting)
     except HostPaused as exc:
         raise Postponed(f"{project.name}: {exc}", not_before=exc.pause.until) from exc
+    for source in sorted(waiting):
+        ctx.log.warning(f"{project.name}: {source} failed before; it is asked again later")
     for problem in found.problems:  # the first few: a file of bad lines must not flood the log
         ctx.log.warning(f"{project.name}: {problem}")
     if found.problems_not_kept:
@@ -61,15 +84,50 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
             f"{project.name}: {found.problems_not_kept} more problems like these are not shown "
             f"({found.problem_count} in all)"
         )
-    if not found.candidates and found.problems:
+    if not found.candidates and found.problems and not refresh:
         raise RuntimeError(f"no video found for project {project.name}: {found.summary()}")
+
+    with catalog.engine.connect() as conn:
+        new = source_refresh.unseen(conn, project.id, [c.video_id for c in found.candidates])
+    linked = [c for c in found.candidates if c.video_id in new] if refresh else found.candidates
+    if refresh:
+        ctx.log.info(f"refresh of {project.name}: {len(new)} new videos of {len(found.candidates)}")
+
+    def commit(conn) -> None:
+        catalog.link_and_queue(conn, project, linked)
+        source_refresh.record_listing(
+            conn,
+            project.id,
+            {s: n for s, n in found.per_source.items() if s.startswith(REFRESHED_SOURCES)},
+            _new_per_source(found.candidates, new),
+            found.failed_sources,
+        )
 
     return ItemResult(
         metadata={
             "videos": len(found.candidates),
+            "new_videos": len(new),
+            "refresh": refresh,
             "sources": describe_sources(found.per_source),
             "problems": found.summary() or "none",
         },
-        outcome={"videos": len(found.candidates), "problems": found.problem_count},
-        commit=lambda conn: catalog.link_and_queue(conn, project, found.candidates),
+        outcome={
+            "videos": len(found.candidates),
+            "new_videos": len(new),
+            "problems": found.problem_count,
+            "refresh": refresh,
+        },
+        commit=commit,
     )
+
+
+REFRESHED_SOURCES = ("search: ", "listing: ")  # the sources recorded per source
+
+
+def _new_per_source(candidates, new: set[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for c in candidates:
+        if c.video_id in new and c.source in ("search", "listing"):
+            key = f"{c.source}: {c.source_info}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts

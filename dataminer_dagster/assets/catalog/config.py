@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from dataminer_dagster.core.config_section import Section
 
@@ -20,7 +20,40 @@ class SearchConfig(Section):
     )
 
 
+class RefreshConfig(Section):
+    cron: str = Field(
+        description="When the project's sources are listed again, as a cron string "
+        "(e.g. '0 */6 * * *': every six hours); the refresh_sources sensor requests it."
+    )
+    timezone: str = Field("UTC", description="The cron's time zone (an IANA name).")
+
+    @field_validator("cron")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        from dagster._utils.schedules import is_valid_cron_string
+
+        if not is_valid_cron_string(value):
+            raise ValueError(f"{value!r} is not a cron string (five fields: 'M H DoM Mon DoW')")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"{value!r} is not a time zone name (e.g. UTC, Europe/Berlin)"
+            ) from None
+        return value
+
+
 class InputsConfig(Section):
+    RUN_SETTINGS = frozenset({"refresh"})  # when the sources are listed, not what they hold
+    ADDED_LATER = frozenset({"listings", "max_per_listing"})
+
     search: SearchConfig | None = Field(
         None, description="YouTube searches (run by the video_catalog asset)."
     )
@@ -30,6 +63,20 @@ class InputsConfig(Section):
     url_file: Path | None = Field(
         None,
         description="File with one URL per line; blank lines and lines starting with # or // are skipped.",
+    )
+    listings: list[str] = Field(
+        default_factory=list,
+        description="URLs that list videos and grow: RSS/Atom feeds, YouTube channels and "
+        "playlists (anything yt-dlp lists). Read newest first, at most max_per_listing entries "
+        "each time they are listed; a refresh links only the videos the project has not seen.",
+    )
+    max_per_listing: int = Field(
+        50, ge=1, le=5000, description="Entries read from each listing, newest first."
+    )
+    refresh: RefreshConfig | None = Field(
+        None,
+        description="List the sources again on a schedule (`dataminer refresh NAME` does it on "
+        "demand): searches, listings and URL files; new videos reopen a finished project.",
     )
     files: list[str] = Field(
         default_factory=list,
@@ -57,6 +104,6 @@ class InputsConfig(Section):
 
     @model_validator(mode="after")
     def _has_a_source(self) -> InputsConfig:
-        if not (self.search or self.urls or self.url_file or self.files):
-            raise ValueError("give at least one of search, urls, url_file or files")
+        if not (self.search or self.urls or self.url_file or self.listings or self.files):
+            raise ValueError("give at least one of search, urls, url_file, listings or files")
         return self

@@ -1,0 +1,296 @@
+"""Sources listed again (issue 27, item 1): feeds served on 127.0.0.1 and read by real yt-dlp,
+growing between refreshes; a refresh takes only the new videos, one that finds nothing new
+downloads nothing and calls no model, a failing feed is recorded and waits for its back-off, and
+the refresh_sources sensor asks for a refresh when a project's cron is due."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from dataminer_dagster.acquisition.ytdlp_search import list_videos
+from dataminer_dagster.config import parse_project_config
+from dataminer_dagster.core.config_section import ConfigError
+from dataminer_dagster.core.synthetic import SyntheticVideoSpec
+from dataminer_dagster.db import source_refresh
+from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.engine.refresh_schedule import due_projects, next_refresh, refresh_due
+from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.testing import keep_every_frame
+from tests.helpers.http_server import http_server_fixture
+from tests.helpers.pipeline import drive_quietly, pipeline_definitions, resources, write_videos
+
+http_server = http_server_fixture()
+
+
+def write_feed(server, clips: list[str], name: str = "feed.xml") -> str:
+    """An RSS feed on `server` whose items link to `clips` (file names on the server), the
+    newest first, as feeds list them."""
+    items = "".join(
+        f"<item><title>{clip}</title><link>{server.url('/' + clip)}</link>"
+        f"<guid>{clip}</guid></item>"
+        for clip in reversed(clips)
+    )
+    (server.root / name).write_text(
+        '<?xml version="1.0" encoding="UTF-8"?><rss version="2.0"><channel>'
+        f"<title>clips</title><link>{server.url('/')}</link><description>test</description>"
+        f"{items}</channel></rss>"
+    )
+    return server.url("/" + name)
+
+
+def clip_files(root: Path, count: int, first: int = 0) -> list[str]:
+    written = write_videos(
+        root,
+        {
+            f"clip{i}.mp4": SyntheticVideoSpec(
+                width=96, height=64, fps=10, seconds=2.0, scene_cuts=(1.0,), seed=i
+            )
+            for i in range(first, first + count)
+        },
+    )
+    return sorted(written)
+
+
+def test_a_feed_is_listed_newest_first_and_bounded(http_server):
+    clip_files(http_server.root, 3)
+    url = write_feed(http_server, ["clip0.mp4", "clip1.mp4", "clip2.mp4"])
+
+    hits = list_videos(url, 2)
+
+    assert [h.title for h in hits] == ["clip2.mp4", "clip1.mp4"]
+    assert [h.url for h in hits] == [http_server.url("/clip2.mp4"), http_server.url("/clip1.mp4")]
+    assert all("smuggle" not in h.url for h in hits)
+
+
+class Following:
+    """A project that follows a feed on 127.0.0.1, with a Dagster instance to drive it."""
+
+    def __init__(self, tmp_path, database_url, engine, server, siglip):
+        self.server = server
+        self.engine = engine
+        self.store = LeaseStore(engine)
+        self.catalog = Catalog(engine, self.store, DataPaths(tmp_path / "data"))
+        self.defs = pipeline_definitions(resources(database_url, tmp_path / "data"))
+        self.feed = write_feed(server, clip_files(server.root, 2))
+        self.raw = {
+            "name": "follows",
+            "output_dir": str(tmp_path / "out"),
+            "inputs": {"listings": [self.feed], "refresh": {"cron": "0 * * * *"}},
+            "extract": {"strategy": "time", "every_seconds": 0.5},
+            "filter": keep_every_frame(siglip, ["a shape"]),
+            "dedup": {"threshold": 0.9999},
+        }
+        self.project = self.catalog.register_project(parse_project_config(self.raw)).project
+        self.instance = None
+
+    def drive(self):
+        result = drive_quietly(
+            ["follows"], instance=self.instance, defs=self.defs, store=self.store
+        )
+        assert result.stages == {"follows": "complete"}, result
+        return result
+
+    def refresh(self) -> source_refresh.RefreshRequest:
+        return source_refresh.request_refresh(self.store, self.project.id, "follows")
+
+    def finished(self) -> dict[tuple[str, str], object]:
+        with self.engine.connect() as c:
+            rows = c.execute(
+                sa.text("SELECT stage, item_key, finished_at FROM dataminer.work_items")
+            ).all()
+        return {(r.stage, r.item_key): r.finished_at for r in rows}
+
+    def fetched(self) -> list[str]:
+        """The video files the server was asked for (GET requests), in order."""
+        return [
+            r.path for r in self.server.requests if r.path.endswith(".mp4") and r.method == "GET"
+        ]
+
+
+@pytest.fixture
+def following(tmp_path, database_url, engine, http_server, tiny_siglip):
+    following = Following(tmp_path, database_url, engine, http_server, tiny_siglip)
+    with dg.instance_for_test() as instance:
+        following.instance = instance
+        yield following
+
+
+def test_a_refresh_takes_only_new_videos_and_one_with_nothing_new_does_no_work(following):
+    following.drive()
+    assert sorted(set(following.fetched())) == ["/clip0.mp4", "/clip1.mp4"]
+    first = following.finished()
+
+    # Nothing new: the feed is read again, no video is downloaded, no stage runs again.
+    requests_before = len(following.server.requests)
+    assert following.refresh().queued
+    following.drive()
+    after = following.finished()
+    changed = {key for key, at in after.items() if first.get(key) != at}
+    assert changed == {("catalog", "follows")}
+    new_requests = following.server.requests[requests_before:]
+    assert [r.path for r in new_requests] == ["/feed.xml"]
+
+    # The feed grows by one clip: only that one is downloaded, and the dataset gains it.
+    clip_files(following.server.root, 1, first=2)
+    write_feed(following.server, ["clip0.mp4", "clip1.mp4", "clip2.mp4"])
+    fetched_before = len(following.fetched())
+    following.refresh()
+    following.drive()
+    assert following.fetched()[fetched_before:] == ["/clip2.mp4"] * len(
+        following.fetched()[fetched_before:]
+    )
+    assert following.fetched()[fetched_before:]
+    later = following.finished()
+    redone = {key for key, at in later.items() if after.get(key) != at}
+    assert {stage for stage, _ in redone} >= {"catalog", "download", "frames", "filter", "dedup"}
+    assert not {key for key in redone if key[0] in ("download", "frames") and "clip2" not in key[1]}
+    states = source_refresh.source_states(following.engine, following.project.id)
+    assert [(s.source, s.videos_listed, s.videos_new) for s in states] == [
+        (f"listing: {following.feed}", 3, 1)
+    ]
+
+
+def test_a_refresh_does_not_retry_videos_the_project_rejected(following):
+    following.drive()
+    with following.engine.begin() as c:  # clip0's download died (a host that refused it)
+        c.execute(
+            sa.text("""UPDATE dataminer.work_items SET status = 'dead', last_error = 'refused'
+                        WHERE stage = 'download' AND item_key LIKE 'clip0%'""")
+        )
+    following.refresh()
+    following.drive()
+    with following.engine.connect() as c:
+        status = c.execute(
+            sa.text("""SELECT status FROM dataminer.work_items
+                        WHERE stage = 'download' AND item_key LIKE 'clip0%'""")
+        ).scalar_one()
+    assert status == "dead"
+
+
+def test_a_failing_feed_is_recorded_and_waits_for_its_back_off(following, dataminer_env):
+    following.drive()
+    following.server.respond("/feed.xml", status=500)
+    following.refresh()
+    following.drive()  # the listing failed; the project is complete all the same
+    (state,) = source_refresh.source_states(following.engine, following.project.id)
+    assert state.failures == 1 and "500" in state.last_error
+    assert state.retry_at > datetime.now(UTC) + timedelta(minutes=10)
+
+    asked = sum(r.path == "/feed.xml" for r in following.server.requests)
+    following.refresh()
+    following.drive()
+    assert sum(r.path == "/feed.xml" for r in following.server.requests) == asked  # waits
+
+    with following.engine.begin() as c:  # its back-off is over; it fails again
+        c.execute(sa.text("UPDATE dataminer.project_sources SET retry_at = now()"))
+    following.refresh()
+    following.drive()
+    (state,) = source_refresh.source_states(following.engine, following.project.id)
+    assert state.failures == 2
+    assert state.retry_at > datetime.now(UTC) + timedelta(minutes=25)  # doubled
+
+    from dataminer_dagster.cli import main
+
+    out = CliRunner().invoke(main, ["status", "follows"]).output
+    assert "FAILING (2 times in a row)" in out and "listing: " in out
+    assert "refresh: cron '0 * * * *' (UTC)" in out
+
+    out = CliRunner().invoke(main, ["refresh", "follows"]).output
+    assert out == "refresh of follows: its catalog is queued to list the sources again\n"
+    out = CliRunner().invoke(main, ["refresh", "follows"]).output
+    assert "its listing is queued" in out
+    result = CliRunner().invoke(main, ["refresh", "nobody"])
+    assert result.exit_code != 0 and "no project named 'nobody'" in result.output
+
+
+def test_a_refresh_while_the_listing_runs_is_merged_into_it(following):
+    # registered, never listed: the catalog is queued, and a refresh adds nothing to it
+    request = following.refresh()
+    assert not request.queued and "queued" in request.reason
+
+
+def test_the_sensor_asks_for_a_refresh_when_the_cron_is_due(following):
+    from dataminer_dagster.definitions import defs as product_defs
+
+    following.drive()
+    sensor = product_defs.resolve_sensor_def("refresh_sources")
+    db = following.defs.resources["db"]
+    with dg.build_sensor_context(instance=following.instance, resources={"db": db}) as context:
+        assert "no project's refresh is due" in str(sensor(context).skip_message)
+        with following.engine.begin() as c:  # the last listing was before the hour's tick
+            c.execute(
+                sa.text("""UPDATE dataminer.work_items SET finished_at = now() - interval '2 hours'
+                            WHERE stage = 'catalog'""")
+            )
+        assert "refresh queued: follows" in str(sensor(context).skip_message)
+    with following.engine.connect() as c:
+        assert (
+            c.execute(
+                sa.text("SELECT status FROM dataminer.work_items WHERE stage = 'catalog'")
+            ).scalar_one()
+            == "pending"
+        )
+
+
+def test_the_schedule_is_due_once_per_missed_tick():
+    listed = datetime(2026, 12, 3, 10, 30, tzinfo=UTC)
+    assert not refresh_due("0 * * * *", "UTC", listed, listed + timedelta(minutes=29))
+    assert refresh_due("0 * * * *", "UTC", listed, listed + timedelta(minutes=30))
+    assert refresh_due("0 * * * *", "UTC", listed, listed + timedelta(days=3))  # caught up once
+    assert next_refresh("0 */6 * * *", "UTC", listed) == datetime(2026, 12, 3, 12, tzinfo=UTC)
+    assert next_refresh("0 9 * * *", "Europe/Berlin", listed) == datetime(
+        2026, 12, 4, 8, tzinfo=UTC
+    )
+
+
+def test_due_projects_wait_for_a_finished_listing(following):
+    project = following.catalog.project("follows")
+    now = datetime.now(UTC)
+    old = now - timedelta(hours=2)
+    assert due_projects([project], {"follows": (1, "done", old)}, now) == [project]
+    assert due_projects([project], {"follows": (1, "running", old)}, now) == []
+    assert due_projects([project], {"follows": (1, "pending", None)}, now) == []
+
+
+@pytest.mark.parametrize(
+    ("refresh", "message"),
+    [
+        ({"cron": "every hour"}, "is not a cron string"),
+        ({"cron": "0 * * * *", "timezone": "Mars/Base"}, "is not a time zone name"),
+    ],
+)
+def test_a_bad_schedule_is_refused_at_validation(tmp_path, refresh, message):
+    raw = {
+        "name": "p",
+        "output_dir": str(tmp_path),
+        "inputs": {"listings": ["http://127.0.0.1/feed.xml"], "refresh": refresh},
+        "filter": {"positive_prompts": ["a"]},
+    }
+    with pytest.raises((ConfigError, ValueError), match=message):
+        parse_project_config(raw)
+
+
+def test_keys_added_later_leave_fingerprints_as_they_were(tmp_path):
+    raw = {
+        "name": "p",
+        "output_dir": str(tmp_path),
+        "inputs": {"urls": ["http://127.0.0.1/a.mp4"]},
+        "filter": {"positive_prompts": ["a"]},
+    }
+    view = parse_project_config(raw).inputs.results_view()
+    assert "listings" not in view and "max_per_listing" not in view and "refresh" not in view
+    scheduled = parse_project_config(
+        raw | {"inputs": raw["inputs"] | {"refresh": {"cron": "0 * * * *"}}}
+    )
+    assert scheduled.fingerprints() == parse_project_config(raw).fingerprints()
+    followed = parse_project_config(
+        raw | {"inputs": raw["inputs"] | {"listings": ["http://127.0.0.1/feed.xml"]}}
+    )
+    assert followed.fingerprints()["catalog"] != parse_project_config(raw).fingerprints()["catalog"]
