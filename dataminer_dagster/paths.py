@@ -69,6 +69,11 @@ class ProjectPaths:
         return self.root / "dedup" / "frames.parquet"
 
     @property
+    def dedup_index_dir(self) -> Path:
+        """The kept frames' embeddings, for incremental dedup (core/kept_index.py)."""
+        return self.root / "dedup" / "kept_index"
+
+    @property
     def detections_dir(self) -> Path:
         return self.root / "detections"
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from dataminer_dagster.assets import REGISTRY
+from dataminer_dagster.core.files import remove
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.deletions import (
     UnknownProject,
@@ -30,7 +31,8 @@ from dataminer_dagster.db.project_flow import (
     PROJECT_FAILED,
 )
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, PENDING, SCHEMA
-from dataminer_dagster.engine.registry import CATALOG
+from dataminer_dagster.engine.registry import CATALOG, DEDUP
+from dataminer_dagster.paths import ProjectPaths
 
 S = SCHEMA
 W = f"{S}.work_items"
@@ -96,6 +98,8 @@ def force_stage(catalog: Catalog, name: str, stage: str) -> ForcedStage:
                 {"p": project.id, "earlier": list(earlier)},
             ).scalars()
         )
+    if stage == DEDUP:  # forced: every frame is grouped again, not only the new ones
+        remove(ProjectPaths(catalog.project(name).output_dir).dedup_index_dir)
     return ForcedStage(
         name, stage, project.stage, unfinished, [s for s in earlier if s not in done], released
     )

@@ -11,6 +11,7 @@ A frame whose embedding is not cached and whose file can no longer be read is re
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from dataminer_dagster.core.dedup import deduplicate
 from dataminer_dagster.core.embedding_cache import EmbeddingCache
 from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import read_image
+from dataminer_dagster.core.kept_index import IndexWriter, KeptIndex, place_new_frames
 from dataminer_dagster.core.pair_search import ENGINES
 from dataminer_dagster.core.visualize import PALETTE, contact_sheet
 from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
@@ -137,10 +139,110 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's passed frames grouped into near-duplicates, one kept per group."""
     catalog = ctx.catalog
     project = catalog.project(item.key)
-    frames = passed_frames(project, videos_with_passed_frames(catalog.engine, project.id))
+    paths = ProjectPaths(project.output_dir)
     started = time.monotonic()
     config = project.config.dedup
+    version = project.config.fingerprints()[DEDUP]
+    videos = videos_with_passed_frames(catalog.engine, project.id)
+    earlier = _earlier(paths, version, videos) if config.incremental else None
+    if earlier is not None:
+        frames, kept_vectors, stats, unreadable = _grow(ctx, project, earlier, videos)
+    else:
+        frames, kept_vectors, stats, unreadable = _group_all(ctx, project, videos)
+    for index, message in list(unreadable.items())[:5]:
+        ctx.log.warning(f"dedup {project.name}: frame {frames['file'][index]} skipped: {message}")
+
+    final = paths.dedup_table
+    staged = ctx.staging_path(final)
+    frames.to_parquet(staged, index=False)
+    writer = IndexWriter(paths.dedup_index_dir, ctx.staging_path(paths.dedup_index_dir))
+    new_kept = frames.iloc[kept_vectors[0]]["frame_id"].tolist()
+    if earlier is None:
+        staged_index = writer.rebuild(
+            kept_vectors[1], new_kept, version, exact_limit=config.exact_limit
+        )
+    elif new_kept:
+        staged_index = writer.add(
+            earlier.index, kept_vectors[1], new_kept, exact_limit=config.exact_limit
+        )
+    else:
+        staged_index = None  # nothing new is kept: the index stays as it is
+    kept = int(frames["kept"].sum())
+    ctx.log.info(
+        f"dedup {project.name} ({stats['mode']}): {len(frames)} passed frames -> {kept} kept "
+        f"({stats['pairs']} duplicate pairs)"
+    )
+    titles = {v: row.title for v, row in catalog.videos(frames["video_id"].unique()).items()}
+
+    def commit(conn) -> None:
+        publish(staged, final)
+        if staged_index is not None:
+            publish(staged_index, paths.dedup_index_dir)
+
+    return ItemResult(
+        metadata={
+            **_groups_preview(frames, titles, paths.previews_dir),
+            "frames_in": len(frames),
+            "new_frames": stats["new_frames"],
+            "mode": stats["mode"],
+            "unreadable": len(unreadable),
+            "kept": kept,
+            "groups_with_duplicates": int(frames.loc[frames["group_size"] > 1, "group"].nunique()),
+            "duplicate_pairs": stats["pairs"],
+            "search": _search_summary(stats),
+            "threshold": config.threshold,
+            "dedup_seconds": round(time.monotonic() - started, 2),
+            "table": final,
+        },
+        outcome={
+            "frames_in": len(frames),
+            "new_frames": stats["new_frames"],
+            "kept": kept,
+            "unreadable": len(unreadable),
+            "mode": stats["mode"],
+        },
+        commit=commit,
+    )
+
+
+@dataclass(frozen=True)
+class _Earlier:
+    """The result of the project's last dedup, to grow from."""
+
+    table: pd.DataFrame  # its rows of the videos the project still has
+    index: KeptIndex
+
+
+def _earlier(paths: ProjectPaths, version: str, videos: list[str]) -> _Earlier | None:
+    """The last dedup's table and kept index when the new frames can be added to them: made under
+    the same settings (and filter), and every frame it kept still the project's. None: group
+    every frame again."""
+    index = KeptIndex.open(paths.dedup_index_dir, version)
+    if index is None or not paths.dedup_table.is_file():
+        return None
+    try:
+        table = pd.read_parquet(paths.dedup_table)
+    except (OSError, ValueError):
+        return None
+    current = table["video_id"].isin(videos)
+    if table.loc[~current, "kept"].any() or int(table["kept"].sum()) != index.size:
+        return None  # a kept frame is gone (a video left the project): group everything again
+    return _Earlier(table[current].reset_index(drop=True), index)
+
+
+def _group_all(ctx: StageContext, project, videos: list[str]):
+    """Every passed frame grouped anew. Returns the table, (rows kept, their vectors), stats and
+    the unreadable rows."""
+    config = project.config.dedup
+    frames = passed_frames(project, videos)
     unreadable: dict[int, str] = {}
+    frames = frames.assign(
+        group=np.full(len(frames), -1, np.int64),
+        group_size=np.zeros(len(frames), np.int64),
+        kept=np.zeros(len(frames), bool),
+    )
+    stats = {"pairs": 0, "exact": True, "recall": None, "engine": "faiss-cpu"}
+    kept_rows, kept_vectors = np.empty(0, np.int64), np.empty((0, 0), np.float32)
     if len(frames):
         embeddings, unreadable = _embeddings(ctx, project, frames)
         frames = _record_unreadable(frames, unreadable)
@@ -156,51 +258,79 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
             exact_limit=config.exact_limit,
             device=config.device,
         )
-        frames["group"] = np.full(len(frames), -1, np.int64)
-        frames["group_size"] = np.zeros(len(frames), np.int64)
-        frames["kept"] = False
         frames.loc[readable, "group"] = result.group
         frames.loc[readable, "group_size"] = result.group_size
         frames.loc[readable, "kept"] = result.is_representative
+        kept_rows = np.flatnonzero(frames["kept"].to_numpy(bool))
+        kept_vectors = embeddings[kept_rows]
         stats = {
             "pairs": result.pairs_found,
             "exact": result.exact,
             "recall": result.recall,
             "engine": result.engine,
         }
-    else:
-        frames = frames.assign(
-            group=pd.Series(dtype="int64"),
-            group_size=pd.Series(dtype="int64"),
-            kept=pd.Series(dtype=bool),
-        )
-        stats = {"pairs": 0, "exact": True, "recall": None, "engine": "faiss-cpu"}
-    for index, message in list(unreadable.items())[:5]:
-        ctx.log.warning(f"dedup {project.name}: frame {frames['file'][index]} skipped: {message}")
+    stats |= {"mode": "every frame", "new_frames": len(frames)}
+    return frames, (kept_rows, kept_vectors), stats, unreadable
 
-    final = ProjectPaths(project.output_dir).dedup_table
-    staged = ctx.staging_path(final)
-    frames.to_parquet(staged, index=False)
-    kept = int(frames["kept"].sum())
-    ctx.log.info(
-        f"dedup {project.name}: {len(frames)} passed frames -> {kept} kept ({stats['pairs']} duplicate pairs)"
+
+def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
+    """Only the frames of videos the last dedup did not see, placed against its kept frames
+    (core/kept_index.place_new_frames). Same returns as `_group_all`."""
+    config = project.config.dedup
+    seen = set(earlier.table["video_id"].unique())
+    new = passed_frames(project, [v for v in videos if v not in seen])
+    unreadable: dict[int, str] = {}
+    new = new.assign(
+        group=np.full(len(new), -1, np.int64),
+        group_size=np.zeros(len(new), np.int64),
+        kept=np.zeros(len(new), bool),
     )
-    titles = {v: row.title for v, row in catalog.videos(frames["video_id"].unique()).items()}
-    return ItemResult(
-        metadata={
-            **_groups_preview(frames, titles, ProjectPaths(project.output_dir).previews_dir),
-            "frames_in": len(frames),
-            "unreadable": len(unreadable),
-            "kept": kept,
-            "groups_with_duplicates": int(frames.loc[frames["group_size"] > 1, "group"].nunique()),
-            "duplicate_pairs": stats["pairs"],
-            "search": _search_summary(stats),
-            "threshold": config.threshold,
-            "dedup_seconds": round(time.monotonic() - started, 2),
-            "table": final,
-        },
-        outcome={"frames_in": len(frames), "kept": kept, "unreadable": len(unreadable)},
-        commit=lambda conn: publish(staged, final),
+    stats = {"pairs": 0, "exact": True, "recall": None, "engine": "faiss-cpu"}
+    kept_vectors = np.empty((0, earlier.index.dimensions), np.float32)
+    if len(new):
+        embeddings, unreadable = _embeddings(ctx, project, new)
+        new = _record_unreadable(new, unreadable)
+        readable = np.flatnonzero(new["readable"].to_numpy(bool))
+        usable = new.iloc[readable]
+        placed = place_new_frames(
+            earlier.index,
+            embeddings[readable],
+            frame_ids=usable["frame_id"].tolist(),
+            video_ids=usable["video_id"].tolist(),
+            scores=usable["pos_max"].to_numpy(np.float64),
+            sharpness=usable["sharpness"].to_numpy(np.float64),
+            threshold=config.threshold,
+            exact_limit=config.exact_limit,
+            device=config.device,
+        )
+        group_of = dict(
+            zip(earlier.table["frame_id"], earlier.table["group"].to_numpy(), strict=True)
+        )
+        first_new_group = int(earlier.table["group"].max()) + 1 if len(earlier.table) else 0
+        groups = np.where(
+            placed.group >= 0,
+            first_new_group + placed.group,
+            [group_of.get(f, -1) for f in placed.joins],
+        )
+        new.loc[new.index[readable], "group"] = groups
+        new.loc[new.index[readable], "kept"] = placed.is_representative
+        kept_vectors = embeddings[readable][placed.is_representative]
+        stats = {
+            "pairs": placed.pairs_found + int((placed.group < 0).sum()),
+            "exact": placed.exact,
+            "recall": None,
+            "engine": "faiss-cpu",
+        }
+    frames = pd.concat([earlier.table, new], ignore_index=True)
+    sizes = frames.loc[frames["group"] >= 0, "group"].value_counts()
+    frames["group_size"] = frames["group"].map(sizes).fillna(0).astype(np.int64)
+    kept_rows = len(earlier.table) + np.flatnonzero(new["kept"].to_numpy(bool))
+    stats |= {"mode": "new frames only", "new_frames": len(new)}
+    return (
+        frames,
+        (kept_rows, kept_vectors),
+        stats,
+        {len(earlier.table) + k: message for k, message in unreadable.items()},
     )
 
 

@@ -11,6 +11,7 @@ from dataminer_dagster.core.config_section import Probability, Section
 
 class DedupConfig(Section):
     RUN_SETTINGS = frozenset({"device"})
+    ADDED_LATER = frozenset({"incremental"})
 
     threshold: Probability = Field(
         0.9, description="Frames at cosine similarity >= this are duplicates."
@@ -30,6 +31,14 @@ class DedupConfig(Section):
         20_000,
         ge=100,
         description="Exact neighbour search up to this many frames, an approximate index beyond.",
+    )
+
+    incremental: bool = Field(
+        True,
+        description="When videos are added, compare only their frames with the frames already "
+        "kept (and with each other): earlier kept frames stay kept. Off: group every frame again "
+        "each time. A changed dedup or filter setting, a kept frame's video leaving the project "
+        "and `dataminer force-dedup` group every frame again either way.",
     )
 
     @model_validator(mode="after")
