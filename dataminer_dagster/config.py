@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.assets.backup.config import BackupConfig
-from dataminer_dagster.assets.catalog.config import InputsConfig
+from dataminer_dagster.assets.catalog.config import InputsConfig, TargetConfig
 from dataminer_dagster.assets.dataset.config import DatasetConfig
 from dataminer_dagster.assets.dedup.config import DedupConfig
 from dataminer_dagster.assets.detect.config import DetectConfig
@@ -50,6 +50,11 @@ class ProjectConfig(Section):
     inputs: InputsConfig = Field(
         description="Where the videos come from (at least one source). Sources with the same "
         "content (a copied file, a video behind two URLs) are one video, processed once."
+    )
+    target: TargetConfig | None = Field(
+        None,
+        description="A dataset size to reach, and the download budget for it; leave out to take "
+        "every video of the sources once.",
     )
     download: DownloadConfig = Field(
         default_factory=DownloadConfig, description="How videos are fetched, and which are skipped."

@@ -296,7 +296,16 @@ def _numeric_keys() -> list[tuple[str, type]]:
 
 def test_every_section_has_numeric_keys_to_bound():
     sections = {key.split(".")[0] for key, _ in _numeric_keys()}
-    assert sections == {"inputs", "download", "extract", "filter", "dedup", "detect", "dataset"}
+    assert sections == {
+        "inputs",
+        "target",
+        "download",
+        "extract",
+        "filter",
+        "dedup",
+        "detect",
+        "dataset",
+    }
     assert ("inputs.search.max_results_per_query", int) in _numeric_keys()
 
 
@@ -314,7 +323,7 @@ def test_every_number_is_refused_unless_finite_and_bounded(key, value):
     config = _with(
         inputs__search={"queries": ["doors"]},
         detect={"detector": "yolo", "model": "y.pt"},
-        **{key.replace(".", "__"): value},
+        **{"target__images": 10, key.replace(".", "__"): value},
     )
 
     with pytest.raises(ConfigError) as error:

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
+import pandas as pd
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
@@ -20,6 +21,7 @@ from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db import source_refresh
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.reports import source_yield
 from dataminer_dagster.engine.refresh_schedule import due_projects, next_refresh, refresh_due
 from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.testing import keep_every_frame
@@ -79,9 +81,10 @@ class Following:
         self.catalog = Catalog(engine, self.store, DataPaths(tmp_path / "data"))
         self.defs = pipeline_definitions(resources(database_url, tmp_path / "data"))
         self.feed = write_feed(server, clip_files(server.root, 2))
+        self.output = tmp_path / "out"
         self.raw = {
             "name": "follows",
-            "output_dir": str(tmp_path / "out"),
+            "output_dir": str(self.output),
             "inputs": {"listings": [self.feed], "refresh": {"cron": "0 * * * *"}},
             "extract": {"strategy": "time", "every_seconds": 0.5},
             "filter": keep_every_frame(siglip, ["a shape"]),
@@ -155,6 +158,22 @@ def test_a_refresh_takes_only_new_videos_and_one_with_nothing_new_does_no_work(f
     assert [(s.source, s.videos_listed, s.videos_new) for s in states] == [
         (f"listing: {following.feed}", 3, 1)
     ]
+
+    # The source's yield: in status, in the dataset's metadata and in its report.
+    (feed_yield,) = source_yield(following.engine, following.project.id)
+    kept = len(pd.read_parquet(following.output / "dataset" / "manifest.parquet"))
+    assert feed_yield["source"] == f"listing: {following.feed}"
+    assert (feed_yield["videos"], feed_yield["downloaded"]) == (3, 3)
+    assert feed_yield["frames_extracted"] >= feed_yield["frames_passed"] >= kept > 0
+    assert feed_yield["frames_kept"] == kept
+    assert feed_yield["kept_per_minute"] == pytest.approx(kept / 0.1, rel=0.1)  # 3 x 2 s
+    report = (following.output / "dataset" / "report.md").read_text()
+    assert "## Yield per source" in report and f"| listing: {following.feed} | 3 | 3 |" in report
+    assert feed_yield["kept_per_video"] == pytest.approx(kept / 3, rel=0.01)
+    event = following.instance.get_latest_materialization_event(dg.AssetKey("dataset"))
+    metadata = event.asset_materialization.metadata
+    assert metadata["kept_per_download_minute"].value == pytest.approx(kept / 0.1, rel=0.1)
+    assert "listing: " in metadata["yield_per_source"].value
 
 
 def test_a_refresh_does_not_retry_videos_the_project_rejected(following):
@@ -294,3 +313,30 @@ def test_keys_added_later_leave_fingerprints_as_they_were(tmp_path):
         raw | {"inputs": raw["inputs"] | {"listings": ["http://127.0.0.1/feed.xml"]}}
     )
     assert followed.fingerprints()["catalog"] != parse_project_config(raw).fingerprints()["catalog"]
+
+
+def test_a_youtube_channel_listing_gives_watch_urls_and_skips_nested_playlists():
+    from dataminer_dagster.acquisition.ytdlp_search import parse_listing
+
+    flat = {  # what yt-dlp's flat extraction of a channel's /videos tab returns
+        "_type": "playlist",
+        "entries": [
+            {
+                "_type": "url",
+                "ie_key": "Youtube",
+                "id": "dQw4w9WgXcQ",
+                "url": "https://www.youtube.com/watch?v=dQw4w9WgXcQ",
+                "title": "newest",
+                "duration": 212,
+            },
+            {"_type": "playlist", "id": "UCshorts", "url": "https://www.youtube.com/@x/shorts"},
+            {"_type": "url", "ie_key": "Youtube", "id": "dQw4w9WgXcQ", "url": "dup"},
+            {"_type": "url", "ie_key": "Youtube", "id": "9bZkp7q19f0", "url": "9bZkp7q19f0"},
+            {"_type": "url", "url": "not a url"},
+        ],
+    }
+    hits = parse_listing(flat)
+    assert [(h.video_id, h.url, h.duration) for h in hits] == [
+        ("dQw4w9WgXcQ", "https://www.youtube.com/watch?v=dQw4w9WgXcQ", 212.0),
+        ("9bZkp7q19f0", "https://www.youtube.com/watch?v=9bZkp7q19f0", None),
+    ]

@@ -32,8 +32,12 @@ def _print_project_status(data: dict) -> None:
             + f"{row['per_minute']:>9.1f}  {eta_text}"
         )
     click.echo("(ETA -: nothing queued; ?: nothing finished in the window)")
+    if data["target"]:
+        _print_target(data["target"])
     if data["refresh"] or data["sources"]:
         _print_sources(data["refresh"], data["sources"])
+    if data["yield"]:
+        _print_yield(data["yield"])
     if data["stale"]:
         click.echo("")
         click.echo(
@@ -86,6 +90,38 @@ def _print_sources(refresh: dict | None, sources: list[dict]) -> None:
                 f"  {s['source']}: {s['videos_listed']} videos listed, {s['videos_new']} new "
                 f"(listed {s['listed_at']})"
             )
+
+
+def _print_target(t: dict) -> None:
+    click.echo("")
+    click.echo(
+        f"target: {t['dataset_images']} of {t['images']} images; {t['state']} "
+        f"(round {t['round']}{': ' + t['reason'] if t['reason'] else ''})"
+    )
+    budget = ", ".join(f"{k} {v:g}" for k, v in t["budget"].items() if v is not None)
+    click.echo(
+        f"spent: {t['videos']} videos linked, {t['downloaded']} downloaded, "
+        f"{t['download_hours']:.2f} h, {t['download_gb']:.2f} GB"
+        + (f" (budget: {budget})" if budget else "")
+    )
+
+
+def _print_yield(rows: list[dict]) -> None:
+    click.echo("")
+    click.echo(
+        f"{'yield per source':<44}{'videos':>7}{'fetched':>8}{'minutes':>9}{'frames':>8}"
+        f"{'passed':>8}{'kept':>7}{'kept/video':>11}{'kept/min':>9}"
+    )
+    for y in rows:
+        per_video, per_minute = (
+            "-" if y[k] is None else f"{y[k]:.1f}" for k in ("kept_per_video", "kept_per_minute")
+        )
+        name = y["source"] if len(y["source"]) <= 43 else y["source"][:40] + "..."
+        click.echo(
+            f"{name:<44}{y['videos']:>7}{y['downloaded']:>8}{y['downloaded_minutes']:>9.1f}"
+            f"{y['frames_extracted']:>8}{y['frames_passed']:>8}{y['frames_kept']:>7}"
+            f"{per_video:>11}{per_minute:>9}"
+        )
 
 
 def _print_overview(projects: list[dict]) -> None:

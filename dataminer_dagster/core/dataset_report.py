@@ -162,6 +162,7 @@ def write_report(
     *,
     title: str,
     formats: Mapping[str, Mapping[str, int]],
+    yields: Sequence[Mapping] = (),
 ) -> np.ndarray:
     """report.md and its plots (report/*.png) in `folder`; returns the overview picture (RGB),
     the report's plots on one page, for the UI's preview."""
@@ -178,7 +179,10 @@ def write_report(
         figures["classes"] = _classes_figure(report)
     for name, figure in figures.items():
         figure.savefig(plots / f"{name}.png", dpi=100)
-    (folder / REPORT_FILE).write_text(_markdown(report, title, formats, set(figures)))
+    text = _markdown(report, title, formats, set(figures))
+    if yields:
+        text += "\n## Yield per source\n\n" + yield_table(yields) + "\n"
+    (folder / REPORT_FILE).write_text(text)
     return _overview(report, manifest)
 
 
@@ -309,6 +313,27 @@ def _markdown(
         for name, counts in formats.items()
     ] or ["- the images, annotations.coco.json and manifest.parquet only"]
     return "\n".join(lines) + "\n"
+
+
+def yield_table(yields: Sequence[Mapping]) -> str:
+    """What each source of the project gave (db/reports.py `source_yield`), as a Markdown table:
+    videos, downloads, downloaded minutes, frames extracted, passed and kept, kept per video and
+    per minute."""
+    rows = [
+        "| source | videos | downloaded | minutes | frames | passed filter | kept | "
+        "kept per video | kept per minute |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for y in yields:
+        per_video, per_minute = (
+            "-" if y[k] is None else f"{y[k]:.1f}" for k in ("kept_per_video", "kept_per_minute")
+        )
+        rows.append(
+            f"| {_cell(y['source'])} | {y['videos']} | {y['downloaded']} | "
+            f"{y['downloaded_minutes']:.1f} | {y['frames_extracted']} | {y['frames_passed']} | "
+            f"{y['frames_kept']} | {per_video} | {per_minute} |"
+        )
+    return "\n".join(rows)
 
 
 def _cell(text: str) -> str:

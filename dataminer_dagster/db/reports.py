@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.core.redact import redact, redact_url
+from dataminer_dagster.db.acquisition import target_report
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import (
@@ -23,6 +24,7 @@ from dataminer_dagster.db.schema import (
     DEAD,
     DONE,
     FAILED,
+    LINKED_THROUGH_COPY,
     PENDING,
     RUNNING,
     SCHEMA,
@@ -30,6 +32,7 @@ from dataminer_dagster.db.schema import (
     stale_sql,
 )
 from dataminer_dagster.db.source_refresh import last_listings, source_states
+from dataminer_dagster.engine.registry import DOWNLOAD
 from dataminer_dagster.settings import LongRunningPolicy
 
 S = SCHEMA
@@ -239,6 +242,7 @@ def project_status(
         }
         for r in catalog.project_copies(project.id)
     ]
+    frames = frame_counts(engine, project.id)
     return {
         "project": project.name,
         "stage": project.stage,
@@ -246,6 +250,12 @@ def project_status(
         "output_dir": str(project.output_dir),
         "videos": catalog.member_counts().get(project.id, 0),
         "refresh": refresh_report(engine, project),
+        "target": target_report(
+            engine,
+            project.id,
+            project.config.target.model_dump() if project.config.target else None,
+            frames["in_dataset"],
+        ),
         "sources": [
             {
                 "source": redact(state.source),
@@ -258,11 +268,12 @@ def project_status(
             }
             for state in source_states(engine, project.id)
         ],
+        "yield": source_yield(engine, project.id),
         "copies": copies,
         "window_minutes": window,
         "stages": stages,
         "stale": stale_counts(engine, project.id),
-        "frames": frame_counts(engine, project.id),
+        "frames": frames,
         "failures": failures,
         "long_running": long_running,
     }
@@ -315,3 +326,41 @@ def refresh_report(engine: sa.Engine, project: ProjectRow) -> dict | None:
 
 def _iso(moment) -> str | None:
     return None if moment is None else moment.isoformat(timespec="seconds")
+
+
+def source_yield(engine: sa.Engine, project_id: int, *, redacted: bool = True) -> list[dict]:
+    """Per source of the project's videos (a search, a listing, a URL file, the config's URLs,
+    a files pattern, add-video): videos linked and downloaded, minutes downloaded, frames
+    extracted, passed by the filter and kept by dedup, and kept frames per downloaded video and
+    per downloaded minute; the best yield per video first. A video found by two sources counts for the first."""
+    statement = sa.text(f"""
+        SELECT pv.source, pv.source_info, count(*) AS videos,
+               count(*) FILTER (WHERE d.status = '{DONE}') AS downloaded,
+               coalesce(sum(v.duration_s) FILTER (WHERE d.status = '{DONE}'), 0) / 60.0 AS minutes,
+               coalesce(sum(pv.frames_total), 0) AS extracted,
+               coalesce(sum(pv.frames_passed), 0) AS passed,
+               coalesce(sum(pv.frames_kept), 0) AS kept
+          FROM {S}.project_videos pv
+          JOIN {S}.videos v ON v.video_id = pv.video_id
+          LEFT JOIN {S}.work_items d ON d.stage = '{DOWNLOAD}' AND d.item_key = pv.video_id
+         WHERE pv.project_id = :p AND pv.source <> '{LINKED_THROUGH_COPY}'
+         GROUP BY 1, 2
+    """)
+    with engine.connect() as c:
+        rows = c.execute(statement, {"p": project_id}).all()
+    found = [
+        {
+            "source": (redact if redacted else str)(f"{r.source}: {r.source_info}"),
+            "videos": r.videos,
+            "downloaded": r.downloaded,
+            "downloaded_minutes": round(float(r.minutes), 2),
+            "frames_extracted": int(r.extracted),
+            "frames_passed": int(r.passed),
+            "frames_kept": int(r.kept),
+            "kept_per_video": round(int(r.kept) / r.downloaded, 2) if r.downloaded else None,
+            "kept_per_minute": round(int(r.kept) / float(r.minutes), 2) if r.minutes else None,
+        }
+        for r in rows
+    ]
+    # Downloads are what acquisition spends (core/acquisition.py): the best kept per video first.
+    return sorted(found, key=lambda y: (-(y["kept_per_video"] or 0), y["source"]))

@@ -95,6 +95,8 @@ projects = sa.Table(
     sa.Column("fingerprints", JSONB),
     # A refresh asked for and not yet done: the next catalog run links only new videos.
     sa.Column("refresh_requested_at", sa.DateTime(timezone=True)),
+    # A project with a target: {round, state, reason, decided_at} (db/acquisition.py)
+    sa.Column("acquisition", JSONB),
     *_timestamps(),
     sa.CheckConstraint("name ~ '^[A-Za-z0-9_-]{1,64}$'", name="project_name_safe"),
 )
@@ -194,6 +196,7 @@ project_videos = sa.Table(
     sa.Column("source_info", sa.Text),
     sa.Column("frames_total", sa.Integer),
     sa.Column("frames_passed", sa.Integer),
+    sa.Column("frames_kept", sa.Integer),  # by the project's dedup
     *_timestamps(),
     # `copy`: linked to the original because the project links a copy of it (source_info: the copy)
     sa.CheckConstraint(

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 import sqlalchemy as sa
 
+from dataminer_dagster.db.acquisition import continue_acquisition
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.partition_rows import (
     PARTITION_SETS,
@@ -474,11 +475,14 @@ class Cycle:
     discovery: Discovery
     transitions: list[Transition]
     runs: list[PlannedRun]
+    # (project, decision) of projects short of their target (db/acquisition.py)
+    acquisitions: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:
         parts = [f"{len(keys)} new {name}" for name, keys in self.discovery.additions.items()]
         parts += [f"{len(keys)} deleted {name}" for name, keys in self.discovery.removals.items()]
         parts += [f"project {t.project}: {t.old} -> {t.new} ({t.reason})" for t in self.transitions]
+        parts += [f"project {project}: {decision}" for project, decision in self.acquisitions]
         for run in self.runs:
             what = f"{len(run.item_ids)} items" if run.item_ids else f"{len(run.keys)} coming"
             ahead = " (ahead)" if run.ahead else ""
@@ -493,9 +497,18 @@ def plan_cycle(
     cursor: DiscoveryCursor,
     **plan_options,
 ) -> Cycle:
-    """Discovery, project transitions and run requests, in that order, so that a new project gets
-    its catalog run and a project that just finished its videos its dedup run in the same tick."""
+    """Discovery, project transitions (and the next acquisition round of a completed project
+    short of its target) and run requests, in that order, so that a new project gets its
+    catalog run and a project that just finished its videos its dedup run in the same tick."""
     found = plan_discovery(store.engine, cursor, instance=instance)
     moved = advance_projects(store)
+    acquired = continue_acquisition(store)
     runs = plan_runs(instance, store, lanes, discovery=found, **plan_options)
-    return Cycle(found, moved, runs)
+    return Cycle(found, moved, runs, acquired)
+
+
+def acquisition_observation(dataset_key: dg.AssetKey, project: str, decision: str):
+    """What the UI shows of an acquisition decision: an observation of the project's dataset."""
+    return dg.AssetObservation(
+        asset_key=dataset_key, partition=project, metadata={"acquisition": decision}
+    )

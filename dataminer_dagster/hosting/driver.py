@@ -23,9 +23,11 @@ from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
 from dataminer_dagster.engine.planning import (
     DiscoveryCursor,
     RunLimits,
+    acquisition_observation,
     plan_cycle,
     record_requests,
 )
+from dataminer_dagster.engine.registry import DATASET
 from dataminer_dagster.engine.run_health import reap_dead_work
 from dataminer_dagster.tags import DEADLINE_TAG
 
@@ -114,6 +116,12 @@ def drive(
         cursor = cycle.discovery.cursor
         for t in cycle.transitions:
             log(f"project {t.project}: {t.old} -> {t.new} ({t.reason})")
+        for project, decision in cycle.acquisitions:
+            log(f"project {project}: {decision}")
+            if DATASET in stage_keys:
+                instance.report_runless_asset_event(
+                    acquisition_observation(stage_keys[DATASET], project, decision)
+                )
         on_tick()
 
         stages = _stages(store, projects)

@@ -28,10 +28,12 @@ from dataminer_dagster.engine.lanes import Lane
 from dataminer_dagster.engine.planning import (
     DiscoveryCursor,
     RunLimits,
+    acquisition_observation,
     batch_range,
     plan_cycle,
     record_requests,
 )
+from dataminer_dagster.engine.registry import DATASET
 from dataminer_dagster.engine.run_health import reap_dead_work
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.settings import EXECUTORS, Settings, executor_name
@@ -110,13 +112,22 @@ def build_sensors(
             ahead=ahead,
         )
         if not (
-            cycle.discovery.count or cycle.discovery.removals or cycle.transitions or cycle.runs
+            cycle.discovery.count
+            or cycle.discovery.removals
+            or cycle.transitions
+            or cycle.acquisitions
+            or cycle.runs
         ):
             context.update_cursor(cycle.discovery.cursor.dump())  # when it last compared keys
             return dg.SkipReason("nothing new, no project can move, no work to request")
         record_requests(db.store.engine, cycle.runs)
         context.log.info(cycle.summary())
         return dg.SensorResult(
+            asset_events=[
+                acquisition_observation(stage_keys[DATASET], project, decision)
+                for project, decision in cycle.acquisitions
+                if DATASET in stage_keys
+            ],
             run_requests=[p.request for p in cycle.runs],
             dynamic_partitions_requests=cycle.discovery.requests(partitions),
             cursor=cycle.discovery.cursor.dump(),

@@ -1,10 +1,13 @@
 """Sources listed again: a project's refresh request, and what each search and listing found.
 
-`projects.refresh_requested_at` marks a refresh asked for (`dataminer refresh`, the
+`projects.acquisition` keeps where a project with a target is (its round, its state and why:
+acquiring, reached, budget, exhausted). `projects.refresh_requested_at` marks a refresh asked for (`dataminer refresh`, the
 refresh_sources sensor): the next catalog run links only the videos the project has not seen.
 `project_sources` keeps, per search and listing, what its last listing found and, for one that
 failed, its error and when it is asked again (a back-off that grows with each failure in a row).
-`project_videos.source` may be `listing` (a feed, channel or playlist).
+`project_videos.source` may be `listing` (a feed, channel or playlist), and
+`project_videos.frames_kept` counts a video's frames that dedup kept for the project (with
+frames_total and frames_passed: the yield of each source).
 
 Revision ID: 0009
 Revises: 0008
@@ -13,6 +16,7 @@ Create Date: 2026-12-03
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0009"
 down_revision = "0008"
@@ -28,6 +32,7 @@ def upgrade() -> None:
     op.add_column(
         "projects", sa.Column("refresh_requested_at", sa.DateTime(timezone=True)), schema=_SCHEMA
     )
+    op.add_column("projects", sa.Column("acquisition", JSONB), schema=_SCHEMA)
     op.create_table(
         "project_sources",
         sa.Column(
@@ -57,6 +62,7 @@ def upgrade() -> None:
         ),
         schema=_SCHEMA,
     )
+    op.add_column("project_videos", sa.Column("frames_kept", sa.Integer), schema=_SCHEMA)
     op.drop_constraint("pv_source", "project_videos", schema=_SCHEMA, type_="check")
     op.create_check_constraint(
         "pv_source", "project_videos", f"source IN {_SOURCES_WITH_LISTING}", schema=_SCHEMA
@@ -69,5 +75,7 @@ def downgrade() -> None:
     op.create_check_constraint(
         "pv_source", "project_videos", f"source IN {_SOURCES}", schema=_SCHEMA
     )
+    op.drop_column("project_videos", "frames_kept", schema=_SCHEMA)
     op.drop_table("project_sources", schema=_SCHEMA)
+    op.drop_column("projects", "acquisition", schema=_SCHEMA)
     op.drop_column("projects", "refresh_requested_at", schema=_SCHEMA)

@@ -18,7 +18,10 @@ from dataminer_dagster.acquisition.inputs import collect_candidates
 from dataminer_dagster.acquisition.options import merged_download_options
 from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.acquisition.ytdlp_search import YOUTUBE
+from dataminer_dagster.core.acquisition import SourceYield, choose, in_list_order, round_size
 from dataminer_dagster.db import source_refresh
+from dataminer_dagster.db.acquisition import acquisition_state, budget_left, record_round, spent
+from dataminer_dagster.db.reports import source_yield
 from dataminer_dagster.engine.outcomes import ItemResult, Postponed
 from dataminer_dagster.engine.registry import CATALOG
 from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
@@ -58,9 +61,12 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
     project = catalog.project(item.key)
     if project is None:
         raise ValueError(f"project {item.key!r} is not registered (dataminer project add CONFIG)")
+    target = project.config.target
     with catalog.engine.connect() as conn:
         refresh = source_refresh.refresh_requested(conn, project.id)
         waiting = source_refresh.waiting_sources(conn, project.id)
+        round_ = acquisition_state(conn, project.id)["round"] if target else 0
+    inputs = listed_deeper(project.config.inputs, round_)
     options = merged_download_options([project.config.download], YOUTUBE)
     throttle = ctx.db.host_throttle(ctx.context.run_id, options, log=ctx.log.warning)
     search = functools.partial(ctx.download_client.search, options=options, throttle=throttle)
@@ -72,7 +78,7 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
         )
 
     try:
-        found = collect_candidates(project.config.inputs, search, list_videos, skip=waiting)
+        found = collect_candidates(inputs, search, list_videos, skip=waiting)
     except HostPaused as exc:
         raise Postponed(f"{project.name}: {exc}", not_before=exc.pause.until) from exc
     for source in sorted(waiting):
@@ -88,13 +94,28 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
         raise RuntimeError(f"no video found for project {project.name}: {found.summary()}")
 
     with catalog.engine.connect() as conn:
-        new = source_refresh.unseen(conn, project.id, [c.video_id for c in found.candidates])
-    linked = [c for c in found.candidates if c.video_id in new] if refresh else found.candidates
+        unseen = source_refresh.unseen(conn, project.id, [c.video_id for c in found.candidates])
+    new = unseen
+    if target is not None:
+        new = _toward_target(catalog, project, found.candidates, unseen)
+        ctx.log.info(
+            f"{project.name}, acquisition round {round_}: {len(new)} of the {len(unseen)} new "
+            f"videos taken toward the target of {target.images} images"
+        )
+    # The new videos (those taken toward a target), and on a listing that is not a refresh the
+    # videos the project has already, which are queued again when they had failed.
+    linked = [
+        c
+        for c in found.candidates
+        if c.video_id in new or (not refresh and c.video_id not in unseen)
+    ]
     if refresh:
         ctx.log.info(f"refresh of {project.name}: {len(new)} new videos of {len(found.candidates)}")
 
     def commit(conn) -> None:
         catalog.link_and_queue(conn, project, linked)
+        if target is not None:
+            record_round(conn, project.id, round_, len(new))
         source_refresh.record_listing(
             conn,
             project.id,
@@ -122,6 +143,42 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
 
 
 REFRESHED_SOURCES = ("search: ", "listing: ")  # the sources recorded per source
+
+
+def listed_deeper(inputs, round_: int):
+    """The inputs of acquisition round `round_` (0: the first listing): each search and listing
+    read `round_ + 1` times as deep, so that a round finds videos the earlier ones did not."""
+    if round_ == 0:
+        return inputs
+    deeper = {"max_per_listing": inputs.max_per_listing * (round_ + 1)}
+    if inputs.search is not None:
+        deeper["search"] = inputs.search.model_copy(
+            update={"max_results_per_query": inputs.search.max_results_per_query * (round_ + 1)}
+        )
+    return inputs.model_copy(update=deeper)
+
+
+def _toward_target(catalog, project, candidates, new: set[str]) -> set[str]:
+    """The new videos this round takes: as many as the target still needs by the project's yield
+    so far, within the budget, from the sources with the best yield (core/acquisition.py)."""
+    target = project.config.target
+    yields = {
+        y["source"]: SourceYield(y["downloaded"], y["frames_kept"])
+        for y in source_yield(catalog.engine, project.id, redacted=False)
+    }
+    with catalog.engine.connect() as conn:
+        used = spent(conn, project.id)
+    remaining, _ = budget_left(target.model_dump(), used)
+    count = round_size(
+        target.images, sum(y.kept for y in yields.values()), used.downloaded, remaining
+    )
+    by_source: dict[str, list[str]] = {}
+    for c in candidates:
+        if c.video_id in new:
+            by_source.setdefault(f"{c.source}: {c.source_info}", []).append(c.video_id)
+    if target.order == "listed":
+        return set(in_list_order(by_source, count))
+    return set(choose(by_source, yields, count))
 
 
 def _new_per_source(candidates, new: set[str]) -> dict[str, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -107,3 +108,27 @@ class InputsConfig(Section):
         if not (self.search or self.urls or self.url_file or self.listings or self.files):
             raise ValueError("give at least one of search, urls, url_file, listings or files")
         return self
+
+
+class TargetConfig(Section):
+    images: int = Field(
+        ge=1,
+        description="Keep acquiring until the dataset holds this many images: each round lists "
+        "the sources deeper and downloads the new videos of the sources whose videos keep the "
+        "most frames (core/acquisition.py), until the target, the budget or the sources run out.",
+    )
+    max_videos: int | None = Field(None, ge=1, description="Most videos the project links.")
+    max_download_hours: float | None = Field(
+        None, gt=0, description="Stop acquiring once the downloaded videos last this long."
+    )
+    max_download_gb: float | None = Field(
+        None, gt=0, description="Stop acquiring once the downloaded videos take this much space."
+    )
+    max_rounds: int = Field(
+        20, ge=1, le=1000, description="Most acquisition rounds (listings after the first)."
+    )
+    order: Literal["yield", "listed"] = Field(
+        "yield",
+        description="Which new videos a round takes: yield, from the sources whose videos keep "
+        "the most frames (trying each source early); listed, in the order the sources list them.",
+    )

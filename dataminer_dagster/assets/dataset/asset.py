@@ -28,6 +28,7 @@ import json
 import shutil
 from pathlib import Path
 
+import dagster as dg
 import numpy as np
 import pandas as pd
 
@@ -46,7 +47,12 @@ from dataminer_dagster.core.dataset_formats import (
     read_contents,
     write_formats,
 )
-from dataminer_dagster.core.dataset_report import Thresholds, summarize, write_report
+from dataminer_dagster.core.dataset_report import (
+    Thresholds,
+    summarize,
+    write_report,
+    yield_table,
+)
 from dataminer_dagster.core.dataset_splits import assign_splits, shared_group_links
 from dataminer_dagster.core.dataset_versions import keep_version, next_version
 from dataminer_dagster.core.files import publish
@@ -54,6 +60,7 @@ from dataminer_dagster.core.images import brightness_of_file, read_image
 from dataminer_dagster.core.redact import redact_url
 from dataminer_dagster.core.visualize import contact_sheet, draw_detections
 from dataminer_dagster.db.project_flow import project_members
+from dataminer_dagster.db.reports import source_yield
 from dataminer_dagster.db.retention import release_finished_frames
 from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.previews import preview_metadata
@@ -206,7 +213,7 @@ def _has_detections(project, paths: ProjectPaths) -> bool:
     return paths.detections_table.is_file() and project.config.detect is not None
 
 
-def _quality_report(project, manifest, contents, table, formats, warnings, staging: Path):
+def _quality_report(project, manifest, contents, table, formats, warnings, staging: Path, yields):
     """The report's numbers, and its files in `staging`; returns (numbers, overview picture)."""
     config = project.config
     report = summarize(
@@ -232,6 +239,7 @@ def _quality_report(project, manifest, contents, table, formats, warnings, stagi
         staging,
         title=f"dataset of project {project.name}",
         formats=formats.images,
+        yields=yields,
     )
     return report, overview
 
@@ -275,9 +283,11 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     warnings = [*splits.warnings, *formats.notes]
     for warning in warnings:
         ctx.log.warning(f"dataset {project.name}: {warning}")
+    yields = source_yield(catalog.engine, project.id)
     report, overview = _quality_report(
-        project, manifest, contents, table, formats, warnings, staging
+        project, manifest, contents, table, formats, warnings, staging, yields
     )
+    minutes = sum(y["downloaded_minutes"] for y in yields)
     ctx.log.info(
         f"dataset {project.name} v{version.number}"
         f"{'' if new_version else ' (the same content as before)'}: "
@@ -307,6 +317,10 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
             "blurry": report.blurry,
             "dark": report.dark,
             "overexposed": report.overexposed,
+            "kept_per_download_minute": (
+                sum(y["frames_kept"] for y in yields) / minutes if minutes else None
+            ),
+            "yield_per_source": dg.MetadataValue.md(yield_table(yields)),
             **({"warnings": "\n".join(warnings)} if warnings else {}),
         },
         outcome={"images": len(manifest), "version": version.number, **report.per_split},

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dataminer_dagster.assets.dedup.store import record_kept
 from dataminer_dagster.assets.filter.scorer import load_scorer
 from dataminer_dagster.assets.filter.store import videos_with_passed_frames
 from dataminer_dagster.assets.filter.table import passed_frames
@@ -174,7 +175,10 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     )
     titles = {v: row.title for v, row in catalog.videos(frames["video_id"].unique()).items()}
 
+    kept_per_video = frames.loc[frames["kept"], "video_id"].value_counts().to_dict()
+
     def commit(conn) -> None:
+        record_kept(conn, project.id, kept_per_video)
         publish(staged, final)
         if staged_index is not None:
             publish(staged_index, paths.dedup_index_dir)
