@@ -40,6 +40,7 @@ class Media:
     urls: list[str]
     siglip: Path
     yolo: Path
+    www: Path  # the directory the URLs serve
 
     def project(self, name: str, videos: int = 6) -> dict:
         return demo_project(name, self.urls[:videos], self.siglip, self.yolo)
@@ -55,7 +56,7 @@ def media():
     siglip = build_tiny_siglip(root / "siglip")
     yolo = build_tiny_yolo(root / "yolo.pt")
     with serve_directory(root / "www") as base:
-        yield Media([f"{base}/sample{i:02d}.mp4" for i in range(6)], siglip, yolo)
+        yield Media([f"{base}/sample{i:02d}.mp4" for i in range(6)], siglip, yolo, root / "www")
 
 
 @pytest.fixture(scope="module")
@@ -367,3 +368,73 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def write_feed(media: Media, count: int) -> str:
+    """An RSS feed beside the sample videos listing the first `count`, newest first."""
+    items = "".join(
+        f"<item><title>sample {i}</title><link>{media.urls[i]}</link></item>"
+        for i in reversed(range(count))
+    )
+    (media.www / "feed.xml").write_text(
+        '<?xml version="1.0" encoding="UTF-8"?><rss version="2.0"><channel><title>samples'
+        f"</title><link>{media.urls[0]}</link><description>d</description>{items}</channel></rss>"
+    )
+    return media.urls[0].rsplit("/", 1)[0] + "/feed.xml"
+
+
+@pytest.mark.parametrize(
+    "deployment",
+    [({**FAST_RECOVERY, "sensors": {"reaper_interval_s": 1, "refresh_interval_s": 1}}, None)],
+    indirect=True,
+)
+def test_a_scheduled_refresh_takes_only_the_new_videos_under_the_daemon(deployment, media):
+    feed = write_feed(media, 2)
+    project = media.project("follows")
+    project["inputs"] = {"listings": [feed], "refresh": {"cron": "* * * * *"}}
+    deployment.add_project(project)
+    deployment.start_daemon()
+    deployment.wait_for_stage("follows", "complete", COMPLETE_WITHIN_S)
+    first = deployment.dataset("follows")
+    downloads = {
+        r.item_key: r.finished_at
+        for r in deployment.query(
+            "SELECT item_key, finished_at FROM dataminer.work_items WHERE stage = 'download'"
+        )
+    }
+    assert len(downloads) == 2
+
+    write_feed(media, 3)  # a new upload; the next tick of the cron lists the feed again
+
+    def has_grown() -> bool:
+        members = deployment.query(
+            """SELECT count(*) AS n FROM dataminer.project_videos pv
+                 JOIN dataminer.projects p ON p.id = pv.project_id AND p.name = 'follows'"""
+        )[0].n
+        return (
+            members == 3
+            and deployment.project_stage("follows") == "complete"
+            and (
+                deployment.query(
+                    """SELECT count(*) AS n FROM dataminer.work_items
+                    WHERE stage IN ('dataset', 'download') AND status = 'done'"""
+                )[0].n
+                == 4
+            )
+        )
+
+    deployment.wait_until(has_grown, 2 * COMPLETE_WITHIN_S, "the refresh's new video", "follows")
+    after = {
+        r.item_key: r.finished_at
+        for r in deployment.query(
+            "SELECT item_key, finished_at FROM dataminer.work_items WHERE stage = 'download'"
+        )
+    }
+    assert {
+        k: after[k] for k in downloads
+    } == downloads  # the earlier videos were not fetched again
+    second = deployment.dataset("follows")
+    assert set(first["file_name"]) <= set(second["file_name"])  # the kept frames stay kept
+    assert len(second) > len(first)
+    versions = deployment.dataminer("dataset", "versions", "follows")
+    assert versions.returncode == 0 and "v2" in versions.stdout, versions.stdout
