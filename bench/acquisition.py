@@ -8,7 +8,8 @@ yields: with frames every 0.5 s and dedup at 0.99999 (the tiny random model keep
 frame), a clip of s seconds keeps about 2s frames. The feeds are listed worst first, as a user
 who does not know their yields might list them. Each order runs the same project (tiny random
 SigLIP2, in-process `dataminer run` loop) on a fresh database; both must end `reached` with every
-asset check of the dataset passing.
+asset check passing. `--best-first` lists the feeds best first instead: list order is then the
+best order there is, and the run measures what exploring costs.
 
     python bench/acquisition.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
 """
@@ -30,7 +31,7 @@ FEEDS = {"half": 0.5, "one": 1.0, "two": 2.0, "six": 6.0}
 CLIPS_PER_FEED = 24
 
 
-def write_feeds(server, root: Path) -> list[str]:
+def write_feeds(server, root: Path, best_first: bool) -> list[str]:
     from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 
     urls = []
@@ -49,7 +50,7 @@ def write_feeds(server, root: Path) -> list[str]:
             "</channel></rss>"
         )
         urls.append(server.url(f"/{name}.xml"))
-    return urls
+    return urls[::-1] if best_first else urls
 
 
 def run(admin_url: str, feeds: list[str], siglip: Path, order: str, target: int) -> dict:
@@ -134,6 +135,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", required=True, help="an admin URL of a PostgreSQL")
     parser.add_argument("--target", type=int, default=120)
+    parser.add_argument(
+        "--best-first",
+        action="store_true",
+        help="List the feeds best yield first (list order is then the best order there is).",
+    )
     args = parser.parse_args()
     from dataminer_dagster.models.tiny import build_tiny_siglip
     from tests.helpers.http_server import LocalHTTPServer
@@ -142,7 +148,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="dm-acquisition-www-"))
     siglip = build_tiny_siglip(root.parent / f"{root.name}-siglip")
     with LocalHTTPServer(root) as server:
-        feeds = write_feeds(server, root)
+        feeds = write_feeds(server, root, args.best_first)
         rows = [
             run(args.database_url, feeds, siglip, order, args.target)
             for order in ("listed", "yield")

@@ -18,7 +18,7 @@ from dataminer_dagster.acquisition.inputs import collect_candidates
 from dataminer_dagster.acquisition.options import merged_download_options
 from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.acquisition.ytdlp_search import YOUTUBE
-from dataminer_dagster.core.acquisition import SourceYield, choose, in_list_order, round_size
+from dataminer_dagster.core.acquisition import MAX_DEPTH, SourceYield, choose
 from dataminer_dagster.db import source_refresh
 from dataminer_dagster.db.acquisition import acquisition_state, budget_left, record_round, spent
 from dataminer_dagster.db.reports import source_yield
@@ -147,20 +147,21 @@ REFRESHED_SOURCES = ("search: ", "listing: ")  # the sources recorded per source
 
 def listed_deeper(inputs, round_: int):
     """The inputs of acquisition round `round_` (0: the first listing): each search and listing
-    read `round_ + 1` times as deep, so that a round finds videos the earlier ones did not."""
+    read 2^round as deep (at most MAX_DEPTH), so that a round finds videos the earlier ones did
+    not and leaves a choice among them."""
     if round_ == 0:
         return inputs
-    deeper = {"max_per_listing": inputs.max_per_listing * (round_ + 1)}
+    factor = 2**round_
+    deeper = {"max_per_listing": min(inputs.max_per_listing * factor, MAX_DEPTH)}
     if inputs.search is not None:
-        deeper["search"] = inputs.search.model_copy(
-            update={"max_results_per_query": inputs.search.max_results_per_query * (round_ + 1)}
-        )
+        depth = min(inputs.search.max_results_per_query * factor, MAX_DEPTH)
+        deeper["search"] = inputs.search.model_copy(update={"max_results_per_query": depth})
     return inputs.model_copy(update=deeper)
 
 
 def _toward_target(catalog, project, candidates, new: set[str]) -> set[str]:
-    """The new videos this round takes: as many as the target still needs by the project's yield
-    so far, within the budget, from the sources with the best yield (core/acquisition.py)."""
+    """The new videos this round takes: as many as the target still needs by the yield so far,
+    within the budget, from the sources with the best yield (core/acquisition.py)."""
     target = project.config.target
     yields = {
         y["source"]: SourceYield(y["downloaded"], y["frames_kept"])
@@ -169,16 +170,20 @@ def _toward_target(catalog, project, candidates, new: set[str]) -> set[str]:
     with catalog.engine.connect() as conn:
         used = spent(conn, project.id)
     remaining, _ = budget_left(target.model_dump(), used)
-    count = round_size(
-        target.images, sum(y.kept for y in yields.values()), used.downloaded, remaining
-    )
     by_source: dict[str, list[str]] = {}
     for c in candidates:
         if c.video_id in new:
             by_source.setdefault(f"{c.source}: {c.source_info}", []).append(c.video_id)
-    if target.order == "listed":
-        return set(in_list_order(by_source, count))
-    return set(choose(by_source, yields, count))
+    kept = sum(y.kept for y in yields.values())
+    return set(
+        choose(
+            by_source,
+            yields,
+            need=max(target.images - kept, 0),
+            limit=remaining,
+            by_yield=target.order == "yield",
+        )
+    )
 
 
 def _new_per_source(candidates, new: set[str]) -> dict[str, int]:
