@@ -123,7 +123,8 @@ def link(catalog: Catalog, project: ProjectRow, video_ids: Sequence[str]) -> Non
 
 
 def apply_partition_requests(instance: dg.DagsterInstance, result: dg.SensorResult) -> None:
-    """What the daemon does with the discovery sensor's requests."""
+    """What the daemon does with the work sensor's partition requests (removals; the sensor
+    adds new partitions itself)."""
     for request in result.dynamic_partitions_requests:
         if isinstance(request, dg.DeleteDynamicPartitionsRequest):
             for key in request.partition_keys:
@@ -183,8 +184,17 @@ def run_requests(result) -> list[dg.RunRequest]:
     return list(result.run_requests) if isinstance(result, dg.SensorResult) else []
 
 
-def partition_requests(result) -> list:
-    return list(result.dynamic_partitions_requests) if isinstance(result, dg.SensorResult) else []
+PARTITION_SETS = ("projects", "videos", "project_videos")
+
+
+def partitions(instance: dg.DagsterInstance) -> dict[str, list[str]]:
+    return {name: instance.get_dynamic_partitions(name) for name in PARTITION_SETS}
+
+
+def added_since(instance: dg.DagsterInstance, before: dict[str, list[str]]) -> dict[str, list]:
+    """The partitions added since `before` (the work sensor adds them itself, in bulk)."""
+    now = partitions(instance)
+    return {name: now[name][len(before[name]) :] for name in now if now[name] != before[name]}
 
 
 def requests_by_lane(result) -> dict[str, list[dg.RunRequest]]:
@@ -231,19 +241,16 @@ def test_discovery_adds_new_rows_in_discovery_order_and_moves_its_cursor(instanc
 
     alpha = add_project(catalog, "alpha", ["v2", "v0", "v1"])
     add_project(catalog, "beta", ["v0", "v3"])
+    before = partitions(instance)
     result = tick("work", instance, db)
 
     assert isinstance(result, dg.SensorResult)
-    added = {
-        r.partitions_def_name: list(r.partition_keys) for r in result.dynamic_partitions_requests
-    }
+    added = added_since(instance, before)  # by the tick itself, in bulk: no request to apply
+    assert not result.dynamic_partitions_requests
     assert list(added) == ["projects", "videos", "project_videos"]
     assert added["projects"] == ["alpha", "beta"]
     assert added["videos"] == ["v2", "v0", "v1", "v3"], "videos come in the order they were found"
     assert added["project_videos"] == ["alpha.v2", "alpha.v0", "alpha.v1", "beta.v0", "beta.v3"]
-    assert all(
-        isinstance(r, dg.AddDynamicPartitionsRequest) for r in result.dynamic_partitions_requests
-    )
     cursor = json.loads(result.cursor)
     ids = {k: cursor[k] for k in ("project", "video", "project_video")}
     assert set(cursor) == {*ids, "compared_at"} and all(ids.values())
@@ -254,10 +261,9 @@ def test_discovery_adds_new_rows_in_discovery_order_and_moves_its_cursor(instanc
     assert isinstance(tick("work", instance, db, result.cursor), dg.SkipReason)
 
     link(catalog, alpha, ["v4", "v3"])
+    before = partitions(instance)
     again = tick("work", instance, db, result.cursor)
-    added = {
-        r.partitions_def_name: list(r.partition_keys) for r in again.dynamic_partitions_requests
-    }
+    added = added_since(instance, before)
     assert added == {"videos": ["v4"], "project_videos": ["alpha.v4", "alpha.v3"]}
     assert json.loads(again.cursor)["project"] == cursor["project"]
 
@@ -276,13 +282,16 @@ def test_discovery_adds_at_most_25000_partitions_per_tick(instance, db, catalog,
 
     seen: dict[str, list[str]] = {"projects": [], "videos": [], "project_videos": []}
     cursor, ticks = None, 0
-    while (result := tick("work", instance, db, cursor)).dynamic_partitions_requests:
+    while True:
+        before = partitions(instance)
+        result = tick("work", instance, db, cursor)
+        added = added_since(instance, before)
+        if not added:
+            break
         ticks += 1
-        counts = sum(len(r.partition_keys) for r in result.dynamic_partitions_requests)
-        assert counts <= MAX_PARTITION_ADDS_PER_TICK
-        for r in result.dynamic_partitions_requests:
-            seen[r.partitions_def_name] += r.partition_keys
-        apply_partition_requests(instance, result)
+        assert sum(len(keys) for keys in added.values()) <= MAX_PARTITION_ADDS_PER_TICK
+        for name, keys in added.items():
+            seen[name] += keys
         cursor = result.cursor
     assert ticks == 2
     assert seen["projects"] == ["alpha"]
@@ -319,10 +328,12 @@ def test_discovery_removes_the_partitions_of_deleted_rows_once_caught_up(instanc
 
     delete_project(db.store.engine, db.paths, "beta")  # v2 stays, an orphan
     link(catalog, add_project(catalog, "gamma"), ["v3"])
+    before = partitions(instance)
     second = tick("work", instance, db, first.cursor)
-    assert [type(r) for r in second.dynamic_partitions_requests] == [
-        dg.AddDynamicPartitionsRequest
-    ] * 3, "new rows first: nothing is removed while partitions are still being added"
+    assert added_since(instance, before)  # gamma's
+    assert not second.dynamic_partitions_requests, (
+        "new rows first: nothing is removed while partitions are still being added"
+    )
     launch(instance, second)
 
     third = tick("work", instance, db, second.cursor)
@@ -359,12 +370,9 @@ def test_rows_committed_out_of_id_order_still_become_partitions(instance, db, ca
         launch(instance, second)
     assert instance.get_dynamic_partitions("videos") == ["v2"]
 
+    before = partitions(instance)
     third = tick("work", instance, db, second.cursor)
-    added = {
-        r.partitions_def_name: list(r.partition_keys)
-        for r in third.dynamic_partitions_requests
-        if isinstance(r, dg.AddDynamicPartitionsRequest)
-    }
+    added = added_since(instance, before)
     assert added == {"videos": ["v0", "v1"], "project_videos": ["alpha.v0", "alpha.v1"]}
     launch(instance, third)
     assert sorted(instance.get_dynamic_partitions("project_videos")) == [
@@ -392,12 +400,9 @@ def later(cursor: str) -> str:
 
 def test_a_new_project_gets_its_partitions_and_its_runs_in_one_tick(instance, db, catalog, engine):
     add_project(catalog, "alpha", ["v0", "v1", "v2"])
+    before = partitions(instance)
     result = tick("work", instance, db)
-    assert {r.partitions_def_name for r in partition_requests(result)} == {
-        "projects",
-        "videos",
-        "project_videos",
-    }
+    assert set(added_since(instance, before)) == {"projects", "videos", "project_videos"}
     [catalog_run] = ready_requests(result, "catalog")
     assert catalog_run.job_name == "catalog_job"
     assert (catalog_run.tags[RANGE_START], catalog_run.tags[RANGE_END]) == ("alpha", "alpha")
@@ -459,9 +464,9 @@ def test_a_video_linked_later_gets_its_partition_and_run_in_the_same_tick(
     first = tick("work", instance, db)
     launch(instance, first)
     link(catalog, alpha, ["v1"])
+    before = partitions(instance)
     result = tick("work", instance, db, first.cursor)
-    added = {r.partitions_def_name: list(r.partition_keys) for r in partition_requests(result)}
-    assert added == {"videos": ["v1"], "project_videos": ["alpha.v1"]}
+    assert added_since(instance, before) == {"videos": ["v1"], "project_videos": ["alpha.v1"]}
     [run] = ready_requests(result, "video")
     assert (run.tags[RANGE_START], run.tags[RANGE_END]) == ("v1", "v1")
 

@@ -94,17 +94,25 @@ class Discovery:
     def count(self) -> int:
         return sum(len(keys) for keys in self.additions.values())
 
-    def requests(
-        self, partitions: Mapping[str, dg.DynamicPartitionsDefinition]
-    ) -> list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest]:
-        return [
-            partitions[name].build_add_request(keys) for name, keys in self.additions.items()
-        ] + [partitions[name].build_delete_request(keys) for name, keys in self.removals.items()]
-
-    def apply(self, instance: dg.DagsterInstance) -> None:
-        """What the daemon does with `requests()`, for callers that drive runs themselves."""
+    def add(self, instance: dg.DagsterInstance) -> None:
+        """Add the new partitions, in bulk: one `add_dynamic_partitions` per partition set (at
+        most MAX_PARTITION_ADDS_PER_TICK keys a cycle). The work sensor does this itself rather
+        than return AddDynamicPartitionsRequests, which the sensor daemon applies key by key
+        (a `has_dynamic_partition` query per key) and logs whole: far slower (bench/README.md,
+        discovery). Adding is idempotent (existing keys are skipped), so a tick that
+        fails after it only adds them again; the cursor moves with the tick's result."""
         for name, keys in self.additions.items():
             instance.add_dynamic_partitions(name, keys)
+
+    def removal_requests(
+        self, partitions: Mapping[str, dg.DynamicPartitionsDefinition]
+    ) -> list[dg.DeleteDynamicPartitionsRequest]:
+        """The partitions of deleted rows, for the sensor daemon to remove (rare: deletions)."""
+        return [partitions[name].build_delete_request(keys) for name, keys in self.removals.items()]
+
+    def apply(self, instance: dg.DagsterInstance) -> None:
+        """Additions and removals at once, for callers that drive runs themselves."""
+        self.add(instance)
         for name, keys in self.removals.items():
             for key in keys:
                 instance.delete_dynamic_partition(name, key)

@@ -120,6 +120,7 @@ def build_sensors(
         ):
             context.update_cursor(cycle.discovery.cursor.dump())  # when it last compared keys
             return dg.SkipReason("nothing new, no project can move, no work to request")
+        cycle.discovery.add(context.instance)  # in bulk, before the runs that use them
         record_requests(db.store.engine, cycle.runs)
         context.log.info(cycle.summary())
         return dg.SensorResult(
@@ -129,7 +130,7 @@ def build_sensors(
                 if DATASET in stage_keys
             ],
             run_requests=[p.request for p in cycle.runs],
-            dynamic_partitions_requests=cycle.discovery.requests(partitions),
+            dynamic_partitions_requests=cycle.discovery.removal_requests(partitions),
             cursor=cycle.discovery.cursor.dump(),
         )
 
