@@ -340,3 +340,16 @@ def test_a_youtube_channel_listing_gives_watch_urls_and_skips_nested_playlists()
         ("dQw4w9WgXcQ", "https://www.youtube.com/watch?v=dQw4w9WgXcQ", 212.0),
         ("9bZkp7q19f0", "https://www.youtube.com/watch?v=9bZkp7q19f0", None),
     ]
+
+
+def test_refresh_wait_runs_the_refresh_in_this_process(following, dataminer_env):
+    from dataminer_dagster.cli import main
+
+    following.drive()
+    before = following.finished()
+    result = CliRunner().invoke(main, ["refresh", "follows", "--wait"])
+    assert result.exit_code == 0, result.output
+    assert "refresh of follows: its catalog is queued" in result.output
+    assert "project follows: complete" in result.output
+    after = following.finished()
+    assert {k for k, at in after.items() if before.get(k) != at} == {("catalog", "follows")}
