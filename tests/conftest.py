@@ -70,6 +70,9 @@ def _fast_retries(monkeypatch):
 
 
 SERVERS = ["embedded"] + (["external"] if EXTERNAL_URL else [])
+# For a test of pipeline behaviour that does not depend on the server (the claim tables, the
+# migrations and the storage have their tests on both): run on the embedded one only.
+ONE_SERVER = pytest.mark.parametrize("pg_server", ["embedded"], indirect=True)
 
 
 @pytest.fixture(scope="session", params=SERVERS)

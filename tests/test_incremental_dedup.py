@@ -10,6 +10,7 @@ import pytest
 from dataminer_dagster.core.kept_index import KeptIndex
 from dataminer_dagster.db.project_lifecycle import force_stage
 from dataminer_dagster.engine.registry import DEDUP
+from tests.conftest import ONE_SERVER
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +30,7 @@ def index(project) -> KeptIndex:
     return found
 
 
+@ONE_SERVER
 def test_a_new_video_is_deduplicated_against_the_kept_frames_only(changing):
     changing.run()
     assert dedup_outcome(changing)["mode"] == "every frame"
@@ -62,6 +64,7 @@ def test_a_new_video_is_deduplicated_against_the_kept_frames_only(changing):
     assert len(changing.manifest()) == len(kept_after)
 
 
+@ONE_SERVER
 def test_a_changed_threshold_and_force_dedup_group_every_frame_again(changing):
     changing.run()
     changing.register(dedup={"threshold": 0.995})
@@ -75,6 +78,7 @@ def test_a_changed_threshold_and_force_dedup_group_every_frame_again(changing):
     assert dedup_outcome(changing)["mode"] == "every frame"
 
 
+@ONE_SERVER
 def test_incremental_off_groups_every_frame_each_time(changing):
     changing.register(dedup={"incremental": False})
     changing.run()

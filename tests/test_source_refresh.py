@@ -25,6 +25,7 @@ from dataminer_dagster.db.reports import source_yield
 from dataminer_dagster.engine.refresh_schedule import due_projects, next_refresh, refresh_due
 from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.testing import keep_every_frame
+from tests.conftest import ONE_SERVER
 from tests.helpers.http_server import http_server_fixture
 from tests.helpers.pipeline import drive_quietly, pipeline_definitions, resources, write_videos
 
@@ -125,6 +126,7 @@ def following(tmp_path, database_url, engine, http_server, tiny_siglip):
         yield following
 
 
+@ONE_SERVER
 def test_a_refresh_takes_only_new_videos_and_one_with_nothing_new_does_no_work(following):
     following.drive()
     assert sorted(set(following.fetched())) == ["/clip0.mp4", "/clip1.mp4"]
@@ -173,9 +175,11 @@ def test_a_refresh_takes_only_new_videos_and_one_with_nothing_new_does_no_work(f
     event = following.instance.get_latest_materialization_event(dg.AssetKey("dataset"))
     metadata = event.asset_materialization.metadata
     assert metadata["kept_per_download_minute"].value == pytest.approx(kept / 0.1, rel=0.1)
-    assert "listing: " in metadata["yield_per_source"].value
+    (row,) = metadata["yield_per_source"].value.records
+    assert row.data["source"] == f"listing: {following.feed}" and row.data["frames_kept"] == kept
 
 
+@ONE_SERVER
 def test_a_refresh_does_not_retry_videos_the_project_rejected(following):
     following.drive()
     with following.engine.begin() as c:  # clip0's download died (a host that refused it)
@@ -193,6 +197,7 @@ def test_a_refresh_does_not_retry_videos_the_project_rejected(following):
     assert status == "dead"
 
 
+@ONE_SERVER
 def test_a_failing_feed_is_recorded_and_waits_for_its_back_off(following, dataminer_env):
     following.drive()
     following.server.respond("/feed.xml", status=500)
@@ -229,12 +234,14 @@ def test_a_failing_feed_is_recorded_and_waits_for_its_back_off(following, datami
     assert result.exit_code != 0 and "no project named 'nobody'" in result.output
 
 
+@ONE_SERVER
 def test_a_refresh_while_the_listing_runs_is_merged_into_it(following):
     # registered, never listed: the catalog is queued, and a refresh adds nothing to it
     request = following.refresh()
     assert not request.queued and "queued" in request.reason
 
 
+@ONE_SERVER
 def test_the_sensor_asks_for_a_refresh_when_the_cron_is_due(following):
     from dataminer_dagster.definitions import defs as product_defs
 
@@ -269,6 +276,7 @@ def test_the_schedule_is_due_once_per_missed_tick():
     )
 
 
+@ONE_SERVER
 def test_due_projects_wait_for_a_finished_listing(following):
     project = following.catalog.project("follows")
     now = datetime.now(UTC)
@@ -342,6 +350,7 @@ def test_a_youtube_channel_listing_gives_watch_urls_and_skips_nested_playlists()
     ]
 
 
+@ONE_SERVER
 def test_refresh_wait_runs_the_refresh_in_this_process(following, dataminer_env):
     from dataminer_dagster.cli import main
 

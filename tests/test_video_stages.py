@@ -357,4 +357,9 @@ def test_a_huge_file_of_bad_urls_logs_the_first_problems_and_a_count(
         == f"p1: {99_999 - PROBLEMS_KEPT} more problems like these are not shown (99999 in all)"
     )
     [item] = work_items(engine, "catalog").values()
-    assert item.status == "done" and item.outcome == {"videos": 1, "problems": 99_999}
+    assert item.status == "done" and item.outcome == {
+        "videos": 1,
+        "new_videos": 1,
+        "problems": 99_999,
+        "refresh": False,
+    }

@@ -51,7 +51,6 @@ from dataminer_dagster.core.dataset_report import (
     Thresholds,
     summarize,
     write_report,
-    yield_table,
 )
 from dataminer_dagster.core.dataset_splits import assign_splits, shared_group_links
 from dataminer_dagster.core.dataset_versions import keep_version, next_version
@@ -80,6 +79,29 @@ def _sources(catalog, project_id: int, videos: dict) -> dict[str, list[str]]:
         ]
         for video_id, video in videos.items()
     }
+
+
+YIELD_COLUMNS = {  # source_yield's keys, and their type in the UI's table
+    "source": "string",
+    "videos": "int",
+    "downloaded": "int",
+    "downloaded_minutes": "float",
+    "frames_extracted": "int",
+    "frames_passed": "int",
+    "frames_kept": "int",
+    "kept_per_video": "float",
+    "kept_per_minute": "float",
+}
+
+
+def _yield_metadata(yields: list[dict]) -> dg.TableMetadataValue:
+    """The project's yield per source as a table the UI shows (db/reports.py `source_yield`)."""
+    return dg.MetadataValue.table(
+        records=[dg.TableRecord({k: y[k] for k in YIELD_COLUMNS}) for y in yields],
+        schema=dg.TableSchema(
+            columns=[dg.TableColumn(name, kind) for name, kind in YIELD_COLUMNS.items()]
+        ),
+    )
 
 
 def _produced_by(project) -> dict:
@@ -320,7 +342,7 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
             "kept_per_download_minute": (
                 sum(y["frames_kept"] for y in yields) / minutes if minutes else None
             ),
-            "yield_per_source": dg.MetadataValue.md(yield_table(yields)),
+            "yield_per_source": _yield_metadata(yields),
             **({"warnings": "\n".join(warnings)} if warnings else {}),
         },
         outcome={"images": len(manifest), "version": version.number, **report.per_split},
