@@ -315,7 +315,7 @@ def _approximate_pairs(x: np.ndarray, rows: np.ndarray, cut: float, nprobe: int,
     # sqrt(nprobe * n) lists (4 * sqrt(n) for nprobe 16).
     lists = max(1, min(n, round(math.sqrt(nprobe * n))))
     nprobe = min(nprobe, lists)
-    centroids = _train_centroids(x, rows, lists, seed)
+    centroids = train_centroids(x, rows, lists, seed)
     probes = products.nearest(rows, centroids, nprobe)
     flat = probes.ravel()
     entries = np.argsort(flat, kind="stable")  # grouped by list, vector order within a list
@@ -340,7 +340,7 @@ def _cross_pairs(rows, left: np.ndarray, right: np.ndarray, cut: float, products
         yield left[a], right[b]
 
 
-def _train_centroids(x: np.ndarray, rows: np.ndarray, lists: int, seed: int) -> np.ndarray:
+def train_centroids(x: np.ndarray, rows: np.ndarray, lists: int, seed: int) -> np.ndarray:
     """FAISS spherical k-means (unit centroids, inner product) on a sample of x[rows].
 
     Always on the CPU, so that a GPU run searches the same lists.

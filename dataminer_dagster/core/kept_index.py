@@ -31,14 +31,17 @@ from pathlib import Path
 
 import numpy as np
 
-from dataminer_dagster.core.dedup import SIMILARITY_TOLERANCE, deduplicate, normalized
+from dataminer_dagster.core.dedup import (
+    SIMILARITY_TOLERANCE,
+    deduplicate,
+    normalized,
+    train_centroids,
+)
 from dataminer_dagster.core.pair_search import load_faiss
 
 MANIFEST = "index.json"
 MAX_SEGMENTS = 8
 RETRAIN_GROWTH = 4  # the centroids are trained again when the index grew this many times
-_TRAIN_POINTS_PER_LIST = 16
-_KMEANS_ITERATIONS = 5
 _QUERY_BLOCK = 4096
 _KEPT_BLOCK = 65536
 
@@ -291,21 +294,8 @@ def _link_tree(source: Path, target: Path) -> None:
 
 
 def _train(x: np.ndarray, lists: int, seed: int) -> np.ndarray:
-    faiss = load_faiss()
-    rng = np.random.default_rng(seed)
-    count = min(len(x), lists * _TRAIN_POINTS_PER_LIST)
-    sample = x[np.sort(rng.choice(len(x), size=count, replace=False))]
-    kmeans = faiss.Kmeans(
-        x.shape[1],
-        lists,
-        niter=_KMEANS_ITERATIONS,
-        spherical=True,
-        seed=seed,
-        max_points_per_centroid=_TRAIN_POINTS_PER_LIST,
-        min_points_per_centroid=1,
-    )
-    kmeans.train(sample)
-    return kmeans.centroids
+    """Centroids of the kept vectors, as the full dedup trains its lists."""
+    return train_centroids(x, np.arange(len(x)), lists, seed)
 
 
 def _nearest(x: np.ndarray, centroids: np.ndarray, k: int) -> np.ndarray:

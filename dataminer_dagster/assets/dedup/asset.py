@@ -234,18 +234,25 @@ def _earlier(paths: ProjectPaths, version: str, videos: list[str]) -> _Earlier |
     return _Earlier(table[current].reset_index(drop=True), index)
 
 
-def _group_all(ctx: StageContext, project, videos: list[str]):
-    """Every passed frame grouped anew. Returns the table, (rows kept, their vectors), stats and
-    the unreadable rows."""
-    config = project.config.dedup
-    frames = passed_frames(project, videos)
-    unreadable: dict[int, str] = {}
-    frames = frames.assign(
+NO_SEARCH = {"pairs": 0, "exact": True, "recall": None, "engine": "faiss-cpu"}  # no frame
+
+
+def _ungrouped(frames: pd.DataFrame) -> pd.DataFrame:
+    """Passed frames with the dedup columns, before grouping: no group, not kept."""
+    return frames.assign(
         group=np.full(len(frames), -1, np.int64),
         group_size=np.zeros(len(frames), np.int64),
         kept=np.zeros(len(frames), bool),
     )
-    stats = {"pairs": 0, "exact": True, "recall": None, "engine": "faiss-cpu"}
+
+
+def _group_all(ctx: StageContext, project, videos: list[str]):
+    """Every passed frame grouped anew. Returns the table, (rows kept, their vectors), stats and
+    the unreadable rows."""
+    config = project.config.dedup
+    frames = _ungrouped(passed_frames(project, videos))
+    unreadable: dict[int, str] = {}
+    stats = dict(NO_SEARCH)
     kept_rows, kept_vectors = np.empty(0, np.int64), np.empty((0, 0), np.float32)
     if len(frames):
         embeddings, unreadable = _embeddings(ctx, project, frames)
@@ -282,14 +289,9 @@ def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
     (core/kept_index.place_new_frames). Same returns as `_group_all`."""
     config = project.config.dedup
     seen = set(earlier.table["video_id"].unique())
-    new = passed_frames(project, [v for v in videos if v not in seen])
+    new = _ungrouped(passed_frames(project, [v for v in videos if v not in seen]))
     unreadable: dict[int, str] = {}
-    new = new.assign(
-        group=np.full(len(new), -1, np.int64),
-        group_size=np.zeros(len(new), np.int64),
-        kept=np.zeros(len(new), bool),
-    )
-    stats = {"pairs": 0, "exact": True, "recall": None, "engine": "faiss-cpu"}
+    stats = dict(NO_SEARCH)
     kept_vectors = np.empty((0, earlier.index.dimensions), np.float32)
     if len(new):
         embeddings, unreadable = _embeddings(ctx, project, new)
