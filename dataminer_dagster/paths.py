@@ -98,6 +98,11 @@ class ProjectPaths:
         return self.root / "previews"
 
     @property
+    def review_dir(self) -> Path:
+        """The corrections of the dataset's reviews (assets/dataset/review.py)."""
+        return self.root / "review"
+
+    @property
     def marker(self) -> Path:
         return self.root / OUTPUT_MARKER
 
@@ -110,6 +115,7 @@ class ProjectPaths:
             self.dataset_dir,
             self.dataset_versions_dir,
             self.previews_dir,
+            self.review_dir,
             self.marker,
         ]
 

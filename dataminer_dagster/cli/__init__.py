@@ -8,11 +8,31 @@ what they show or do lives in the package's other parts (db/, hosting/, core/).
     status.py     dataminer status, dataminer project status
     admin.py      project delete, delete-videos, cleanup-orphans, retry, force-<stage>
     dev.py        dataminer dev, dataminer export
+    review.py     dataminer review export|import|push|pull
     services.py   dataminer services ...
     progress.py   the progress bars of `run` and `demo`
 """
 
-from dataminer_dagster.cli import admin, database, dev, projects, running, services, status
+from dataminer_dagster.cli import (
+    admin,
+    database,
+    dev,
+    projects,
+    review,
+    running,
+    services,
+    status,
+)
 from dataminer_dagster.cli.app import main
 
-__all__ = ["main", "admin", "database", "dev", "projects", "running", "services", "status"]
+__all__ = [
+    "main",
+    "admin",
+    "database",
+    "dev",
+    "projects",
+    "review",
+    "running",
+    "services",
+    "status",
+]

@@ -27,6 +27,7 @@ import numpy as np
 
 from dataminer_dagster.core.dataset_formats import REPORT_DIR, REPORT_FILE, SplitImage
 from dataminer_dagster.core.dataset_splits import SPLITS, grouped, pairs_across_splits
+from dataminer_dagster.core.review import REVIEW_STATES, UNREVIEWED, ReviewSummary
 
 VIDEOS_LISTED = 20  # rows of the per-video table and bars of its plot
 CLASSES_PLOTTED = 20  # the classes with the most boxes, in the plots
@@ -74,6 +75,7 @@ class QualityReport:
     with_source: int  # images with a source URL or path
     thresholds: Thresholds
     warnings: list[str] = field(default_factory=list)
+    review: ReviewSummary | None = None  # None: never reviewed
 
     @property
     def without_source(self) -> int:
@@ -90,6 +92,7 @@ def summarize(
     seed: int,
     thresholds: Thresholds,
     warnings: Sequence[str] = (),
+    review: ReviewSummary | None = None,
 ) -> QualityReport:
     """The numbers of the report. `manifest`: the dataset's manifest (pandas); `images`: its
     images with their boxes; `dedup_rows`: (video id, group) of every frame of the dedup
@@ -123,6 +126,7 @@ def summarize(
         with_source=int((sources != "").sum()),
         thresholds=thresholds,
         warnings=list(warnings),
+        review=review,
     )
 
 
@@ -305,6 +309,9 @@ def _markdown(
         "",
         "![scores and thresholds](report/scores.png)",
         "",
+    ]
+    lines += _review_lines(report.review)
+    lines += [
         "## Formats",
         "",
     ]
@@ -313,6 +320,42 @@ def _markdown(
         for name, counts in formats.items()
     ] or ["- the images, annotations.coco.json and manifest.parquet only"]
     return "\n".join(lines) + "\n"
+
+
+def _review_lines(review: ReviewSummary | None) -> list[str]:
+    """The review's section: images per state, and what reviewers changed per class."""
+    if review is None:
+        return [
+            "## Review",
+            "",
+            "Not reviewed yet (`dataminer review export`, then `dataminer review import`).",
+            "",
+        ]
+    lines = [
+        "## Review",
+        "",
+        f"{review.reviewed} images reviewed: "
+        + ", ".join(f"{review.states[s]} {s}" for s in REVIEW_STATES if s != UNREVIEWED)
+        + f"; {review.states[UNREVIEWED]} not reviewed. Rejected images are not in the dataset.",
+        "",
+    ]
+    if review.classes:
+        lines += [
+            "| class | boxes before review | unchanged | moved | relabelled | deleted | added | "
+            "correction rate |",
+            "|---|---|---|---|---|---|---|---|",
+            *[
+                f"| {_cell(name)} | {c.predicted} | {c.unchanged} | {c.moved} | {c.relabelled} | "
+                f"{c.deleted} | {c.added} | {c.rate:.1%} |"
+                for name, c in sorted(review.classes.items())
+            ],
+            "",
+            "Counted on the reviewed images that were not rejected; the correction rate is the "
+            "boxes moved, relabelled, deleted or added over the boxes before review and those "
+            "added.",
+            "",
+        ]
+    return lines
 
 
 def yield_table(yields: Sequence[Mapping]) -> str:

@@ -49,7 +49,7 @@ class ForcedStage:
 
 
 def force_stage(catalog: Catalog, name: str, stage: str) -> ForcedStage:
-    """Put a project on `stage` (dedup or detect) and queue that stage's item again, whatever
+    """Put a project on `stage` (a forceable one: dedup, detect, dataset) and queue that stage's item again, whatever
     the project's stage was. Items of later stages are dropped (they are queued again when their
     turn comes). Refused while this stage's or a later stage's item is running.
 

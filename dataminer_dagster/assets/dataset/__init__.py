@@ -12,5 +12,6 @@ STAGE = StageSpec(
     reads=DETECT,
     after_members=True,
     config=("dataset",),
+    forceable=True,  # after a review import (`dataminer review import`), or by hand
     home=__name__,
 )

@@ -6,11 +6,14 @@
                              video (its copies': the same content found elsewhere), timestamp,
                              size and rotation (how far the frame was turned upright), filter
                              scores, sharpness and brightness, dedup group and size, number of
-                             detections, and its split
+                             detections, its split, and its review state
     coco/, yolo/, hf/        the training formats the config names (dataset.formats), per split
                              (core/dataset_formats.py)
     report.md, report/       the quality report and its plots (core/dataset_report.py)
     version.json             which version of the dataset this is (core/dataset_versions.py)
+
+A review in a labelling tool comes back as corrections (review.py, `dataminer review`): every
+build applies them, leaving rejected images out and giving corrected ones the reviewer's boxes.
 
 A build whose content differs from the last version's is kept as a new version, never changed
 again, in `<output>/dataset_versions/v<N>/`; `dataminer dataset diff` compares two.
@@ -25,7 +28,6 @@ with their annotations drawn, and the quality report's plots.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import dagster as dg
@@ -33,7 +35,13 @@ import numpy as np
 import pandas as pd
 
 from dataminer_dagster.assets.dataset.checks import DATASET_CHECKS
-from dataminer_dagster.core.coco import Detection
+from dataminer_dagster.assets.dataset.review import (
+    AppliedReview,
+    apply_review,
+    load_corrections,
+    review_imports,
+)
+from dataminer_dagster.core.coco import Detection, write_coco
 from dataminer_dagster.core.dataset_files import (
     COCO_FILE,
     IMAGES_DIR,
@@ -104,8 +112,9 @@ def _yield_metadata(yields: list[dict]) -> dg.TableMetadataValue:
     )
 
 
-def _produced_by(project) -> dict:
-    """What a version records of what made it: the config's fingerprints and the model ids."""
+def _produced_by(project, imports: list[dict]) -> dict:
+    """What a version records of what made it: the config's fingerprints, the model ids and the
+    review imports applied."""
     config = project.config
     return {
         "fingerprints": config.fingerprints(),
@@ -113,6 +122,9 @@ def _produced_by(project) -> dict:
         "detector": None
         if config.detect is None
         else f"{config.detect.detector} {config.detect.model}",
+        "review_imports": [
+            {k: i[k] for k in ("imported_at", "sha256", "format", "images")} for i in imports
+        ],
     }
 
 
@@ -144,6 +156,7 @@ MANIFEST_COLUMNS = [
     "group_size",
     "detections",
     "split",
+    "review",
 ]
 
 
@@ -231,11 +244,64 @@ def _manifest(catalog, project, paths: ProjectPaths, table: pd.DataFrame):
     return kept, splits
 
 
+REVIEW_COLUMNS = {
+    "class": "string",
+    "predicted": "int",
+    "unchanged": "int",
+    "moved": "int",
+    "relabelled": "int",
+    "deleted": "int",
+    "added": "int",
+    "correction_rate": "float",
+}
+
+
+def _review_metadata(review: AppliedReview) -> dict:
+    """The review's counts, and its changes per class as a table the UI shows; nothing before
+    the first review import."""
+    summary = review.summary
+    if not summary.reviewed:
+        return {}
+    rows = [
+        dg.TableRecord(
+            {
+                "class": name,
+                "predicted": c.predicted,
+                "unchanged": c.unchanged,
+                "moved": c.moved,
+                "relabelled": c.relabelled,
+                "deleted": c.deleted,
+                "added": c.added,
+                "correction_rate": round(c.rate, 4),
+            }
+        )
+        for name, c in sorted(summary.classes.items())
+    ]
+    return {
+        **{f"review_{state}": n for state, n in sorted(summary.states.items())},
+        "review_per_class": dg.MetadataValue.table(
+            records=rows,
+            schema=dg.TableSchema(
+                columns=[dg.TableColumn(name, kind) for name, kind in REVIEW_COLUMNS.items()]
+            ),
+        ),
+    }
+
+
+def _boxes_per_image(coco: dict, file_names: pd.Series) -> pd.Series:
+    """How many boxes each image has in `coco` (a reviewed image: the reviewer's)."""
+    file_of = {i["id"]: i["file_name"] for i in coco["images"]}
+    counts = pd.Series([file_of[a["image_id"]] for a in coco["annotations"]]).value_counts()
+    return file_names.map(counts).fillna(0).astype("int64")
+
+
 def _has_detections(project, paths: ProjectPaths) -> bool:
     return paths.detections_table.is_file() and project.config.detect is not None
 
 
-def _quality_report(project, manifest, contents, table, formats, warnings, staging: Path, yields):
+def _quality_report(
+    project, manifest, contents, table, formats, warnings, staging: Path, yields, review
+):
     """The report's numbers, and its files in `staging`; returns (numbers, overview picture)."""
     config = project.config
     report = summarize(
@@ -253,6 +319,7 @@ def _quality_report(project, manifest, contents, table, formats, warnings, stagi
             config.detect.confidence if config.detect else None,
         ),
         warnings=warnings,
+        review=review.summary if review.summary.reviewed else None,
     )
     overview = write_report(
         report,
@@ -281,6 +348,16 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     paths = ProjectPaths(project.output_dir)
     table = pd.read_parquet(paths.dedup_table)
     kept, splits = _manifest(catalog, project, paths, table)
+    has_detections = _has_detections(project, paths)
+    review = apply_review(
+        json.loads(paths.coco_file.read_text()) if has_detections else None,
+        kept["file_name"],
+        load_corrections(paths.review_dir),
+    )
+    kept = kept[~kept["file_name"].isin(review.rejected)].reset_index(drop=True)
+    kept["review"] = kept["file_name"].map(review.states)
+    if review.summary.reviewed and review.coco is not None:
+        kept["detections"] = _boxes_per_image(review.coco, kept["file_name"])
     prompt_columns = [
         c for c in kept.columns if c.startswith(("positive: ", "negative: ", "junk: "))
     ]
@@ -295,19 +372,26 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
         copy=False,
     )
     manifest.to_parquet(staging / MANIFEST_FILE, index=False)
-    has_detections = _has_detections(project, paths)
-    if has_detections:
-        shutil.copy2(paths.coco_file, staging / COCO_FILE)
+    if review.coco is not None:
+        write_coco(review.coco, staging / COCO_FILE)
     contents = read_contents(staging)
-    version, new_version = next_version(paths.dataset_versions_dir, contents, _produced_by(project))
+    imports = review_imports(paths.review_dir)
+    version, new_version = next_version(
+        paths.dataset_versions_dir, contents, _produced_by(project, imports)
+    )
     (staging / VERSION_FILE).write_text(json.dumps(version.as_json(), indent=2) + "\n")
     formats = write_formats(staging, contents, config.formats, published_at=paths.dataset_dir)
     warnings = [*splits.warnings, *formats.notes]
+    if review.unknown_classes:
+        warnings.append(
+            "reviewed boxes of classes the detect section no longer has were left out: "
+            + ", ".join(review.unknown_classes)
+        )
     for warning in warnings:
         ctx.log.warning(f"dataset {project.name}: {warning}")
     yields = source_yield(catalog.engine, project.id)
     report, overview = _quality_report(
-        project, manifest, contents, table, formats, warnings, staging, yields
+        project, manifest, contents, table, formats, warnings, staging, yields, review
     )
     minutes = sum(y["downloaded_minutes"] for y in yields)
     ctx.log.info(
@@ -343,6 +427,7 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
                 sum(y["frames_kept"] for y in yields) / minutes if minutes else None
             ),
             "yield_per_source": _yield_metadata(yields),
+            **_review_metadata(review),
             **({"warnings": "\n".join(warnings)} if warnings else {}),
         },
         outcome={"images": len(manifest), "version": version.number, **report.per_split},

@@ -1,0 +1,152 @@
+"""The review round trip's tests: a reviewer's answers as Label Studio exports them, and a real
+Label Studio server."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def as_answered(tasks: list[dict], *, skip: tuple[str, ...] = ()) -> list[dict]:
+    """Label Studio's JSON export of `tasks` where a reviewer submitted each prediction as it was
+    (what accepting a prediction does in the tool), except the tasks whose frame is in `skip`."""
+    exported = []
+    for n, task in enumerate(copy.deepcopy(tasks), start=1):
+        task["id"] = n
+        if task["data"]["frame"] not in skip:
+            task["annotations"] = [
+                {
+                    "id": n,
+                    "result": copy.deepcopy(task["predictions"][0]["result"]),
+                    "was_cancelled": False,
+                    "ground_truth": False,
+                    "created_at": "2026-12-03T10:00:00Z",
+                    "updated_at": "2026-12-03T10:00:00Z",
+                }
+            ]
+        exported.append(task)
+    return exported
+
+
+# -- a real Label Studio, in its own virtual environment ----------------------------------------
+
+# Label Studio pins older numpy and pyarrow and brings opencv-python-headless beside our
+# opencv-python: it cannot share the product's environment, so the tests install it in its own
+# (once; reused by later runs), as the README tells users to.
+LABEL_STUDIO_VERSION = "1.23.2"
+LABEL_STUDIO_VENV = Path(__file__).resolve().parents[2] / ".cache" / "label-studio"
+USER, PASSWORD, TOKEN = "reviewer@example.com", "review-password-1", "dataminer-test-token-1"
+
+
+def label_studio_executable() -> tuple[Path | None, str]:
+    """The `label-studio` command to test with, or None and why: $DATAMINER_TEST_LABEL_STUDIO,
+    else one installed from the package index into .cache/label-studio. One install at a time
+    (a lock: .ci/run starts it in the background while the product installs, and the test waits
+    for it); a venv's scripts name its path, so it is installed in place, and a marker says the
+    install finished."""
+    given = os.environ.get("DATAMINER_TEST_LABEL_STUDIO")
+    if given:
+        return Path(given), ""
+    LABEL_STUDIO_VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(LABEL_STUDIO_VENV.with_name("label-studio.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _installed_label_studio()
+
+
+def _installed_label_studio() -> tuple[Path | None, str]:
+    executable = LABEL_STUDIO_VENV / "bin" / "label-studio"
+    finished = LABEL_STUDIO_VENV / "installed"
+    if finished.is_file() and executable.is_file():
+        return executable, ""
+    shutil.rmtree(LABEL_STUDIO_VENV, ignore_errors=True)
+    pip = [
+        LABEL_STUDIO_VENV / "bin" / "pip",
+        "install",
+        "-q",
+        f"label-studio=={LABEL_STUDIO_VERSION}",
+    ]
+    for command in ([sys.executable, "-m", "venv", str(LABEL_STUDIO_VENV)], pip):
+        install = subprocess.run(command, capture_output=True, text=True)
+        if install.returncode != 0:
+            shutil.rmtree(LABEL_STUDIO_VENV, ignore_errors=True)
+            last = (install.stderr.strip().splitlines() or ["no output"])[-1]
+            return None, f"label-studio=={LABEL_STUDIO_VERSION} could not be installed: {last}"
+    finished.write_text(LABEL_STUDIO_VERSION + "\n")
+    return executable, ""
+
+
+@contextmanager
+def label_studio_server(executable: Path, data_dir: Path, document_root: Path) -> Iterator[str]:
+    """A Label Studio on 127.0.0.1 with its own SQLite in `data_dir`, serving local files under
+    `document_root`, signed in with the legacy token TOKEN; yields its URL."""
+    import requests
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HOST", "PORT", "USERNAME", "PASSWORD")}
+    env.update(
+        LABEL_STUDIO_BASE_DATA_DIR=str(data_dir),
+        LABEL_STUDIO_USERNAME=USER,
+        LABEL_STUDIO_PASSWORD=PASSWORD,
+        LABEL_STUDIO_USER_TOKEN=TOKEN,
+        LOCAL_FILES_SERVING_ENABLED="true",
+        LOCAL_FILES_DOCUMENT_ROOT=str(document_root),
+        SENTRY_DSN="",
+        FRONTEND_SENTRY_DSN="",
+        LATEST_VERSION_CHECK="false",
+        COLLECT_ANALYTICS="false",
+    )
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    log = open(data_dir / "server.log", "w")  # noqa: SIM115 (open while the server runs)
+    server = subprocess.Popen(
+        [
+            executable,
+            "start",
+            "--no-browser",
+            "--internal-host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--enable-legacy-api-token",
+        ],
+        env=env,
+        cwd=data_dir,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300  # its first start migrates its database (about 50 s)
+        while True:
+            assert server.poll() is None, (data_dir / "server.log").read_text()[-3000:]
+            with contextlib.suppress(requests.ConnectionError):
+                if requests.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "Label Studio did not answer within 300 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+if __name__ == "__main__":  # .ci/run: install it while the product installs
+    print(label_studio_executable())

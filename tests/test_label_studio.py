@@ -1,0 +1,121 @@
+"""The review round trip against a real Label Studio server started on 127.0.0.1 (its own SQLite):
+`dataminer review push` makes a project of the dataset's images with the boxes as predictions,
+a reviewer answers through Label Studio's API, `dataminer review pull` brings the answers back.
+An unchanged review is the identity; corrections make a new version.
+
+Label Studio is installed in its own environment (tests/helpers/review.py); where it cannot be
+installed the test is skipped and says why."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+from click.testing import CliRunner
+
+from dataminer_dagster.cli import main
+from dataminer_dagster.core.dataset_files import COCO_FILE
+from dataminer_dagster.core.dataset_versions import diff_versions, list_versions
+from tests.conftest import ONE_SERVER
+from tests.helpers.review import TOKEN, label_studio_executable, label_studio_server
+from tests.test_review import boxes, use_changing_data
+
+pytestmark = [ONE_SERVER, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def label_studio():
+    executable, why = label_studio_executable()
+    if executable is None:
+        pytest.skip(why)
+    return executable
+
+
+def dataminer(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_a_review_in_label_studio_comes_back(
+    label_studio, changing, database_url, tmp_path, monkeypatch
+):
+    changing.run()
+    use_changing_data(database_url, tmp_path, monkeypatch)
+    dataset = changing.output.dataset_dir
+    v1_coco = json.loads((dataset / COCO_FILE).read_text())
+    names = list(changing.manifest()["file_name"])
+
+    with label_studio_server(label_studio, tmp_path / "label-studio", tmp_path) as url:
+        monkeypatch.setenv("LABEL_STUDIO_URL", url)
+        monkeypatch.setenv("LABEL_STUDIO_API_KEY", TOKEN)
+        said = dataminer("review", "push", "changing", "--document-root", str(tmp_path))
+        assert f"{len(names)} tasks of project changing in Label Studio" in said
+        pushed = json.loads((changing.output.review_dir / "label_studio.json").read_text())
+        api = requests.Session()
+        api.headers["Authorization"] = f"Token {TOKEN}"
+        listed = api.get(
+            f"{url}/api/tasks",
+            params={"project": pushed["project"], "fields": "all", "page_size": 1000},
+        )
+        tasks = {t["data"]["frame"]: t for t in listed.json()["tasks"]}
+        assert sorted(tasks) == sorted(names)
+        picture = api.get(url + tasks[names[0]]["data"]["image"])  # Label Studio serves it
+        assert picture.status_code == 200 and picture.headers["Content-Type"].startswith("image/")
+        assert picture.content == (dataset / "images" / names[0]).read_bytes()
+
+        # The reviewer submits every prediction as it is.
+        answer_of = {}
+        for name, task in tasks.items():
+            [prediction] = task["predictions"]
+            answer_of[name] = api.post(
+                f"{url}/api/tasks/{task['id']}/annotations/",
+                json={"result": prediction["result"], "parent_prediction": prediction["id"]},
+            ).json()["id"]
+        said = dataminer("review", "pull", "changing", "--no-wait")
+        assert f"{len(names)} answered tasks" in said and f"{len(names)} accepted" in said
+        changing.run()
+        assert [v.number for v in list_versions(changing.output.dataset_versions_dir)] == [1]
+        assert boxes(json.loads((dataset / COCO_FILE).read_text())) == boxes(v1_coco)
+        assert set(changing.manifest()["review"]) == {"accepted"}
+
+        # Then corrects four images: a box moved, all boxes deleted, one added, one rejected.
+        with_boxes = [n for n in names if tasks[n]["predictions"][0]["result"]]
+        moved, emptied, added, rejected = with_boxes[:4]
+        result = {n: json.loads(json.dumps(tasks[n]["predictions"][0]["result"])) for n in names}
+        result[moved][0]["value"]["x"] += 10.0
+        result[emptied] = []
+        extra = json.loads(json.dumps(result[added][0]))
+        extra.update(id="added-by-reviewer")
+        extra["value"].update(x=1.0, y=1.0, width=20.0, height=20.0)
+        extra.pop("score", None)
+        result[added].append(extra)
+        result[rejected] = [
+            {
+                "id": "reject",
+                "type": "choices",
+                "from_name": "review",
+                "to_name": "image",
+                "value": {"choices": ["reject"]},
+            }
+        ]
+        for name in (moved, emptied, added, rejected):
+            changed = api.patch(
+                f"{url}/api/annotations/{answer_of[name]}/", json={"result": result[name]}
+            )
+            assert changed.status_code == 200, changed.text
+        said = dataminer("review", "pull", "changing")
+
+    assert "3 corrected, 1 rejected" in said and "dataset of changing is v2" in said
+    versions_dir = changing.output.dataset_versions_dir
+    diff = diff_versions(versions_dir, 1, 2)
+    assert diff.removed == [rejected]
+    assert sorted(diff.relabelled) == sorted([moved, emptied, added])
+    after = changing.manifest().set_index("file_name")
+    assert after.loc[[moved, emptied, added], "review"].tolist() == ["corrected"] * 3
+    coco = boxes(json.loads((dataset / COCO_FILE).read_text()))
+    before = boxes(v1_coco)
+    assert coco[emptied] == [] and len(coco[added]) == len(before[added]) + 1
+    assert all(coco[n] == before[n] for n in set(coco) - {moved, emptied, added})
+    assert "## Review" in (dataset / "report.md").read_text()
