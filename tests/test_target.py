@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.acquisition import SourceYield, choose
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
+from dataminer_dagster.db.acquisition import continue_acquisition
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.paths import DataPaths
@@ -108,6 +109,16 @@ def test_the_project_acquires_until_its_target_from_the_better_source(
     ]  # the best yield first
     text = CliRunner().invoke(main_cli(), ["status", "aims"]).output
     assert "target: " in text and "of 20 images; reached" in text
+
+    # A raised target on the finished project starts a round at once, its dataset unchanged.
+    catalog = Catalog(engine, LeaseStore(engine), DataPaths(tmp_path / "data"))
+    config = catalog.project("aims").config
+    catalog.register_project(
+        config.model_copy(update={"target": config.target.model_copy(update={"images": 1000})})
+    )
+    [(name, decision)] = continue_acquisition(LeaseStore(engine))
+    assert name == "aims" and decision.startswith(f"acquisition round {state['round'] + 1}: ")
+    assert continue_acquisition(LeaseStore(engine)) == []  # decided once
 
 
 @ONE_SERVER

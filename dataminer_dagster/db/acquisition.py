@@ -81,8 +81,9 @@ def record_round(conn: sa.Connection, project_id: int, round_: int, new_videos: 
 
 
 def continue_acquisition(store: LeaseStore) -> list[tuple[str, str]]:
-    """For every complete project with a target whose dataset was built since the last decision:
-    the decision (see the module's docstring). Returns (project, the decision in words)."""
+    """For every complete project with a target whose dataset was built since the last decision,
+    or whose target changed since (a raised `target.images` starts a round at once): the
+    decision (see the module's docstring). Returns (project, the decision in words)."""
     with store.engine.connect() as conn:
         rows = conn.execute(
             sa.text(f"""
@@ -92,7 +93,9 @@ def continue_acquisition(store: LeaseStore) -> list[tuple[str, str]]:
                   JOIN {S}.work_items w ON w.stage = '{DATASET}' AND w.item_key = p.name
                                        AND w.status = '{DONE}'
                  WHERE p.stage = 'complete' AND jsonb_typeof(p.config -> 'target') = 'object'
-                   AND coalesce((p.acquisition ->> 'decided_at')::timestamptz, '-infinity') < w.finished_at
+                   AND (coalesce((p.acquisition ->> 'decided_at')::timestamptz, '-infinity')
+                            < w.finished_at
+                        OR p.acquisition -> 'target' IS DISTINCT FROM p.config -> 'target')
             """)
         ).all()
     return [(row.name, _decide(store, row)) for row in rows]
@@ -101,6 +104,8 @@ def continue_acquisition(store: LeaseStore) -> list[tuple[str, str]]:
 def _decide(store: LeaseStore, row) -> str:
     target, state = row.target, row.acquisition or {"round": 0, "state": ACQUIRING}
     round_ = int(state.get("round", 0))
+    # Exhausted sources are tried once more under a changed target (a refresh may find more).
+    retarget = state.get("target") not in (None, target)
     with store.engine.begin() as conn:
         used = spent(conn, row.id)
         _, spent_reason = budget_left(target, used)
@@ -111,14 +116,14 @@ def _decide(store: LeaseStore, row) -> str:
             )
         elif spent_reason is not None:
             decision = (BUDGET, spent_reason)
-        elif state.get("state") == EXHAUSTED:
+        elif state.get("state") == EXHAUSTED and not retarget:
             decision = (EXHAUSTED, state.get("reason", "the sources are exhausted"))
         elif round_ >= target.get("max_rounds", 20):
             decision = (EXHAUSTED, f"max_rounds ({round_}) made")
         else:
             decision = None
         if decision is not None:
-            _save(conn, row.id, round_, *decision, decided_at=row.finished_at)
+            _save(conn, row.id, round_, *decision, decided_at=row.finished_at, target=target)
             return f"acquisition {decision[0]}: {decision[1]}"
         _save(
             conn,
@@ -127,15 +132,22 @@ def _decide(store: LeaseStore, row) -> str:
             ACQUIRING,
             f"round {round_ + 1}: {row.images or 0} of {target['images']} images",
             decided_at=row.finished_at,
+            target=target,
         )
     request_refresh(store, row.id, row.name)
     return f"acquisition round {round_ + 1}: {row.images or 0} of {target['images']} images"
 
 
-def _save(conn, project_id: int, round_: int, state: str, reason: str, *, decided_at=None) -> None:
+def _save(
+    conn, project_id: int, round_: int, state: str, reason: str, *, decided_at=None, target=None
+) -> None:
+    """Keep the acquisition's state; a decision also keeps when it was made and under which
+    target."""
     value = {"round": round_, "state": state, "reason": reason}
     if decided_at is not None:
         value["decided_at"] = decided_at.isoformat()
+    if target is not None:
+        value["target"] = target
     conn.execute(
         sa.text(f"""UPDATE {S}.projects SET acquisition = coalesce(acquisition, '{{}}') || CAST(:a AS jsonb)
                      WHERE id = :p"""),

@@ -92,7 +92,9 @@ def label_studio_server(executable: Path, data_dir: Path, document_root: Path) -
     `document_root`, signed in with the legacy token TOKEN; yields its URL."""
     import requests
 
-    env = {k: v for k, v in os.environ.items() if k not in ("HOST", "PORT", "USERNAME", "PASSWORD")}
+    # Label Studio also reads its settings without their LABEL_STUDIO_ prefix.
+    unprefixed = ("HOST", "PORT", "USERNAME", "PASSWORD", "DATABASE_NAME", "DJANGO_DB")
+    env = {k: v for k, v in os.environ.items() if k not in unprefixed}
     env.update(
         LABEL_STUDIO_BASE_DATA_DIR=str(data_dir),
         LABEL_STUDIO_USERNAME=USER,
