@@ -14,6 +14,7 @@ only the first PROBLEMS_KEPT problems are kept word for word; the others are cou
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from collections.abc import Callable
@@ -23,13 +24,18 @@ from pathlib import Path
 import yaml
 
 from dataminer_dagster.acquisition.errors import HostPaused
+from dataminer_dagster.acquisition.options import merged_download_options
+from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.acquisition.video_ids import (
     is_youtube_url,
     video_id_for_file,
     video_id_for_url,
     youtube_watch_url,
 )
+from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
+from dataminer_dagster.acquisition.ytdlp_search import YOUTUBE
 from dataminer_dagster.assets.catalog.config import InputsConfig
+from dataminer_dagster.assets.download.config import DownloadConfig
 from dataminer_dagster.core.path_kinds import not_a_regular_file
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.video_records import Candidate
@@ -68,6 +74,30 @@ class Collected:
     def summary(self) -> str:
         more = self.problems_not_kept
         return "; ".join(self.problems) + (f" (and {more} more problems)" if more else "")
+
+
+def find_videos(
+    inputs: InputsConfig,
+    download: DownloadConfig,
+    client,
+    throttle_for: Callable[[DownloadOptions], object],
+    *,
+    skip: frozenset[str] = frozenset(),
+) -> Collected:
+    """The candidates of `inputs` as a catalog run finds them, for the catalog stage and
+    `dataminer populate` alike: searches on YouTube and listings on their own hosts, each with
+    the project's download settings for that host (cookies, proxies, pace), through the hosts'
+    shared throttle, which `throttle_for` makes from the search options. `client`: the
+    download_client resource."""
+    options = merged_download_options([download], YOUTUBE)
+    throttle = throttle_for(options)
+    search = functools.partial(client.search, options=options, throttle=throttle)
+
+    def list_videos(url: str, max_entries: int) -> list:
+        listing_options = merged_download_options([download], host_key(url))
+        return client.list_videos(url, max_entries, options=listing_options, throttle=throttle)
+
+    return collect_candidates(inputs, search, list_videos, skip=skip)
 
 
 def collect_candidates(

@@ -126,13 +126,9 @@ def refresh(name: str, wait: bool, timeout: float | None) -> None:
 @click.option("--dry-run", is_flag=True, help="Only print what would be added.")
 def populate(config: str, dry_run: bool) -> None:
     """Find the videos of a project's inputs (searches, URLs, files) and add them."""
-    import functools
     import os
 
-    from dataminer_dagster.acquisition.inputs import collect_candidates
-    from dataminer_dagster.acquisition.options import merged_download_options
-    from dataminer_dagster.acquisition.politeness import host_key
-    from dataminer_dagster.acquisition.ytdlp_search import YOUTUBE
+    from dataminer_dagster.acquisition.inputs import find_videos
     from dataminer_dagster.core.redact import redact
     from dataminer_dagster.db.schema import DONE
     from dataminer_dagster.db.shared_throttle import SharedThrottle
@@ -141,23 +137,19 @@ def populate(config: str, dry_run: bool) -> None:
 
     cfg = load_config(config)
     settings, store, catalog = context()
-    # Searches as the catalog stage makes them: the project's cookies and proxies, and the host
-    # pauses every run shares (a paused host is reported, not asked again).
-    options = merged_download_options([cfg.download], YOUTUBE)
-    throttle = SharedThrottle.for_download(
-        store.engine,
-        f"cli-populate-{os.getpid()}",
-        options,
-        stale_after_s=settings.lease.stale_after_s,
+    # As the catalog stage finds them: the project's cookies and proxies, and the host pauses
+    # every run shares (a paused host is reported, not asked again).
+    found = find_videos(
+        cfg.inputs,
+        cfg.download,
+        YtDlpClient(),
+        lambda options: SharedThrottle.for_download(
+            store.engine,
+            f"cli-populate-{os.getpid()}",
+            options,
+            stale_after_s=settings.lease.stale_after_s,
+        ),
     )
-    client = YtDlpClient()
-    search = functools.partial(client.search, options=options, throttle=throttle)
-
-    def list_videos(url: str, max_entries: int):
-        listing_options = merged_download_options([cfg.download], host_key(url))
-        return client.list_videos(url, max_entries, options=listing_options, throttle=throttle)
-
-    found = collect_candidates(cfg.inputs, search, list_videos)
     for problem in found.problems:
         click.echo(f"warning: {problem}", err=True)
     if dry_run:

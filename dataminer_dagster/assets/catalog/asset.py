@@ -11,13 +11,8 @@ project has not seen, and what each search and listing found is recorded per sou
 
 from __future__ import annotations
 
-import functools
-
 from dataminer_dagster.acquisition.errors import HostPaused
-from dataminer_dagster.acquisition.inputs import collect_candidates
-from dataminer_dagster.acquisition.options import merged_download_options
-from dataminer_dagster.acquisition.politeness import host_key
-from dataminer_dagster.acquisition.ytdlp_search import YOUTUBE
+from dataminer_dagster.acquisition.inputs import find_videos
 from dataminer_dagster.core.acquisition import MAX_DEPTH, SourceYield, choose
 from dataminer_dagster.db import source_refresh
 from dataminer_dagster.db.acquisition import acquisition_state, budget_left, record_round, spent
@@ -66,19 +61,14 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
         refresh = source_refresh.refresh_requested(conn, project.id)
         waiting = source_refresh.waiting_sources(conn, project.id)
         round_ = acquisition_state(conn, project.id)["round"] if target else 0
-    inputs = listed_deeper(project.config.inputs, round_)
-    options = merged_download_options([project.config.download], YOUTUBE)
-    throttle = ctx.db.host_throttle(ctx.context.run_id, options, log=ctx.log.warning)
-    search = functools.partial(ctx.download_client.search, options=options, throttle=throttle)
-
-    def list_videos(url: str, max_entries: int):
-        listing_options = merged_download_options([project.config.download], host_key(url))
-        return ctx.download_client.list_videos(
-            url, max_entries, options=listing_options, throttle=throttle
-        )
-
     try:
-        found = collect_candidates(inputs, search, list_videos, skip=waiting)
+        found = find_videos(
+            listed_deeper(project.config.inputs, round_),
+            project.config.download,
+            ctx.download_client,
+            lambda options: ctx.db.host_throttle(ctx.context.run_id, options, log=ctx.log.warning),
+            skip=waiting,
+        )
     except HostPaused as exc:
         raise Postponed(f"{project.name}: {exc}", not_before=exc.pause.until) from exc
     for source in sorted(waiting):
