@@ -11,7 +11,11 @@ image over 5 classes. Then, in this process, on the same files:
   links and label files, imagefolder images as hard links and metadata.jsonl);
 * **report**: `summarize` and `write_report` (report.md and its PNG plots);
 * **export**: `dataminer export`'s `export_dataset` of the dataset with the three formats, copies
-  (the images copied once, the formats linked to the copies).
+  (the images copied once, the formats linked to the copies);
+* **review export**: `dataminer review export`'s Label Studio tasks, every box a prediction;
+* **review import**: `dataminer review import` of an export where every task was answered with
+  its predictions (each image's boxes read back and compared), and the dataset build's
+  application of the corrections to the COCO file.
 
 Time: wall seconds. Disk: the blocks the step allocated (st_blocks of every file it made, each
 inode counted once and inodes of the frame store not at all: a hard link costs a directory entry,
@@ -135,12 +139,18 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="where to build (a temp dir)")
     args = parser.parse_args()
 
+    from dataminer_dagster.assets.dataset.review import (
+        apply_review,
+        import_review,
+        load_corrections,
+    )
     from dataminer_dagster.core.dataset_formats import (
         export_dataset,
         read_contents,
         write_formats,
     )
     from dataminer_dagster.core.dataset_report import Thresholds, summarize, write_report
+    from dataminer_dagster.core.review import label_studio_tasks
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
@@ -179,6 +189,31 @@ def main() -> None:
         def export() -> None:
             export_dataset(dataset, export_dir, copy=True, formats=["coco", "yolo", "hf"])
 
+        review_dir, answered = root / "review", root / "answered.json"
+
+        def review_export() -> None:
+            review_dir.mkdir()
+            tasks = label_studio_tasks(
+                read_contents(dataset), lambda name: f"/data/local-files/?d=images/{name}", "bench"
+            )
+            (review_dir / "tasks.json").write_text(json.dumps(tasks))
+
+        review_export()  # the answers to import: every task answered with its predictions
+        tasks = json.loads((review_dir / "tasks.json").read_text())
+        for n, task in enumerate(tasks, start=1):
+            task.update(id=n, annotations=[{"id": n, "result": task["predictions"][0]["result"]}])
+        answered.write_text(json.dumps(tasks))
+        del tasks
+
+        def review_import() -> None:
+            """`dataminer review import` of every image, and the build's application of it."""
+            import_review(answered, dataset, review_dir / "corrections")
+            apply_review(
+                json.loads((dataset / "annotations.coco.json").read_text()),
+                manifest["file_name"],
+                load_corrections(review_dir / "corrections"),
+            )
+
         def clear(*paths: Path) -> Callable[[], None]:
             def run() -> None:
                 for path in paths:
@@ -195,6 +230,11 @@ def main() -> None:
                 [dataset / "report", dataset / "report.md"],
             ),
             "export": (timed(export, args.repeats, clear(export_dir)), [export_dir]),
+            "review_export": (timed(review_export, args.repeats, clear(review_dir)), [review_dir]),
+            "review_import": (
+                timed(review_import, args.repeats, clear(review_dir / "corrections")),
+                [review_dir / "corrections"],
+            ),
         }
         baseline_s = results["copy_once"][0]
         table = {}
@@ -209,10 +249,10 @@ def main() -> None:
                 "vs_copy_disk": round(size / max(image_bytes, 1), 4),
             }
         print(f"images: {args.images}, {image_bytes / 1e6:.0f} MB in the frame store")
-        print(f"{'step':<10} {'seconds':>8} {'x copy':>7} {'disk MB':>9} {'x copy':>7}")
+        print(f"{'step':<14} {'seconds':>8} {'x copy':>7} {'disk MB':>9} {'x copy':>7}")
         for name, row in table.items():
             print(
-                f"{name:<10} {row['seconds']:>8.2f} {row['vs_copy_time']:>7.3f} "
+                f"{name:<14} {row['seconds']:>8.2f} {row['vs_copy_time']:>7.3f} "
                 f"{row['disk_mb']:>9.1f} {row['vs_copy_disk']:>7.4f}"
             )
         out = REPO / "bench" / "results"

@@ -17,9 +17,10 @@ import yaml
 
 from dataminer_dagster.db.project_records import ProjectBusyError
 from dataminer_dagster.db.reports import stale_counts
+from tests.conftest import ONE_SERVER
 from tests.helpers.project_runs import redone
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, ONE_SERVER]  # nothing in it depends on the server
 
 
 def test_new_prompts_and_thresholds_filter_again_from_the_cache_and_redo_what_follows(changing):

@@ -12,7 +12,10 @@ from dataminer_dagster.cli import main
 from dataminer_dagster.core.dataset_files import IMAGES_DIR, MANIFEST_FILE, VERSION_FILE
 from dataminer_dagster.core.dataset_versions import diff_versions, list_versions
 from dataminer_dagster.testing import environment_for
+from tests.conftest import ONE_SERVER
 from tests.helpers.project_runs import redone
+
+pytestmark = ONE_SERVER  # nothing in it depends on the server
 
 
 def dataminer(*args: str) -> str:

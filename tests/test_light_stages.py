@@ -8,7 +8,9 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests.conftest import ONE_SERVER
+
+pytestmark = [pytest.mark.slow, ONE_SERVER]  # nothing in it depends on the server
 
 HEAVY = ("torch", "transformers", "ultralytics")
 

@@ -104,7 +104,10 @@ def export(name: str, dest: Path, image_url: str | None, document_root: Path | N
     """Write project NAME's dataset for review into folder DEST: tasks.json (Label Studio tasks,
     the boxes as predictions), labeling.xml (its labelling interface) and
     annotations.coco.json (for a CVAT task: its images are the dataset's images/)."""
+    import shutil
+
     from dataminer_dagster.core.dataset_files import COCO_FILE
+    from dataminer_dagster.core.files import publish, staging_path
     from dataminer_dagster.core.review import label_studio_config, label_studio_tasks
 
     project, paths, contents = _dataset(name)
@@ -112,13 +115,15 @@ def export(name: str, dest: Path, image_url: str | None, document_root: Path | N
         contents, _image_url(paths, image_url, document_root), _model_version(project, paths)
     )
     dest = dest.expanduser().resolve()
-    if dest.exists() and any(dest.iterdir()):
-        raise UserError(f"{dest} is not empty; choose a new or empty folder")
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / TASKS_FILE).write_text(json.dumps(tasks, indent=1))
-    (dest / LABEL_CONFIG_FILE).write_text(label_studio_config(contents.names))
+    if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
+        raise UserError(f"{dest} already exists and is not an empty folder; choose a new one")
+    staging = staging_path(dest)  # built aside, renamed into place: never half-written
+    staging.mkdir()
+    (staging / TASKS_FILE).write_text(json.dumps(tasks, indent=1))
+    (staging / LABEL_CONFIG_FILE).write_text(label_studio_config(contents.names))
     if (paths.dataset_dir / COCO_FILE).is_file():
-        (dest / CVAT_COCO_FILE).write_bytes((paths.dataset_dir / COCO_FILE).read_bytes())
+        shutil.copyfile(paths.dataset_dir / COCO_FILE, staging / CVAT_COCO_FILE)
+    publish(staging, dest)
     boxes = sum(len(i.boxes) for i in contents.images)
     click.echo(f"{len(tasks)} images with {boxes} boxes of project {name} in {dest}:")
     click.echo(f"  {TASKS_FILE}: Label Studio tasks (import them into a project whose labelling")
