@@ -35,6 +35,7 @@ from dataminer_dagster.engine.jobs import lane_jobs
 from dataminer_dagster.engine.lanes import DEFAULT_LANES, LANES_BY_NAME, lane_of
 from dataminer_dagster.engine.planning import (
     COMPARE_EVERY_S,
+    FULL_COMPARE_EVERY_S,
     MAX_PARTITION_ADDS_PER_TICK,
     REREQUEST_UNCOVERED_S,
     DiscoveryCursor,
@@ -253,7 +254,7 @@ def test_discovery_adds_new_rows_in_discovery_order_and_moves_its_cursor(instanc
     assert added["project_videos"] == ["alpha.v2", "alpha.v0", "alpha.v1", "beta.v0", "beta.v3"]
     cursor = json.loads(result.cursor)
     ids = {k: cursor[k] for k in ("project", "video", "project_video")}
-    assert set(cursor) == {*ids, "compared_at"} and all(ids.values())
+    assert set(cursor) == {*ids, "compared_at", "full_compared_at"} and all(ids.values())
 
     # Nothing new: the cursor keeps the sensor from adding anything twice, and the runs it
     # requested, once queued, keep it from requesting them again.
@@ -386,6 +387,37 @@ def test_rows_committed_out_of_id_order_still_become_partitions(instance, db, ca
         before.video,
         before.project_video,
     ), "the cursor does not go back"
+
+
+def test_counts_that_agree_skip_the_key_by_key_comparison_until_it_is_due(instance, db, catalog):
+    """A row the cursor passed and a partition whose row is gone leave the counts equal: the
+    cheap comparison (counts) sees nothing, the key-by-key pass (every FULL_COMPARE_EVERY_S)
+    finds both."""
+    project = add_project(catalog, "alpha", ["v0"])
+    launch(instance, tick("work", instance, db))
+    instance.add_dynamic_partitions("videos", ["ghost"])
+    instance.add_dynamic_partitions("project_videos", ["alpha.ghost"])
+    link(catalog, project, ["v1"])
+    passed = DiscoveryCursor(project=10**9, video=10**9, project_video=10**9)
+    passed.full_compared_at = time.time()  # compared key by key a moment ago; counts due
+    cheap = plan_discovery(db.store.engine, passed, instance=instance)
+    assert cheap.additions == cheap.removals == {}
+    assert cheap.cursor.compared_at > 0 and cheap.cursor.full_compared_at == passed.full_compared_at
+
+    passed.full_compared_at -= FULL_COMPARE_EVERY_S
+    full = plan_discovery(db.store.engine, passed, instance=instance)
+    assert full.additions == {"videos": ["v1"], "project_videos": ["alpha.v1"]}
+    assert full.removals == {"videos": ["ghost"], "project_videos": ["alpha.ghost"]}
+
+    # A count that differs needs no wait: one more row is found at the next comparison.
+    link(catalog, project, ["v2"])
+    full.apply(instance)
+    found = plan_discovery(
+        db.store.engine,
+        DiscoveryCursor(**{**passed.__dict__, "full_compared_at": time.time()}),
+        instance=instance,
+    )
+    assert found.additions == {"videos": ["v2"], "project_videos": ["alpha.v2"]}
 
 
 def later(cursor: str) -> str:

@@ -24,6 +24,8 @@ _KEYS = {
                           FROM {S}.project_videos pv JOIN {S}.projects p ON p.id = pv.project_id""",
 }
 PARTITION_SETS = tuple(_KEYS)  # in discovery order
+# partitions name -> its table, whose rows are the set's (a project video's project exists).
+_TABLES = {PROJECTS: "projects", VIDEOS: "videos", PROJECT_VIDEOS: "project_videos"}
 
 
 def rows_after(conn: sa.Connection, partitions: str, after: int, limit: int) -> list[sa.Row]:
@@ -39,6 +41,11 @@ def all_keys(conn: sa.Connection, partitions: str) -> list[str]:
     return list(
         conn.execute(sa.text(f"SELECT key FROM ({_KEYS[partitions]}) q ORDER BY id")).scalars()
     )
+
+
+def row_count(conn: sa.Connection, partitions: str) -> int:
+    """How many rows the set has."""
+    return conn.execute(sa.text(f"SELECT count(*) FROM {S}.{_TABLES[partitions]}")).scalar_one()
 
 
 def projects_of_videos(engine: sa.Engine, video_ids: Sequence[str]) -> set[str]:

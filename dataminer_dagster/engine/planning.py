@@ -24,6 +24,7 @@ from dataminer_dagster.db.partition_rows import (
     PARTITION_SETS,
     all_keys,
     projects_of_videos,
+    row_count,
     rows_after,
 )
 from dataminer_dagster.db.project_flow import Transition, advance_projects
@@ -57,9 +58,14 @@ from dataminer_dagster.tags import (
 )
 
 MAX_PARTITION_ADDS_PER_TICK = 25_000
-# The comparison of the catalog's keys with Dagster's reads them all (its cost: bench/README.md,
-# the quiet tick's row): done on a tick that finds nothing new, at most this often.
+# The catalog is compared with Dagster on a tick that finds nothing new, at most this often: the
+# number of rows of each set against the number of partitions Dagster holds (the planner's kept
+# order). Only where they differ are the keys themselves compared, which reads them all (its
+# cost: bench/README.md, the quiet tick's row); that full pass is also made at most
+# FULL_COMPARE_EVERY_S apart whatever the counts say (a row missed and another deleted leave them
+# equal).
 COMPARE_EVERY_S = 30.0
+FULL_COMPARE_EVERY_S = 300.0
 # With the live runs known, a requested item that no live run covers was requested by a run that
 # never came to be: the tick's result was lost after the request was noted (the daemon killed, a
 # gRPC deadline passed). It is asked for again after this, not after REREQUEST_AFTER_S.
@@ -74,7 +80,8 @@ class DiscoveryCursor:
     project: int = 0
     video: int = 0
     project_video: int = 0
-    compared_at: float = 0.0  # when the catalog's keys were last compared with Dagster's (epoch)
+    compared_at: float = 0.0  # when the catalog was last compared with Dagster (epoch)
+    full_compared_at: float = 0.0  # ... key by key
 
     @classmethod
     def parse(cls, raw: str | None) -> DiscoveryCursor:
@@ -151,9 +158,24 @@ def plan_discovery(
                 setattr(result.cursor, field_name, rows[-1].id)
     now = time.time()
     if instance is not None and not result.count and now - cursor.compared_at >= COMPARE_EVERY_S:
-        result.additions, result.removals = _compare_with_dagster(instance, engine, budget)
+        full_due = now - cursor.full_compared_at >= FULL_COMPARE_EVERY_S
+        if full_due or not _counts_agree(instance, engine):
+            result.additions, result.removals = _compare_with_dagster(instance, engine, budget)
+            result.cursor.full_compared_at = now
+            for name in PARTITION_SETS:  # the kept order counts what this cycle will apply
+                _known_order(instance, name, result)
         result.cursor.compared_at = now
     return result
+
+
+def _counts_agree(instance: dg.DagsterInstance, engine: sa.Engine) -> bool:
+    """Each set has as many rows in the catalog as partitions in Dagster (the kept order, read
+    from where it was left: it costs what changed)."""
+    with engine.connect() as c:
+        return all(
+            row_count(c, name) == len(_known_order(instance, name, Discovery()).positions)
+            for name in PARTITION_SETS
+        )
 
 
 def _compare_with_dagster(
