@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import dagster as dg
 import pandas as pd
 from click.testing import CliRunner
 
@@ -114,6 +115,14 @@ def test_a_review_comes_back_as_corrections_and_a_new_version(
     assert all(coco[n] == before[n] for n in untouched)  # scores and all
     report = (dataset / "report.md").read_text()
     assert "## Review" in report and "correction rate" in report
+    [latest] = changing.instance.fetch_materializations(
+        dg.AssetKey("dataset"), limit=1, ascending=False
+    ).records
+    shown = latest.asset_materialization.metadata
+    assert shown["review_corrected"].value == 3 and shown["review_rejected"].value == 1
+    per_class = shown["review_per_class"].value.records  # the UI's table
+    assert sum(r.data["deleted"] for r in per_class) >= 1
+    assert sum(r.data["added"] for r in per_class) == 1
     version = json.loads((versions_dir / "v2" / "version.json").read_text())
     assert [i["images"] for i in version["produced_by"]["review_imports"]] == [len(tasks), 4]
     pd.testing.assert_frame_equal(
