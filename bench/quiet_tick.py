@@ -87,14 +87,13 @@ def main() -> None:
                 assert not quiet.count and not quiet.removals
             return statistics.median(times) * 1000
 
-        now = time.time()
-        due = median_ms(  # compared_at and full_compared_at 0: key by key on every call
-            DiscoveryCursor(**{**found.cursor.__dict__, "full_compared_at": 0.0})
-        )
-        counts_due = median_ms(
-            DiscoveryCursor(**{**found.cursor.__dict__, "full_compared_at": now})
-        )
-        not_due = median_ms(DiscoveryCursor(**{**found.cursor.__dict__, "compared_at": now}))
+        def cursor(**times: float) -> DiscoveryCursor:
+            """The discovery cursor with these comparison times: due or not, from now."""
+            return DiscoveryCursor(**{**found.cursor.__dict__, **times})
+
+        due = median_ms(cursor(compared_at=0.0, full_compared_at=0.0))  # key by key every call
+        counts_due = median_ms(cursor(compared_at=0.0, full_compared_at=time.time()))
+        not_due = median_ms(cursor(compared_at=time.time()))
 
         from dataminer_dagster.db.leases import LeaseStore
         from dataminer_dagster.engine import planning

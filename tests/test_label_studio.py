@@ -18,8 +18,13 @@ from dataminer_dagster.cli import main
 from dataminer_dagster.core.dataset_files import COCO_FILE
 from dataminer_dagster.core.dataset_versions import diff_versions, list_versions
 from tests.conftest import ONE_SERVER
-from tests.helpers.review import TOKEN, label_studio_executable, label_studio_server
-from tests.test_review import boxes, use_changing_data
+from tests.helpers.review import (
+    TOKEN,
+    boxes,
+    label_studio_executable,
+    label_studio_server,
+    use_changing_data,
+)
 
 pytestmark = [ONE_SERVER, pytest.mark.slow]
 

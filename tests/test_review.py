@@ -15,9 +15,8 @@ from click.testing import CliRunner
 from dataminer_dagster.cli import main
 from dataminer_dagster.core.dataset_files import COCO_FILE, MANIFEST_FILE
 from dataminer_dagster.core.dataset_versions import diff_versions, list_versions
-from dataminer_dagster.testing import environment_for
 from tests.conftest import ONE_SERVER
-from tests.helpers.review import as_answered
+from tests.helpers.review import as_answered, boxes, use_changing_data
 
 pytestmark = ONE_SERVER
 
@@ -26,22 +25,6 @@ def dataminer(*args: str) -> str:
     result = CliRunner().invoke(main, list(args), catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return result.output
-
-
-def use_changing_data(database_url, tmp_path, monkeypatch) -> None:
-    """Point the CLI at the project's database and data directory."""
-    for name, value in environment_for(database_url, tmp_path / "home").items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("DATAMINER_DATA_DIR", str(tmp_path / "data"))
-
-
-def boxes(coco: dict) -> dict[str, list[tuple]]:
-    """file name -> its boxes (class id, bbox, score), in the file's order."""
-    file_of = {i["id"]: i["file_name"] for i in coco["images"]}
-    found: dict[str, list[tuple]] = {name: [] for name in file_of.values()}
-    for a in coco["annotations"]:
-        found[file_of[a["image_id"]]].append((a["category_id"], a["bbox"], a.get("score")))
-    return found
 
 
 def test_a_review_comes_back_as_corrections_and_a_new_version(

@@ -243,7 +243,8 @@ def retry(project_name: str | None, stages: tuple[str, ...], statuses: tuple[str
         click.echo(f"project {name}: failed -> {stage}")
 
 
-def _force(name: str, stage: str) -> None:
+def force_and_report(name: str, stage: str) -> None:
+    """Force project NAME's `stage` (db/project_lifecycle.py) and say what it set going."""
     from dataminer_dagster.db import project_lifecycle
 
     _, _, catalog = context()
@@ -283,7 +284,7 @@ def _force_command(stage: str) -> None:
     )
     @click.argument("name")
     def force(name: str) -> None:
-        _force(name, stage)
+        force_and_report(name, stage)
 
 
 for _stage in REGISTRY.forceable:

@@ -3,7 +3,7 @@
 export   Label Studio tasks with the boxes as predictions, its labelling interface, and the
          COCO file a CVAT task imports, in a folder
 import   a Label Studio JSON export or a CVAT COCO export, as corrections: the dataset is
-         built again with them (a new version)
+         built again with them (a new version where its content changed)
 push     the tasks into a running Label Studio, as a new project, through its API
 pull     that project's answers back, as `import` does with an export file
 """
@@ -21,6 +21,18 @@ TASKS_FILE = "tasks.json"
 LABEL_CONFIG_FILE = "labeling.xml"
 CVAT_COCO_FILE = "annotations.coco.json"
 LOCAL_FILES_URL = "/data/local-files/?d="
+LABEL_STUDIO_FILE = "label_studio.json"  # in the review folder: the project pushed, for pull
+
+
+def _options(*options):
+    """One decorator for a group of click options, in the order given."""
+
+    def apply(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
 
 
 @main.group()
@@ -75,7 +87,7 @@ def _model_version(project, paths) -> str:
     return f"dataminer {project.name} v{version} ({made_by})"
 
 
-_IMAGE_OPTIONS = [
+_image_options = _options(
     click.option(
         "--image-url",
         help="Where the tool loads the images from: this URL followed by the image's file name "
@@ -87,13 +99,7 @@ _IMAGE_OPTIONS = [
         help="Label Studio's LOCAL_FILES_DOCUMENT_ROOT, which the local-files URLs are relative "
         "to [default: /].",
     ),
-]
-
-
-def _image_options(command):
-    for option in reversed(_IMAGE_OPTIONS):
-        command = option(command)
-    return command
+)
 
 
 @review.command("export")
@@ -106,7 +112,7 @@ def export(name: str, dest: Path, image_url: str | None, document_root: Path | N
     annotations.coco.json (for a CVAT task: its images are the dataset's images/)."""
     import shutil
 
-    from dataminer_dagster.core.dataset_files import COCO_FILE
+    from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR
     from dataminer_dagster.core.files import publish, staging_path
     from dataminer_dagster.core.review import label_studio_config, label_studio_tasks
 
@@ -130,7 +136,7 @@ def export(name: str, dest: Path, image_url: str | None, document_root: Path | N
     click.echo(f"    interface is {LABEL_CONFIG_FILE}); its JSON export comes back with")
     click.echo(f"    `dataminer review import {name} EXPORT.json`")
     if (dest / CVAT_COCO_FILE).is_file():
-        click.echo(f"  {CVAT_COCO_FILE}: for CVAT (images: {paths.dataset_dir / 'images'});")
+        click.echo(f"  {CVAT_COCO_FILE}: for CVAT (images: {paths.dataset_dir / IMAGES_DIR});")
         click.echo("    its 'COCO 1.0' export comes back the same way")
 
 
@@ -138,8 +144,8 @@ def _import_and_rebuild(name: str, export: Path, wait: bool, timeout: float | No
     """Keep the export's answers as corrections and queue the dataset again (build it now with
     `wait`)."""
     from dataminer_dagster.assets.dataset.review import import_review
-    from dataminer_dagster.core.review import REVIEW_STATES, ReviewImportError
-    from dataminer_dagster.db import project_lifecycle
+    from dataminer_dagster.cli.admin import force_and_report
+    from dataminer_dagster.core.review import REVIEW_STATES, UNREVIEWED, ReviewImportError
     from dataminer_dagster.engine.registry import DATASET
 
     project, paths, _ = _dataset(name)
@@ -147,7 +153,7 @@ def _import_and_rebuild(name: str, export: Path, wait: bool, timeout: float | No
         done = import_review(export, paths.dataset_dir, paths.review_dir)
     except ReviewImportError as error:
         raise UserError(f"project {name}: {error}; nothing was imported") from None
-    states = ", ".join(f"{done.summary.states[s]} {s}" for s in REVIEW_STATES if s != "unreviewed")
+    states = ", ".join(f"{done.summary.states[s]} {s}" for s in REVIEW_STATES if s != UNREVIEWED)
     click.echo(f"imported the review of {done.images} images ({done.format}): {states}")
     classes = done.summary.classes.values()
     before, corrections = sum(c.predicted for c in classes), sum(c.corrections for c in classes)
@@ -158,8 +164,13 @@ def _import_and_rebuild(name: str, export: Path, wait: bool, timeout: float | No
                 f"  {label}: {c.predicted} boxes, {c.moved} moved, {c.relabelled} relabelled, "
                 f"{c.deleted} deleted, {c.added} added ({c.rate:.0%} corrected)"
             )
-    _, _, catalog = context()
-    project_lifecycle.force_stage(catalog, name, DATASET)
+    try:
+        force_and_report(name, DATASET)
+    except UserError as refused:
+        raise UserError(
+            f"{refused.message}\nthe corrections are kept (in {paths.review_dir}): "
+            f"`dataminer force-dataset {name}` builds the dataset with them once it can"
+        ) from None
     if not wait:
         click.echo(
             f"the dataset is queued to be built again with the corrections: `dataminer run` of "
@@ -178,7 +189,7 @@ def _import_and_rebuild(name: str, export: Path, wait: bool, timeout: float | No
     raise SystemExit(code)
 
 
-_WAIT_OPTIONS = [
+_wait_options = _options(
     click.option(
         "--wait/--no-wait",
         default=True,
@@ -187,13 +198,7 @@ _WAIT_OPTIONS = [
         "sensors or the next `dataminer run`).",
     ),
     click.option("--timeout", type=float, help="Give up waiting after this many seconds."),
-]
-
-
-def _wait_options(command):
-    for option in reversed(_WAIT_OPTIONS):
-        command = option(command)
-    return command
+)
 
 
 @review.command("import")
@@ -204,11 +209,8 @@ def import_command(name: str, export: Path, wait: bool, timeout: float | None) -
     """Bring the review of project NAME's dataset back from EXPORT: Label Studio's JSON export
     or CVAT's COCO export. Images are matched by their file name; an export that does not fit
     the dataset changes nothing. Rejected images leave the dataset, corrected boxes replace the
-    detector's, and the dataset is built again as a new version."""
+    detector's, and the dataset is built again (a new version where its content changed)."""
     _import_and_rebuild(name, export, wait, timeout)
-
-
-LABEL_STUDIO_FILE = "label_studio.json"  # in the review folder: the project pushed, for pull
 
 
 def _label_studio(url: str | None, token: str | None):
@@ -223,7 +225,7 @@ def _label_studio(url: str | None, token: str | None):
     return LabelStudio(url, token)
 
 
-_SERVER_OPTIONS = [
+_server_options = _options(
     click.option(
         "--url",
         envvar="LABEL_STUDIO_URL",
@@ -235,13 +237,7 @@ _SERVER_OPTIONS = [
         help="An API token of Label Studio: legacy or personal access token "
         "[env LABEL_STUDIO_API_KEY].",
     ),
-]
-
-
-def _server_options(command):
-    for option in reversed(_SERVER_OPTIONS):
-        command = option(command)
-    return command
+)
 
 
 @review.command("push")
@@ -265,12 +261,12 @@ def push(
     from dataminer_dagster.core.dataset_files import IMAGES_DIR
     from dataminer_dagster.core.review import label_studio_config, label_studio_tasks
 
-    client = _label_studio(url, token)
     project, paths, contents = _dataset(name)
     model_version = _model_version(project, paths)
     tasks = label_studio_tasks(contents, _image_url(paths, image_url, document_root), model_version)
     title = title or model_version.split(" (")[0]
     try:
+        client = _label_studio(url, token)
         project_id = client.create_project(title, label_studio_config(contents.names))
         if not image_url:
             images = (paths.dataset_dir / IMAGES_DIR).resolve()
@@ -311,15 +307,23 @@ def pull(
     from datetime import UTC, datetime
 
     from dataminer_dagster.assets.dataset.label_studio import LabelStudioError
+    from dataminer_dagster.paths import ProjectPaths
 
-    _, paths, _ = _dataset(name)
+    _, _, catalog = context()
+    paths = ProjectPaths(project_or_fail(catalog, name).output_dir)
     pushed = paths.review_dir / LABEL_STUDIO_FILE
     known = json.loads(pushed.read_text()) if pushed.is_file() else {}
+    same_server = not url or url.rstrip("/") == known.get("url")
+    if project_id is None and known and not same_server:
+        raise UserError(
+            f"{name} was pushed to {known['url']} (project {known['project']}), not {url}: "
+            "name the project there with --project"
+        )
     project_id = project_id or known.get("project")
     if project_id is None:
         raise UserError(f"no Label Studio project known for {name}: push it first, or --project")
-    client = _label_studio(url or known.get("url"), token)
     try:
+        client = _label_studio(url or known.get("url"), token)
         answers = client.export_answers(project_id)
     except LabelStudioError as error:
         raise UserError(str(error)) from None

@@ -149,7 +149,7 @@ def label_studio_tasks(
                     IMAGE_FIELD: image_url(image.file_name),
                     FRAME_FIELD: image.file_name,
                     "split": image.split,
-                    **{k: _plain(v) for k, v in image.provenance.items()},
+                    **image.provenance,
                 },
                 "predictions": [
                     {
@@ -163,15 +163,6 @@ def label_studio_tasks(
     return tasks
 
 
-def _plain(value: Any) -> Any:
-    """A manifest value as JSON has it (numpy scalars and arrays to Python)."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 # -- back: an export read as reviewed images --------------------------------------------------
 
 
@@ -182,10 +173,18 @@ def read_export(path: Path) -> tuple[str, list[ReviewedImage]]:
         document = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ReviewImportError(f"{path}: not a JSON file that can be read ({error})") from None
-    if isinstance(document, list):
-        return "label-studio", read_label_studio_export(document)
-    if isinstance(document, dict) and "images" in document and "annotations" in document:
-        return "coco", read_coco_export(document)
+    try:
+        if isinstance(document, list):
+            return "label-studio", read_label_studio_export(document)
+        if isinstance(document, dict) and "images" in document and "annotations" in document:
+            return "coco", read_coco_export(document)
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        if isinstance(error, ReviewImportError):
+            raise
+        raise ReviewImportError(
+            f"{path}: an entry without a field this format must have, or of the wrong kind "
+            f"({type(error).__name__}: {error}); export it again from the tool"
+        ) from None
     raise ReviewImportError(
         f"{path}: neither a Label Studio JSON export (a list of tasks) nor a COCO file (with "
         "images and annotations)"

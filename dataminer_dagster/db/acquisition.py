@@ -1,7 +1,7 @@
 """Acquisition toward a target: the rounds of a project with `target.images`, and why they stop.
 
 When such a project completes, the work sensor's cycle (and `dataminer run`) decides once per
-dataset build (`continue_acquisition`): the target is reached, the budget is spent (max_videos,
+dataset build, and again when the target changes (`continue_acquisition`): the target is reached, the budget is spent (max_videos,
 max_download_hours, max_download_gb), the sources are exhausted (the last round found no video
 the project had not seen, or max_rounds rounds were made), or a new round starts: its sources are
 listed deeper (a refresh) and the catalog takes the videos core/acquisition.py chooses. The state

@@ -160,10 +160,14 @@ def plan_discovery(
     if instance is not None and not result.count and now - cursor.compared_at >= COMPARE_EVERY_S:
         full_due = now - cursor.full_compared_at >= FULL_COMPARE_EVERY_S
         if full_due or not _counts_agree(instance, engine):
-            result.additions, result.removals = _compare_with_dagster(instance, engine, budget)
+            listed, result.additions, result.removals = _compare_with_dagster(
+                instance, engine, budget
+            )
             result.cursor.full_compared_at = now
-            for name in PARTITION_SETS:  # the kept order counts what this cycle will apply
-                _known_order(instance, name, result)
+            for name in PARTITION_SETS:  # the kept order: Dagster's keys and this cycle's
+                known = _known_order(instance, name, result)
+                with _KNOWN_ORDERS_LOCK:  # keys deleted by other hands (the UI) are forgotten
+                    known.keep_only({*listed[name], *result.additions.get(name, ())})
         result.cursor.compared_at = now
     return result
 
@@ -180,11 +184,11 @@ def _counts_agree(instance: dg.DagsterInstance, engine: sa.Engine) -> bool:
 
 def _compare_with_dagster(
     instance: dg.DagsterInstance, engine: sa.Engine, budget: int
-) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """(rows without a partition, at most `budget` in id order; partitions whose row is gone),
-    by partitions name. Dagster's keys are read before the catalog's, so that a row created
-    meanwhile can only be missing from the first list (and is added: adding is idempotent),
-    never wrongly pruned."""
+) -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, list[str]]]:
+    """(Dagster's keys; rows without a partition, at most `budget` in id order; partitions
+    whose row is gone), by partitions name. Dagster's keys are read before the catalog's, so
+    that a row created meanwhile can only be missing from the first list (and is added: adding
+    is idempotent), never wrongly pruned."""
     listed = {name: instance.get_dynamic_partitions(name) for name in PARTITION_SETS}
     missed: dict[str, list[str]] = {}
     gone: dict[str, list[str]] = {}
@@ -197,7 +201,7 @@ def _compare_with_dagster(
                 missed[name] = keys
             if keys := [k for k in listed[name] if k not in present]:
                 gone[name] = keys
-    return missed, gone
+    return listed, missed, gone
 
 
 # --- runs ---------------------------------------------------------------------------------------
@@ -261,6 +265,9 @@ class _KnownOrder:
     def forget(self, keys: Sequence[str]) -> None:
         for key in keys:
             self.positions.pop(key, None)
+
+    def keep_only(self, present: set[str]) -> None:
+        self.forget([key for key in self.positions if key not in present])
 
 
 _KNOWN_ORDERS: dict[tuple[str, str], _KnownOrder] = {}

@@ -180,6 +180,13 @@ def test_an_export_that_does_not_fit_is_refused_naming_the_mismatches(tmp_path):
     (tmp_path / "broken.json").write_text("[{")
     with pytest.raises(ReviewImportError, match="not a JSON file"):
         read_export(tmp_path / "broken.json")
+    box = {"type": "rectanglelabels", "value": {"x": 1, "rectanglelabels": ["car"]},
+           "original_width": 10, "original_height": 10}  # fmt: skip
+    (tmp_path / "no_y.json").write_text(
+        json.dumps([{"id": 1, "data": {"frame": "a.png"}, "annotations": [{"result": [box]}]}])
+    )
+    with pytest.raises(ReviewImportError, match="without a field.*KeyError: 'y'"):
+        read_export(tmp_path / "no_y.json")
     with pytest.raises(ReviewImportError, match="no data.frame"):
         read_label_studio_export([{"id": 4, "data": {"image": "x.png"}, "annotations": []}])
 

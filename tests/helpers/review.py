@@ -76,12 +76,18 @@ def _installed_label_studio() -> tuple[Path | None, str]:
         "-q",
         f"label-studio=={LABEL_STUDIO_VERSION}",
     ]
-    for command in ([sys.executable, "-m", "venv", str(LABEL_STUDIO_VENV)], pip):
-        install = subprocess.run(command, capture_output=True, text=True)
+    steps = {"python -m venv": [sys.executable, "-m", "venv", str(LABEL_STUDIO_VENV)], "pip": pip}
+    for step, command in steps.items():
+        install = subprocess.run(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         if install.returncode != 0:
             shutil.rmtree(LABEL_STUDIO_VENV, ignore_errors=True)
-            last = (install.stderr.strip().splitlines() or ["no output"])[-1]
-            return None, f"label-studio=={LABEL_STUDIO_VERSION} could not be installed: {last}"
+            last = (install.stdout.strip().splitlines() or ["no output"])[-1]
+            return None, (
+                f"label-studio=={LABEL_STUDIO_VERSION} could not be installed in its own "
+                f"environment ({step} failed: {last}; is the package index reachable?)"
+            )
     finished.write_text(LABEL_STUDIO_VERSION + "\n")
     return executable, ""
 
@@ -148,6 +154,27 @@ def label_studio_server(executable: Path, data_dir: Path, document_root: Path) -
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
+
+
+# -- the project a test reviews ---------------------------------------------------------------
+
+
+def use_changing_data(database_url: str, tmp_path: Path, monkeypatch) -> None:
+    """Point the CLI at the `changing` project's database and data directory."""
+    from dataminer_dagster.testing import environment_for
+
+    for name, value in environment_for(database_url, tmp_path / "home").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DATAMINER_DATA_DIR", str(tmp_path / "data"))
+
+
+def boxes(coco: dict) -> dict[str, list[tuple]]:
+    """file name -> its boxes (class id, bbox, score), in the file's order."""
+    file_of = {i["id"]: i["file_name"] for i in coco["images"]}
+    found: dict[str, list[tuple]] = {name: [] for name in file_of.values()}
+    for a in coco["annotations"]:
+        found[file_of[a["image_id"]]].append((a["category_id"], a["bbox"], a.get("score")))
+    return found
 
 
 if __name__ == "__main__":  # .ci/run: install it while the product installs

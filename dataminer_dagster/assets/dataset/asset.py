@@ -65,6 +65,7 @@ from dataminer_dagster.core.dataset_versions import keep_version, next_version
 from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import brightness_of_file, read_image
 from dataminer_dagster.core.redact import redact_url
+from dataminer_dagster.core.review import REVIEW_STATES
 from dataminer_dagster.core.visualize import contact_sheet, draw_detections
 from dataminer_dagster.db.project_flow import project_members
 from dataminer_dagster.db.reports import source_yield
@@ -278,7 +279,7 @@ def _review_metadata(review: AppliedReview) -> dict:
         for name, c in sorted(summary.classes.items())
     ]
     return {
-        **{f"review_{state}": n for state, n in sorted(summary.states.items())},
+        **{f"review_{state}": summary.states[state] for state in REVIEW_STATES},
         "review_per_class": dg.MetadataValue.table(
             records=rows,
             schema=dg.TableSchema(
@@ -286,6 +287,24 @@ def _review_metadata(review: AppliedReview) -> dict:
             ),
         ),
     }
+
+
+def _reviewed(
+    kept: pd.DataFrame, paths: ProjectPaths, has_detections: bool
+) -> tuple[pd.DataFrame, AppliedReview]:
+    """The kept frames with the review's corrections applied (review.py): rejected ones out,
+    each one's review state, and the boxes of the reviewed ones counted from the reviewed
+    annotations."""
+    review = apply_review(
+        json.loads(paths.coco_file.read_text()) if has_detections else None,
+        kept["file_name"],
+        load_corrections(paths.review_dir),
+    )
+    kept = kept[~kept["file_name"].isin(review.rejected)].reset_index(drop=True)
+    kept["review"] = kept["file_name"].map(review.states)
+    if review.summary.reviewed and review.coco is not None:
+        kept["detections"] = _boxes_per_image(review.coco, kept["file_name"])
+    return kept, review
 
 
 def _boxes_per_image(coco: dict, file_names: pd.Series) -> pd.Series:
@@ -349,15 +368,7 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     table = pd.read_parquet(paths.dedup_table)
     kept, splits = _manifest(catalog, project, paths, table)
     has_detections = _has_detections(project, paths)
-    review = apply_review(
-        json.loads(paths.coco_file.read_text()) if has_detections else None,
-        kept["file_name"],
-        load_corrections(paths.review_dir),
-    )
-    kept = kept[~kept["file_name"].isin(review.rejected)].reset_index(drop=True)
-    kept["review"] = kept["file_name"].map(review.states)
-    if review.summary.reviewed and review.coco is not None:
-        kept["detections"] = _boxes_per_image(review.coco, kept["file_name"])
+    kept, review = _reviewed(kept, paths, has_detections)
     prompt_columns = [
         c for c in kept.columns if c.startswith(("positive: ", "negative: ", "junk: "))
     ]
@@ -384,8 +395,8 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     warnings = [*splits.warnings, *formats.notes]
     if review.unknown_classes:
         warnings.append(
-            "reviewed boxes of classes the detect section no longer has were left out: "
-            + ", ".join(review.unknown_classes)
+            "reviewed boxes of classes the detect section does not have (any more) were left "
+            "out: " + ", ".join(review.unknown_classes)
         )
     for warning in warnings:
         ctx.log.warning(f"dataset {project.name}: {warning}")

@@ -58,7 +58,15 @@ class LabelStudio:
                 f"Label Studio refused {method} {path}: HTTP {response.status_code}{hint}: "
                 f"{response.text[:ERROR_TEXT_SHOWN]}"
             )
-        return response.json() if response.content else None
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise LabelStudioError(
+                f"{self.url}{path} did not answer as Label Studio's API does (not JSON: "
+                f"{response.text[:ERROR_TEXT_SHOWN]!r}); is Label Studio at {self.url}?"
+            ) from None
 
     def create_project(self, title: str, label_config: str) -> int:
         project = self._call(

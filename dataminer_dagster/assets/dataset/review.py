@@ -29,7 +29,7 @@ from dataminer_dagster.core.coco import BOX_DECIMALS, clip_box
 from dataminer_dagster.core.dataset_files import MANIFEST_FILE
 from dataminer_dagster.core.dataset_formats import read_contents
 from dataminer_dagster.core.review import (
-    ACCEPTED,
+    CORRECTED,
     REJECTED,
     LabelledBox,
     ReviewedImage,
@@ -65,9 +65,7 @@ def review_imports(review_dir: Path) -> list[dict[str, Any]]:
 class ImportDone:
     format: str
     images: int  # reviewed images in the export
-    rejected: int
     summary: ReviewSummary  # against the dataset's boxes as published
-    record: dict[str, Any]
 
 
 def import_review(export: Path, dataset_dir: Path, review_dir: Path) -> ImportDone:
@@ -82,7 +80,9 @@ def import_review(export: Path, dataset_dir: Path, review_dir: Path) -> ImportDo
             "reviewed)"
         )
     contents = read_contents(dataset_dir)
-    check_fits(reviewed, (i.file_name for i in contents.images), contents.names)
+    earlier = load_corrections(review_dir)
+    # An image rejected earlier has left the dataset, not the review: it may be answered again.
+    check_fits(reviewed, [*(i.file_name for i in contents.images), *earlier], contents.names)
     names = contents.names or []
     published = {
         image.file_name: [LabelledBox(b.x, b.y, b.w, b.h, names[b.category]) for b in image.boxes]
@@ -90,7 +90,7 @@ def import_review(export: Path, dataset_dir: Path, review_dir: Path) -> ImportDo
     }
     answers = {r.file_name: r for r in reviewed}
     summary, _ = summarize_review(published, answers, answers)
-    corrections = {**load_corrections(review_dir), **answers}
+    corrections = {**earlier, **answers}
     record = {
         "imported_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "file": str(export),
@@ -106,7 +106,7 @@ def import_review(export: Path, dataset_dir: Path, review_dir: Path) -> ImportDo
     )
     with open(review_dir / IMPORTS_FILE, "a", encoding="utf-8") as log:
         log.write(json.dumps(record) + "\n")
-    return ImportDone(fmt, len(reviewed), summary.states[REJECTED], summary, record)
+    return ImportDone(fmt, len(reviewed), summary)
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -126,7 +126,7 @@ class AppliedReview:
     states: dict[str, str]  # file name -> review state, for every image before rejections
     rejected: set[str]
     summary: ReviewSummary
-    unknown_classes: list[str] = field(default_factory=list)  # corrected boxes left out
+    unknown_classes: list[str] = field(default_factory=list)  # of corrected boxes left out
 
 
 def apply_review(
@@ -139,16 +139,13 @@ def apply_review(
     predicted = _boxes_by_file(coco) if coco is not None else {}
     summary, states = summarize_review(predicted, corrections, file_names)
     rejected = {name for name, state in states.items() if state == REJECTED}
-    if coco is None:
-        return AppliedReview(None, states, rejected, summary)
+    if coco is None:  # no detect section (any more): boxes have nowhere to go
+        drawn = {b.label for n, s in states.items() if s == CORRECTED for b in corrections[n].boxes}
+        return AppliedReview(None, states, rejected, summary, sorted(drawn))
     category_id = {c["name"]: c["id"] for c in coco["categories"]}
     images = [i for i in coco["images"] if i["file_name"] not in rejected]
     kept_ids = {i["id"] for i in images}
-    replaced = {
-        i["id"]: i
-        for i in images
-        if states.get(i["file_name"]) not in (None, ACCEPTED) and i["file_name"] in corrections
-    }
+    replaced = {i["id"]: i for i in images if states.get(i["file_name"]) == CORRECTED}
     annotations = [
         a
         for a in coco["annotations"]
