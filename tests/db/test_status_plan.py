@@ -109,3 +109,24 @@ def test_the_counts_are_each_projects_own(seeded):
             "catalog": {"pending": 1},  # its inputs, not listed yet
         }
         assert finished_in_window(engine, project, 15) == {"download": n, "frames": n}
+
+
+def test_linking_videos_reads_only_their_rows(seeded, tmp_path):
+    """The catalog stage links a batch of videos to a project (`link_and_queue`): its lock of
+    the videos and their originals reads those rows, not the catalog (an `= ANY(...) OR IN
+    (subquery)` was a scan of every video: a minute a batch at 500,000 videos)."""
+    from dataminer_dagster.db.video_records import Candidate
+
+    engine, _, small = seeded
+    catalog = Catalog(engine, LeaseStore(engine), DataPaths(tmp_path / "data"))
+    project = catalog.project("small")
+    candidates = [Candidate(f"new{n}", "url", url=f"https://example.com/new{n}") for n in range(5)]
+
+    def link() -> None:
+        with engine.begin() as conn:
+            catalog.link_videos(conn, project, candidates)
+
+    locks = [p for p in plans_of(engine, link) if p["Node Type"] == "LockRows"]
+    assert locks, "the lock statement was sent"
+    for plan in locks:
+        assert whole_table_reads(plan) == [], plan

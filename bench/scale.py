@@ -1,0 +1,193 @@
+"""The orchestration figures of a catalog of N videos, filled through the product's own bulk path,
+in one command (issue 25, item 5; the UI's figures, item 4, are not measured here).
+
+For each of `--sizes` (a fresh database each; Dagster's storage and the claim tables share it, the
+repository's dagster.yaml, as `dagster dev` uses it):
+
+* **fill**: one project linking N videos with `Catalog.link_and_queue` (the catalog stage's and
+  `populate`'s path: the videos, the project's links and their download items), in transactions
+  of `--chunk` videos;
+* **discover**: the work sensor's discovery (`plan_discovery`, then `Discovery.add`), tick by
+  tick, until every row is a partition: partitions added per second;
+* **quiet tick**: a tick that finds nothing new: its discovery when no comparison is due, when
+  the counts are compared and when the keys are; its run planning (`plan_runs`, every lane, the
+  partition order kept between ticks); `advance_projects`; each a median of `--repeats`;
+* **1,000 new videos**: linked, then one tick's discovery, partitions and planning;
+* **status**: `dataminer status` and `dataminer status --json` (subprocesses: Python's start
+  included).
+
+The load average is printed before and after each size; a table at the end, and
+bench/results/scale.json.
+
+    python bench/scale.py                                  # 10,000 and 100,000 videos
+    python bench/scale.py --sizes 1000000 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from databases import scratch_database  # bench/databases.py
+from status import timed_command  # bench/status.py
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+NEW_VIDEOS = 1_000
+
+
+def median_ms(step: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
+def link(catalog, project, first: int, count: int, chunk: int) -> None:
+    """Link videos `first` .. `first + count - 1` to the project, as the catalog stage does."""
+    from dataminer_dagster.db.video_records import Candidate
+
+    for start in range(first, first + count, chunk):
+        candidates = [
+            Candidate(f"v{n:08d}", "url", url=f"https://example.com/{n}.mp4")
+            for n in range(start, min(start + chunk, first + count))
+        ]
+        with catalog.engine.begin() as conn:
+            catalog.link_and_queue(conn, project, candidates)
+
+
+def measure(url: str, home: Path, size: int, repeats: int, chunk: int) -> dict[str, float]:
+    import dagster as dg
+
+    from dataminer_dagster.config import parse_project_config
+    from dataminer_dagster.db.catalog import Catalog
+    from dataminer_dagster.db.engine import get_engine
+    from dataminer_dagster.db.leases import LeaseStore
+    from dataminer_dagster.db.project_flow import advance_projects
+    from dataminer_dagster.engine.lanes import configured_lanes
+    from dataminer_dagster.engine.planning import (
+        DiscoveryCursor,
+        RunLimits,
+        plan_discovery,
+        plan_runs,
+    )
+    from dataminer_dagster.paths import DataPaths
+    from dataminer_dagster.settings import load_settings
+
+    settings = load_settings()
+    engine = get_engine(url)
+    store = LeaseStore(engine)
+    catalog = Catalog(engine, store, DataPaths(home / "data"))
+    project = catalog.register_project(
+        parse_project_config(
+            {
+                "name": "scale",
+                "output_dir": str(home / "out"),
+                "inputs": {"urls": ["https://example.com/placeholder.mp4"]},
+                "filter": {"positive_prompts": ["a thing"]},
+            }
+        )
+    ).project
+    figures: dict[str, float] = {}
+    started = time.perf_counter()
+    link(catalog, project, 0, size, chunk)
+    figures["fill_s"] = time.perf_counter() - started
+
+    instance = dg.DagsterInstance.get()
+    lanes = configured_lanes(settings)
+    limits = RunLimits(settings.lease, settings.runs)
+    cursor, added, ticks = DiscoveryCursor(), 0, 0
+    started = time.perf_counter()
+    while True:
+        found = plan_discovery(engine, cursor, instance=instance)
+        if not found.count and not found.removals:
+            break
+        found.apply(instance)
+        added, ticks, cursor = added + found.count, ticks + 1, found.cursor
+    figures["discover_s"] = time.perf_counter() - started
+    figures["discover_keys_per_s"] = added / figures["discover_s"]
+    figures["discover_ticks"] = ticks
+
+    def with_times(**times: float) -> DiscoveryCursor:
+        return DiscoveryCursor(**{**cursor.__dict__, **times})
+
+    plan = lambda: plan_runs(instance, store, lanes, limits=limits)  # noqa: E731
+    plan()  # a new process's first planning reads Dagster's whole order; the ticks after do not
+    figures["quiet_discovery_ms"] = median_ms(
+        lambda: plan_discovery(engine, with_times(compared_at=time.time()), instance=instance),
+        repeats,
+    )
+    figures["quiet_counts_ms"] = median_ms(
+        lambda: plan_discovery(
+            engine, with_times(compared_at=0.0, full_compared_at=time.time()), instance=instance
+        ),
+        repeats,
+    )
+    figures["quiet_keys_ms"] = median_ms(
+        lambda: plan_discovery(
+            engine, with_times(compared_at=0.0, full_compared_at=0.0), instance=instance
+        ),
+        repeats,
+    )
+    figures["quiet_planning_ms"] = median_ms(plan, repeats)
+    figures["advance_projects_ms"] = median_ms(lambda: advance_projects(store), repeats)
+
+    link(catalog, project, size, NEW_VIDEOS, chunk)
+    started = time.perf_counter()
+    found = plan_discovery(engine, with_times(compared_at=time.time()), instance=instance)
+    found.add(instance)
+    plan_runs(instance, store, lanes, limits=limits, discovery=found)
+    figures["tick_with_new_rows_ms"] = (time.perf_counter() - started) * 1000
+    figures["new_rows_found"] = found.count
+    instance.dispose()
+
+    env = {**os.environ, "DATAMINER_DATABASE_URL": url, "DATAMINER_HOME": str(home)}
+    figures["status_s"] = timed_command(env, "status")
+    figures["status_json_s"] = timed_command(env, "status", "--json")
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--chunk", type=int, default=10_000, help="videos per transaction")
+    parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    args = parser.parse_args()
+    results = {}
+    for size in args.sizes:
+        with (
+            scratch_database(args.database_url, "bench_scale") as url,
+            tempfile.TemporaryDirectory(prefix="dataminer-scale-") as tmp,
+        ):
+            home = Path(tmp)
+            shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+            os.environ.update(DAGSTER_HOME=str(home), DATAMINER_DATABASE_URL=url)
+            before = os.getloadavg()
+            figures = measure(url, home, size, args.repeats, args.chunk)
+            figures["load_before"], figures["load_after"] = before[0], os.getloadavg()[0]
+        results[size] = figures
+        print(f"{size:,} videos: " + json.dumps({k: round(v, 1) for k, v in figures.items()}))
+    columns = list(next(iter(results.values())))
+    print("\n| videos | " + " | ".join(columns) + " |")
+    print("|---|" + "---:|" * len(columns))
+    for size, figures in results.items():
+        print(f"| {size:,} | " + " | ".join(f"{figures[c]:,.1f}" for c in columns) + " |")
+    out = REPO / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    (out / "scale.json").write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
