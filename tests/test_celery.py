@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +30,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
+
+from tests.helpers.processes import stop_group
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BIN_DIR = Path(sys.executable).parent
@@ -179,7 +180,7 @@ def _celery_workers(
         yield {role: f"{node}@{host}" for role, node in nodes.items()}
     finally:
         for proc in procs:
-            _stop_group(proc)
+            stop_group(proc)
 
 
 def _wait_until_ready(broker_url: str, nodes: list[str], procs, logs: Path) -> None:
@@ -197,17 +198,6 @@ def _wait_until_ready(broker_url: str, nodes: list[str], procs, logs: Path) -> N
             return
     tails = "\n".join(f"--- {f.name}\n{f.read_text()[-3000:]}" for f in sorted(logs.glob("*.log")))
     raise AssertionError(f"Celery workers {sorted(set(nodes) - answered)} never answered:\n{tails}")
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def _delete_queues(broker_url: str, queues: list[str]) -> None:

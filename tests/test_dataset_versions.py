@@ -13,15 +13,9 @@ from dataminer_dagster.core.dataset_files import IMAGES_DIR, MANIFEST_FILE, VERS
 from dataminer_dagster.core.dataset_versions import diff_versions, list_versions
 from dataminer_dagster.testing import environment_for
 from tests.conftest import ONE_SERVER
-from tests.helpers.project_runs import redone
+from tests.helpers.project_runs import dataminer, redone
 
 pytestmark = ONE_SERVER  # nothing in it depends on the server
-
-
-def dataminer(*args: str) -> str:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def test_a_changed_dataset_is_a_new_version_and_the_old_one_stays_readable(

@@ -12,12 +12,11 @@ import json
 
 import pytest
 import requests
-from click.testing import CliRunner
 
-from dataminer_dagster.cli import main
 from dataminer_dagster.core.dataset_files import COCO_FILE
 from dataminer_dagster.core.dataset_versions import diff_versions, list_versions
 from tests.conftest import ONE_SERVER
+from tests.helpers.project_runs import dataminer
 from tests.helpers.review import (
     TOKEN,
     boxes,
@@ -35,12 +34,6 @@ def label_studio():
     if executable is None:
         pytest.skip(why)
     return executable
-
-
-def dataminer(*args: str) -> str:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def test_a_review_in_label_studio_comes_back(

@@ -16,15 +16,10 @@ from dataminer_dagster.cli import main
 from dataminer_dagster.core.dataset_files import COCO_FILE, MANIFEST_FILE
 from dataminer_dagster.core.dataset_versions import diff_versions, list_versions
 from tests.conftest import ONE_SERVER
+from tests.helpers.project_runs import dataminer
 from tests.helpers.review import as_answered, boxes, use_changing_data
 
 pytestmark = ONE_SERVER
-
-
-def dataminer(*args: str) -> str:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def test_a_review_comes_back_as_corrections_and_a_new_version(

@@ -384,3 +384,16 @@ def private_postgres() -> Iterator[PrivatePostgres]:
 
 if __name__ == "__main__":
     run_stage_job(StageRun(**json.loads(sys.argv[1])))
+
+
+def stop_group(process: subprocess.Popen, timeout_s: float = 20) -> None:
+    """End a process started in a session of its own, with its children: SIGTERM to the group,
+    SIGKILL after `timeout_s`."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()

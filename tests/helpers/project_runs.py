@@ -88,6 +88,17 @@ class Project:
         return pd.read_parquet(self.output.dataset_dir / "manifest.parquet")
 
 
+def dataminer(*args: str) -> str:
+    """The `dataminer` command in this process; its output, which must end in success."""
+    from click.testing import CliRunner
+
+    from dataminer_dagster.cli import main
+
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
 def redone(before: dict, after: dict) -> dict[str, int]:
     """{stage: items done again (or new)} between two snapshots of finished_at."""
     counts = dict.fromkeys(STAGES, 0)

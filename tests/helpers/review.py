@@ -8,7 +8,6 @@ import copy
 import fcntl
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -147,12 +146,9 @@ def label_studio_server(executable: Path, data_dir: Path, document_root: Path) -
             time.sleep(0.5)
         yield url
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        from tests.helpers.processes import stop_group
+
+        stop_group(server)
         log.close()
 
 
