@@ -11,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dataminer_dagster.acquisition.errors import HostPaused
-from dataminer_dagster.acquisition.options import merged_download_options
 from dataminer_dagster.acquisition.politeness import (
     LocalThrottle,
     PausePolicy,
@@ -139,6 +138,21 @@ def test_youtube_gets_yt_dlp_s_sleep_preset_and_other_hosts_none():
     assert default_sleeps("127.0.0.1:8123").before_download_s == 0
 
 
+def test_every_download_key_declares_how_the_projects_of_a_download_merge():
+    from dataminer_dagster.assets.download.config import MergeRule
+
+    undeclared = [
+        name
+        for name, field in DownloadConfig.model_fields.items()
+        if not any(isinstance(m, MergeRule) for m in field.metadata)
+    ]
+    assert undeclared == []
+    alone = DownloadConfig(max_height=None, timeout_s=5, blocked_hashtags=["#Cats"])
+    merged = DownloadConfig.merged([alone], "example.com")
+    assert merged == alone.for_host("example.com").model_copy(update={"blocked_hashtags": ["cats"]})
+    assert merged.max_height is None and merged.timeout_s == 5
+
+
 def test_the_projects_of_a_video_merge_to_the_politest_pace():
     strict = DownloadConfig(
         sleep_interval_s=30,
@@ -149,13 +163,13 @@ def test_the_projects_of_a_video_merge_to_the_politest_pace():
     )
     loose = DownloadConfig(sleep_interval_s=0, rate_limit="4M", max_downloads_per_host=5)
     unset = DownloadConfig()
-    merged = merged_download_options([loose, strict, unset], "youtube.com")
+    merged = DownloadConfig.merged([loose, strict, unset], "youtube.com")
     assert (merged.sleep_interval_s, merged.max_sleep_interval_s) == (30, 30)
     assert merged.sleep_requests_s == 0.75, "unset: YouTube's default"
     assert merged.rate_limit_bytes == 500 * 1024
     assert merged.max_downloads_per_host == 1
-    assert merged.proxies == ("http://10.0.0.1:3128",)
+    assert merged.proxies == ["http://10.0.0.1:3128"]
     assert (merged.pauses.base_s, merged.pauses.max_s) == (120, 3600)
-    plain = merged_download_options([unset], "example.com")
+    plain = DownloadConfig.merged([unset], "example.com")
     assert (plain.sleep_interval_s, plain.sleep_requests_s, plain.rate_limit_bytes) == (0, 0, None)
     assert plain.max_downloads_per_host == 2 and plain.max_pause_wait_s == 120

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 
 from dataminer_dagster.acquisition.errors import DownloadTooSlow
-from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
+from dataminer_dagster.assets.download.config import DownloadConfig
 
 
 class DownloadPace:
@@ -22,7 +22,7 @@ class DownloadPace:
 
     def __init__(
         self,
-        options: DownloadOptions,
+        options: DownloadConfig,
         subject: str,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -39,7 +39,7 @@ class DownloadPace:
         the minimum speed."""
         now = self._clock()
         options = self._options
-        if options.max_download_s is not None and now - self._started > options.max_download_s:
+        if now - self._started > options.max_download_s:
             raise DownloadTooSlow(
                 f"{self._subject}: the download took longer than download.max_download_s "
                 f"({options.max_download_s:g} s); given up after "

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dataminer_dagster.acquisition.errors import DownloadBlocked
-from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
+from dataminer_dagster.assets.download.config import DownloadConfig
 
 _DESCRIPTION_HASHTAG = re.compile(r"#(\w+)")
 
@@ -38,7 +38,7 @@ def blocked_hashtag(info: dict[str, Any], blocked: Iterable[str]) -> str | None:
     return None
 
 
-def check_download_rules(info: dict[str, Any], options: DownloadOptions, *, subject: str) -> None:
+def check_download_rules(info: dict[str, Any], options: DownloadConfig, *, subject: str) -> None:
     """Raise DownloadBlocked when the metadata breaks a rule; `subject` names the video."""
     tag = blocked_hashtag(info, options.blocked_hashtags)
     if tag is not None:
@@ -49,9 +49,8 @@ def check_download_rules(info: dict[str, Any], options: DownloadOptions, *, subj
     check_filesize(expected_size(info), options, subject)
 
 
-def check_duration(duration: float | None, options: DownloadOptions, subject: str) -> None:
-    limit = options.max_duration_s
-    if limit is not None and duration is not None and duration > limit:
+def check_duration(duration: float | None, options: DownloadConfig, subject: str) -> None:
+    if duration is not None and duration > options.max_duration_s:
         raise DownloadBlocked(
             f"{subject} is blocked: it lasts {duration:.1f} s, over the limit of "
             f"{options.max_duration_s:g} s",
@@ -59,9 +58,8 @@ def check_duration(duration: float | None, options: DownloadOptions, subject: st
         )
 
 
-def check_filesize(size: int | None, options: DownloadOptions, subject: str) -> None:
-    limit = options.max_filesize_mb
-    if limit is not None and size is not None and size > limit * 1024 * 1024:
+def check_filesize(size: int | None, options: DownloadConfig, subject: str) -> None:
+    if size is not None and size > options.max_filesize_mb * 1024 * 1024:
         raise DownloadBlocked(
             f"{subject} is blocked: it is {size / 2**20:.1f} MB, over the limit of "
             f"{options.max_filesize_mb:g} MB",

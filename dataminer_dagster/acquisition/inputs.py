@@ -24,7 +24,6 @@ from pathlib import Path
 import yaml
 
 from dataminer_dagster.acquisition.errors import HostPaused
-from dataminer_dagster.acquisition.options import merged_download_options
 from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.acquisition.video_ids import (
     is_youtube_url,
@@ -32,7 +31,6 @@ from dataminer_dagster.acquisition.video_ids import (
     video_id_for_url,
     youtube_watch_url,
 )
-from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
 from dataminer_dagster.acquisition.ytdlp_search import YOUTUBE
 from dataminer_dagster.assets.catalog.config import InputsConfig
 from dataminer_dagster.assets.download.config import DownloadConfig
@@ -80,7 +78,7 @@ def find_videos(
     inputs: InputsConfig,
     download: DownloadConfig,
     client,
-    throttle_for: Callable[[DownloadOptions], object],
+    throttle_for: Callable[[DownloadConfig], object],
     *,
     skip: frozenset[str] = frozenset(),
 ) -> Collected:
@@ -89,12 +87,12 @@ def find_videos(
     the project's download settings for that host (cookies, proxies, pace), through the hosts'
     shared throttle, which `throttle_for` makes from the search options. `client`: the
     download_client resource."""
-    options = merged_download_options([download], YOUTUBE)
+    options = download.for_host(YOUTUBE)
     throttle = throttle_for(options)
     search = functools.partial(client.search, options=options, throttle=throttle)
 
     def list_videos(url: str, max_entries: int) -> list:
-        listing_options = merged_download_options([download], host_key(url))
+        listing_options = download.for_host(host_key(url))
         return client.list_videos(url, max_entries, options=listing_options, throttle=throttle)
 
     return collect_candidates(inputs, search, list_videos, skip=skip)

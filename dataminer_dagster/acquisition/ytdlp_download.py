@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dataminer_dagster.acquisition.download_pace import DownloadPace
 from dataminer_dagster.acquisition.download_rules import (
@@ -54,7 +54,6 @@ from dataminer_dagster.acquisition.throttled_ytdlp import (
 )
 from dataminer_dagster.acquisition.ytdlp_errors import stream_url_refused
 from dataminer_dagster.acquisition.ytdlp_params import (
-    DownloadOptions,
     YtdlpLogger,
     download_params,
     max_filesize_bytes,
@@ -64,6 +63,9 @@ from dataminer_dagster.acquisition.ytdlp_params import (
 from dataminer_dagster.core.files import require_free_space
 from dataminer_dagster.core.media import VideoDecodeError, VideoProbe, probe_video
 from dataminer_dagster.core.redact import redact_url
+
+if TYPE_CHECKING:
+    from dataminer_dagster.assets.download.config import DownloadConfig
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +111,7 @@ def download_video(
     url: str,
     video_id: str,
     dest_dir: Path,
-    options: DownloadOptions,
+    options: DownloadConfig,
     *,
     progress: Callable[[DownloadProgress], None] | None = None,
     throttle: HostThrottle | None = None,
@@ -125,8 +127,9 @@ def download_video(
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     subject = f"Video {video_id} ({redact_url(url)})"  # for messages; `url` fetches
-    throttle = throttle or LocalThrottle(options.pauses)
     host = host_key(url)
+    options = options.for_host(host)
+    throttle = throttle or LocalThrottle(options.pauses)
     proxy = next_proxy(options.proxies, host, throttle)
     try:
         throttle.before_starting(throttle_key(host, proxy))
@@ -152,7 +155,7 @@ def download_video(
     return DownloadedVideo(path=final, metadata=_metadata(info, probe, final))
 
 
-def _download_sleep(options: DownloadOptions) -> float:
+def _download_sleep(options: DownloadConfig) -> float:
     """The random pause before a download (yt-dlp's sleep_interval / max_sleep_interval)."""
     low = options.sleep_interval_s
     return random.uniform(low, max(low, options.max_sleep_interval_s)) if low else 0.0
@@ -167,7 +170,7 @@ def _remove_stale_work_dirs(dest_dir: Path, video_id: str) -> None:
 def _fetch(
     url: str,
     work_dir: Path,
-    options: DownloadOptions,
+    options: DownloadConfig,
     progress: Callable[[DownloadProgress], None] | None,
     subject: str,
     throttle: HostThrottle,
@@ -232,10 +235,8 @@ def _require_single_video(info: dict[str, Any] | None, subject: str) -> None:
 
 
 def _require_disk_space(
-    work_dir: Path, expected: int | None, options: DownloadOptions, subject: str
+    work_dir: Path, expected: int | None, options: DownloadConfig, subject: str
 ) -> None:
-    if options.min_free_disk_mb is None:
-        return
     reserve = int(options.min_free_disk_mb * 1024 * 1024)
     purpose = (
         f"{subject}: its expected size ({(expected or 0) / 2**20:,.0f} MB) plus the "
@@ -309,7 +310,7 @@ class _ProgressForwarder:
     def __init__(
         self,
         callback: Callable[[DownloadProgress], None] | None,
-        options: DownloadOptions,
+        options: DownloadConfig,
         subject: str,
     ):
         self._callback = callback
@@ -324,7 +325,7 @@ class _ProgressForwarder:
             return
         try:
             downloaded = status.get("downloaded_bytes") or 0
-            if self._max_bytes is not None and downloaded > self._max_bytes:
+            if downloaded > self._max_bytes:
                 raise DownloadBlocked(
                     f"{self._subject} is blocked: it grew over the limit of "
                     f"{self._options.max_filesize_mb:g} MB while downloading (its size was not "

@@ -1,5 +1,6 @@
-"""How yt-dlp is called: the download options, the YoutubeDL parameters made from them, the
-logger that keeps yt-dlp's output off the terminal, and the reading of numbers from its answers.
+"""How yt-dlp is called: the YoutubeDL parameters made from a download's settings
+(`DownloadConfig`), the logger that keeps yt-dlp's output off the terminal, and the reading of
+numbers from its answers.
 
 The downloads (`ytdlp_download`) and the searches (`ytdlp_search`) both start from these.
 """
@@ -11,39 +12,15 @@ import logging
 import os
 import shutil
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dataminer_dagster.acquisition.politeness import PausePolicy
 from dataminer_dagster.core.redact import redact
 
+if TYPE_CHECKING:
+    from dataminer_dagster.assets.download.config import DownloadConfig
+
 _ytdlp_logger = logging.getLogger(f"{__name__}.yt_dlp")
-
-
-@dataclass(frozen=True)
-class DownloadOptions:
-    max_height: int | None = None  # height cap for the default format
-    format: str | None = None  # explicit yt-dlp format; default: see default_format()
-    socket_timeout: float = 30
-    min_speed_bytes_s: float | None = None  # over min_speed_window_s; slower is given up
-    min_speed_window_s: float = 60.0
-    max_download_s: float | None = None  # one download's deadline, from its first request
-    blocked_hashtags: tuple[str, ...] = ()  # whole tags, case-insensitive, '#' optional
-    max_duration_s: float | None = None
-    max_filesize_mb: float | None = None
-    min_free_disk_mb: float | None = None  # kept free besides the video's expected size
-    cookies_file: Path | None = None  # for searches and downloads
-    retries: int = 3  # yt-dlp's own retries (HTTP download, fragments, extractor)
-    # politeness (config.DownloadConfig documents each)
-    sleep_interval_s: float = 0.0  # random pause before each download, between these two
-    max_sleep_interval_s: float = 0.0
-    sleep_requests_s: float = 0.0  # yt-dlp's pause between the requests of one extraction
-    rate_limit_bytes: int | None = None  # bytes per second of one download
-    max_downloads_per_host: int = 2  # across every run (the throttle's download slots)
-    proxies: tuple[str, ...] = ()  # used in turn, one per download or search
-    pauses: PausePolicy = PausePolicy()
-    max_pause_wait_s: float = 0.0  # how long a stage waits in place for a host's pause
 
 
 def default_format(max_height: int | None) -> str:
@@ -57,12 +34,12 @@ def default_format(max_height: int | None) -> str:
     return f"bv*[height<=?{int(max_height)}]/wv*"
 
 
-def ytdlp_params(options: DownloadOptions, proxy: str | None = None) -> dict[str, Any]:
+def ytdlp_params(options: DownloadConfig, proxy: str | None = None) -> dict[str, Any]:
     """The YoutubeDL parameters for `options` and this call's proxy (without per-download paths
     and hooks)."""
     params: dict[str, Any] = {
         "format": options.format or default_format(options.max_height),
-        "socket_timeout": options.socket_timeout,
+        "socket_timeout": options.timeout_s,
         "retries": options.retries,
         "fragment_retries": options.retries,
         "extractor_retries": options.retries,
@@ -80,8 +57,7 @@ def ytdlp_params(options: DownloadOptions, proxy: str | None = None) -> dict[str
         "color": "no_color",
         "logger": YtdlpLogger(),
     }
-    if (max_bytes := max_filesize_bytes(options)) is not None:
-        params["max_filesize"] = max_bytes
+    params["max_filesize"] = max_filesize_bytes(options)
     if options.cookies_file is not None:
         params["cookiefile"] = str(options.cookies_file)
     if options.sleep_requests_s:
@@ -95,15 +71,13 @@ def ytdlp_params(options: DownloadOptions, proxy: str | None = None) -> dict[str
     return params
 
 
-def download_params(options: DownloadOptions, proxy: str | None = None) -> dict[str, Any]:
+def download_params(options: DownloadConfig, proxy: str | None = None) -> dict[str, Any]:
     """`ytdlp_params` for downloading one video: a playlist URL (refused as not a video) is
     enumerated no further than its first entry, since some never end (mixes, channels' streams)."""
     return ytdlp_params(options, proxy) | {"playlist_items": "1"}
 
 
-def max_filesize_bytes(options: DownloadOptions) -> int | None:
-    if options.max_filesize_mb is None:
-        return None
+def max_filesize_bytes(options: DownloadConfig) -> int:
     return int(options.max_filesize_mb * 1024 * 1024)
 
 

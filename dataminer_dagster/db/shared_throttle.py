@@ -29,7 +29,7 @@ from dataminer_dagster.db.host_pauses import (
 )
 
 if TYPE_CHECKING:
-    from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
+    from dataminer_dagster.assets.download.config import DownloadConfig
 
 
 def _pause(row: HostPause, retry_after: float | None = None) -> Pause:
@@ -82,7 +82,7 @@ class SharedThrottle(HostThrottle):
         cls,
         engine: sa.Engine,
         run_id: str,
-        options: DownloadOptions,
+        options: DownloadConfig,
         *,
         stale_after_s: float,
         check: Callable[[], None] | None = None,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import dagster as dg
 from pydantic import PrivateAttr
 
-from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
+from dataminer_dagster.assets.download.config import DownloadConfig
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
@@ -106,7 +106,7 @@ class DatabaseResource(dg.ConfigurableResource):
     def host_throttle(
         self,
         run_id: str,
-        options: DownloadOptions,
+        options: DownloadConfig,
         *,
         check: Callable[[], None] | None = None,
         log: Callable[[str], None] | None = None,

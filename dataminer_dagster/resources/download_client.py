@@ -17,8 +17,8 @@ import dagster as dg
 
 from dataminer_dagster.acquisition.politeness import HostThrottle
 from dataminer_dagster.acquisition.ytdlp_download import DownloadedVideo, DownloadProgress
-from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
 from dataminer_dagster.acquisition.ytdlp_search import SearchHit
+from dataminer_dagster.assets.download.config import DownloadConfig
 
 
 class DownloadClient(dg.ConfigurableResource):
@@ -30,7 +30,7 @@ class DownloadClient(dg.ConfigurableResource):
         self,
         query: str,
         max_results: int,
-        options: DownloadOptions | None = None,
+        options: DownloadConfig | None = None,
         throttle: HostThrottle | None = None,
     ) -> list[SearchHit]:
         raise NotImplementedError
@@ -39,7 +39,7 @@ class DownloadClient(dg.ConfigurableResource):
         self,
         url: str,
         max_entries: int,
-        options: DownloadOptions | None = None,
+        options: DownloadConfig | None = None,
         throttle: HostThrottle | None = None,
     ) -> list[SearchHit]:
         raise NotImplementedError
@@ -49,7 +49,7 @@ class DownloadClient(dg.ConfigurableResource):
         url: str,
         video_id: str,
         dest_dir: Path,
-        options: DownloadOptions,
+        options: DownloadConfig,
         progress: Callable[[DownloadProgress], None] | None = None,
         throttle: HostThrottle | None = None,
     ) -> DownloadedVideo:

@@ -26,9 +26,8 @@ from pathlib import Path
 
 from dataminer_dagster.acquisition.download_rules import check_download_rules
 from dataminer_dagster.acquisition.errors import DownloadBlocked, HostPaused, PermanentDownloadError
-from dataminer_dagster.acquisition.options import merged_download_options
 from dataminer_dagster.acquisition.politeness import host_key
-from dataminer_dagster.acquisition.ytdlp_params import DownloadOptions
+from dataminer_dagster.assets.download.config import DownloadConfig
 from dataminer_dagster.core.content_hash import file_content_hash
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds
@@ -72,7 +71,7 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
         )
 
     host = host_key(video.url)
-    options = merged_download_options([p.config.download for p in projects], host)
+    options = DownloadConfig.merged([p.config.download for p in projects], host)
 
     def keep_going() -> None:
         """Abandons the download, or the wait for its host, if another run took the video or
@@ -140,14 +139,8 @@ def _rejecting_projects(projects: list[ProjectRow], meta, video_id: str) -> dict
     }
     rejected = {}
     for project in projects:
-        c = project.config.download
-        rules = DownloadOptions(
-            blocked_hashtags=tuple(c.blocked_hashtags),
-            max_duration_s=c.max_duration_s,
-            max_filesize_mb=c.max_filesize_mb,
-        )
         try:
-            check_download_rules(info, rules, subject=f"Video {video_id}")
+            check_download_rules(info, project.config.download, subject=f"Video {video_id}")
         except DownloadBlocked as exc:
             rejected[project.name] = f"{exc} (rule of project {project.name})"
     return rejected
