@@ -29,6 +29,7 @@ from dataminer_dagster.engine.stage import StageAsset
 from dataminer_dagster.hosting.run_heartbeat import with_run_heartbeat
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import YtDlpClient
+from dataminer_dagster.resources.models import ModelsResource
 from dataminer_dagster.sensors.pipeline_sensors import build_sensors
 from dataminer_dagster.settings import EXECUTORS, Settings, executor_name, load_settings
 from dataminer_dagster.tags import DEVICE_TAG, GPU_OP_TAGS
@@ -94,7 +95,7 @@ def build_definitions(
     the lane jobs' executor and the location's default, an executor definition or one of
     in_process, multiprocess, celery (default: $DATAMINER_EXECUTOR, else in_process).
 
-    The resources are `db` and `download_client`; the lane assets carry the stages' IO manager
+    The resources are `db`, `download_client` and `models`; the lane assets carry the stages' IO manager
     (`dataminer_outputs`, outputs.py), which reads the claim database through `db`. The dynamic
     partition sets (`videos`, `projects`, `project_videos`) belong to the Dagster instance, so
     one instance runs one copy of the pipeline's sensors."""
@@ -120,7 +121,7 @@ def build_definitions(
         assets=list(lane_assets(stages).values()),
         jobs=list(jobs.values()),
         sensors=build_sensors(stages, jobs, lanes, chosen, ahead=executor_def.name == EXECUTORS[0]),
-        resources={"db": db, "download_client": YtDlpClient()},
+        resources={"db": db, "download_client": YtDlpClient(), "models": ModelsResource()},
         executor=executor_def,
     )
 

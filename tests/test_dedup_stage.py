@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import ClassVar
 
 import dagster as dg
 import pandas as pd
@@ -18,6 +19,7 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.engine.planning import DiscoveryCursor, plan_discovery
 from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from dataminer_dagster.paths import DataPaths, ProjectPaths
+from dataminer_dagster.resources.models import ModelsResource
 from dataminer_dagster.testing import keep_every_frame
 from tests.helpers.pipeline import materialize_partitions, resources, work_items
 from tests.helpers.stages import STAGES
@@ -25,7 +27,17 @@ from tests.helpers.stages import STAGES
 pytestmark = pytest.mark.slow
 
 
-def _materialize(engine, instance, data_dir: Path, database_url: str, stage: str):
+class RecordingModels(ModelsResource):
+    """The product's models, with a record of what the stages asked for."""
+
+    asked: ClassVar[list[str]] = []
+
+    def scorer(self, config):
+        self.asked.append(f"scorer {config.model}")
+        return super().scorer(config)
+
+
+def _materialize(engine, instance, data_dir: Path, database_url: str, stage: str, **extra):
     for name, keys in plan_discovery(engine, DiscoveryCursor()).additions.items():
         instance.add_dynamic_partitions(name, keys)
     asset = STAGES[stage]
@@ -33,7 +45,7 @@ def _materialize(engine, instance, data_dir: Path, database_url: str, stage: str
         [asset],
         list(work_items(engine, stage)),
         instance=instance,
-        resources=resources(database_url, data_dir),
+        resources=resources(database_url, data_dir, **extra),
         partitions=asset.partitions_def,
         raise_on_error=False,
     )
@@ -69,9 +81,14 @@ def test_an_unreadable_frame_without_a_cached_embedding_is_recorded_and_skipped(
         broken = Path(passed["file"][1])
         broken.chmod(0o644)
         broken.write_bytes(b"not an image any more")
-        result = _materialize(engine, instance, data_dir, database_url, DEDUP)
+        RecordingModels.asked.clear()
+        result = _materialize(
+            engine, instance, data_dir, database_url, DEDUP, models=RecordingModels()
+        )
 
     assert result.success
+    # Without the cache, dedup embedded with the filter's model, from the `models` resource.
+    assert RecordingModels.asked == [f"scorer {tiny_siglip}"]
     assert work_items(engine, DEDUP)["shaky"].status == "done"
     [materialization] = result.get_asset_materialization_events()
     assert materialization.materialization.metadata["unreadable"].value == 1

@@ -28,6 +28,7 @@ SCRIPT = textwrap.dedent(
     from dataminer_dagster.db.leases import LeaseStore
     from tests.helpers.stages import LANE_ASSETS, STAGES
     from dataminer_dagster.resources.download_client import YtDlpClient
+    from dataminer_dagster.resources.models import ModelsResource
     from dataminer_dagster.paths import DataPaths
     from dataminer_dagster.resources.db import DatabaseResource
     from dataminer_dagster.engine.planning import DiscoveryCursor, plan_discovery
@@ -39,7 +40,7 @@ SCRIPT = textwrap.dedent(
     config = parse_project_config({"name": "p", "inputs": {"files": [str(video)]},
                                    "filter": {"positive_prompts": ["x"]}})
     catalog.register_project(config)
-    resources = {"db": DatabaseResource(database_url=url, data_dir=str(tmp / "data")), "download_client": YtDlpClient()}
+    resources = {"db": DatabaseResource(database_url=url, data_dir=str(tmp / "data")), "download_client": YtDlpClient(), "models": ModelsResource()}
     with dg.instance_for_test() as instance:
         for stage in ("catalog", "download", "frames"):
             found = plan_discovery(engine, DiscoveryCursor())

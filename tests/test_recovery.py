@@ -40,6 +40,7 @@ from dataminer_dagster.engine.planning import DiscoveryCursor, RunLimits, plan_d
 from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from dataminer_dagster.hosting.driver import DriveResult, drive
 from dataminer_dagster.paths import FRAMES_MANIFEST, DataPaths, ProjectPaths
+from dataminer_dagster.resources.models import ModelsResource
 from dataminer_dagster.settings import LeasePolicy, RunPolicy, load_settings
 from dataminer_dagster.testing import keep_every_frame
 from tests.helpers.pipeline import (
@@ -125,7 +126,7 @@ class Pipeline:
             heartbeat_seconds=HEARTBEAT_S,
             hooks=dump_hooks(hooks),
         )
-        return {"db": db, "download_client": CannedSearchClient()}
+        return {"db": db, "download_client": CannedSearchClient(), "models": ModelsResource()}
 
     def items(self, stage: str) -> dict[str, sa.Row]:
         return work_items(self.engine, stage)

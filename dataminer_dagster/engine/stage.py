@@ -78,6 +78,7 @@ from dataminer_dagster.engine.registry import split_project_video_key
 from dataminer_dagster.outputs import OUTPUTS_IO_MANAGER_KEY
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import DownloadClient
+from dataminer_dagster.resources.models import ModelsResource
 from dataminer_dagster.resources.stage_outputs import stage_outputs_io_manager
 from dataminer_dagster.tags import (
     BACKFILL_TAG,
@@ -146,6 +147,14 @@ class StageContext:
         if not isinstance(client, DownloadClient):
             raise TypeError(f"resource download_client is a {type(client).__name__}")
         return client
+
+    @property
+    def models(self) -> ModelsResource:
+        """The `models` resource (stages that declare it in required_resource_keys)."""
+        models = self.context.resources.models
+        if not isinstance(models, ModelsResource):
+            raise TypeError(f"resource models is a {type(models).__name__}")
+        return models
 
     def staging_path(self, final: Path) -> Path:
         """A fresh hidden sibling of `final` to build it in (what an earlier attempt killed

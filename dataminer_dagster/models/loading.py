@@ -122,16 +122,27 @@ def resolve_dtype(
     return compute_dtype(dtype, device, capability)
 
 
-_loaded: dict[tuple, Any] = {}
-_loaded_lock = threading.Lock()
+class ModelCache:
+    """Loaded models by key: `load()` runs once per key, even when threads ask at once."""
+
+    def __init__(self) -> None:
+        self._models: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple, load: Callable[[], T]) -> T:
+        with self._lock:
+            if key not in self._models:
+                self._models[key] = load()
+            return self._models[key]
+
+
+# The process's models (resources/models.py says why they outlive a run).
+PROCESS_MODELS = ModelCache()
 
 
 def load_once(key: tuple, load: Callable[[], T]) -> T:
-    """Process-wide memo for loaded models: `load()` runs once per key, even across threads."""
-    with _loaded_lock:
-        if key not in _loaded:
-            _loaded[key] = load()
-        return _loaded[key]
+    """`load()` once per key in this process (PROCESS_MODELS)."""
+    return PROCESS_MODELS.get(key, load)
 
 
 def load_pretrained(

@@ -19,6 +19,7 @@ from dataminer_dagster.engine.stage import StageAsset
 from dataminer_dagster.hosting.driver import DriveResult, drive
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import YtDlpClient
+from dataminer_dagster.resources.models import ModelsResource
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.tags import RANGE_END, RANGE_START, REQUESTED_BY_TAG
 
@@ -43,6 +44,7 @@ def resources(database_url: str, data_dir: Path, **extra) -> dict:
             database_url=database_url, data_dir=str(data_dir), heartbeat_seconds=1.0
         ),
         "download_client": CannedSearchClient(),
+        "models": ModelsResource(),
         **extra,
     }
 

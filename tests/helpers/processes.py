@@ -36,6 +36,7 @@ from dataminer_dagster.db.leases import Lease
 from dataminer_dagster.db.run_leases import RunLeases
 from dataminer_dagster.engine.lanes import lane_of
 from dataminer_dagster.resources.db import DatabaseResource
+from dataminer_dagster.resources.models import ModelsResource
 from dataminer_dagster.tags import LANE_TAG, RANGE_END, RANGE_START, REQUESTED_BY_TAG, STAGES_TAG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -296,6 +297,7 @@ def run_stage_job(spec: StageRun) -> None:
                 hooks=spec.hooks,
             ),
             "download_client": CannedSearchClient(),
+            "models": ModelsResource(),
         },
     )
     with dg.instance_for_test(temp_dir=spec.instance_dir) as instance:

@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 
 from dataminer_dagster.assets.dedup.store import record_kept
-from dataminer_dagster.assets.filter.scorer import load_scorer
 from dataminer_dagster.assets.filter.store import videos_with_passed_frames
 from dataminer_dagster.assets.filter.table import passed_frames
 from dataminer_dagster.core.dedup import deduplicate
@@ -133,6 +132,7 @@ def _groups_preview(frames: pd.DataFrame, titles: dict[str, str], directory: Pat
 @stage_asset(
     checks=DEDUP_CHECKS,
     stage=DEDUP,
+    required_resource_keys=["models"],
     kinds={"faiss", "parquet"},
     loadable=True,  # a downstream asset loads it (outputs.py)
 )
@@ -371,9 +371,7 @@ def _embeddings(
         slug = resolve_model(config.filter.model).slug
         embedder = None
     else:
-        from dataminer_dagster.models.image_embedder import ImageEmbedder
-
-        embedder = ImageEmbedder(config.dedup.model, device=config.dedup.device)
+        embedder = ctx.models.embedder(config.dedup)
         slug = embedder.model_slug
     cache = EmbeddingCache(ctx.db.paths.embeddings_dir(), slug)
     parts, unreadable = [], {}
@@ -381,7 +379,7 @@ def _embeddings(
         found, cached = cache.get(video_id, group["content_hash"].tolist())
         vectors = np.zeros((len(group), cached.shape[1] if cached.size else 0), np.float32)
         if not found.all():  # not cached (cache removed, or another model): compute them now
-            embedder = embedder or load_scorer(config.filter)
+            embedder = embedder or ctx.models.scorer(config.filter)
             missing = np.flatnonzero(~found)
             computed = embedder.embed_all([group["file"].iloc[i] for i in missing])
             vectors = np.zeros((len(group), embedder.embedding_dim), np.float32)

@@ -32,20 +32,6 @@ READ_CHUNK = 64  # frames read from disk at a time
 READ_THREADS = 4
 
 
-def load_project_detector(config):
-    from dataminer_dagster.models.detectors import load_detector
-
-    return load_detector(
-        config.detector,
-        config.model,
-        classes=config.classes or None,
-        prompts=config.prompts or None,
-        confidence=config.confidence,
-        device=config.device,
-        batch_size=config.batch_size,
-    )
-
-
 def _detect_chunk(detector, chunk, pictures, config, staging, rows, images) -> None:
     """Detect on one chunk of kept frames; append its table rows and COCO images, and draw its
     visualisations."""
@@ -146,6 +132,7 @@ def check_coco_file(path: Path) -> CheckResult:
         )
     ],
     stage=DETECT,
+    required_resource_keys=["models"],
     kinds={"pytorch", "parquet", "json"},
     loadable=True,  # a downstream asset loads it (outputs.py)
 )
@@ -165,7 +152,7 @@ def detections(item: StageItem, ctx: StageContext) -> ItemResult:
         )
 
     started = time.monotonic()
-    detector = load_project_detector(config)
+    detector = ctx.models.detector(config)
     staging = ctx.staging_path(paths.detections_dir)
     staging.mkdir()
     if config.visualizations:

@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 
 from dataminer_dagster.assets.filter.config import FilterConfig
-from dataminer_dagster.assets.filter.scorer import load_scorer
 from dataminer_dagster.assets.filter.store import record_filter
 from dataminer_dagster.assets.filter.table import prompt_columns
 from dataminer_dagster.core.embedding_cache import EmbeddingCache, quantize
@@ -33,6 +32,7 @@ from dataminer_dagster.paths import FRAMES_MANIFEST, ProjectPaths
 
 @stage_asset(
     stage=FILTER,
+    required_resource_keys=["models"],
     kinds={"pytorch", "huggingface", "parquet"},
 )
 def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
@@ -56,7 +56,7 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
     frames_dir = stored[0]
     manifest = read_manifest(frames_dir / FRAMES_MANIFEST)
 
-    scorer = load_scorer(config)
+    scorer = ctx.models.scorer(config)
     text = ctx.memo(
         ("prompts", project.name, config.model),
         lambda: _embed_prompts(ctx, scorer, project.name, config),
