@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="where to build (a temp dir)")
     args = parser.parse_args()
 
-    from dataminer_dagster.assets.dataset.review import (
+    from dataminer_dagster.assets.dataset.corrections import (
         apply_review,
         import_review,
         load_corrections,
@@ -150,7 +150,7 @@ def main() -> None:
         write_formats,
     )
     from dataminer_dagster.core.dataset_report import Thresholds, summarize, write_report
-    from dataminer_dagster.core.review import label_studio_tasks
+    from dataminer_dagster.core.review_formats import label_studio_tasks
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)

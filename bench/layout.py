@@ -19,7 +19,7 @@ SQL = re.compile(
 
 # The files every stage folder may have, one meaning each (assets/<stage>/asset.py is always
 # that stage's asset): not counted as names used twice.
-STAGE_FILES = ("asset.py", "config.py", "table.py", "store.py", "scorer.py")
+STAGE_FILES = ("asset.py", "config.py", "table.py", "store.py")
 
 
 def _stage_convention(path: Path, package: Path) -> bool:

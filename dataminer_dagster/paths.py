@@ -99,7 +99,7 @@ class ProjectPaths:
 
     @property
     def review_dir(self) -> Path:
-        """The corrections of the dataset's reviews (assets/dataset/review.py)."""
+        """The corrections of the dataset's reviews (assets/dataset/corrections.py)."""
         return self.root / "review"
 
     @property

@@ -1,4 +1,4 @@
-"""assets/dataset/review.py: corrections kept across imports, and applied to the detector's COCO
+"""assets/dataset/corrections.py: corrections kept across imports, and applied to the detector's COCO
 file by the dataset build."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from dataminer_dagster.assets.dataset.review import (
+from dataminer_dagster.assets.dataset.corrections import (
     apply_review,
     import_review,
     load_corrections,
     review_imports,
 )
-from dataminer_dagster.core.review import LabelledBox, ReviewedImage, ReviewImportError
+from dataminer_dagster.core.review_formats import LabelledBox, ReviewedImage, ReviewImportError
 
 
 def coco() -> dict:

@@ -15,7 +15,7 @@ import pytest
 
 from dataminer_dagster.acquisition.video_ids import video_id_for_file
 from dataminer_dagster.assets.catalog.asset import video_catalog
-from dataminer_dagster.assets.dataset.checks import check_dataset
+from dataminer_dagster.assets.dataset.quality_checks import check_dataset
 from dataminer_dagster.assets.detect.asset import check_coco_file
 from dataminer_dagster.assets.download.asset import downloads
 from dataminer_dagster.assets.frames.asset import frames
@@ -211,7 +211,7 @@ def _formats_dataset(root):
 
 
 def test_the_split_checks_pass_on_a_dataset_as_written_and_say_what_breaks(tmp_path):
-    from dataminer_dagster.assets.dataset.checks import check_splits
+    from dataminer_dagster.assets.dataset.quality_checks import check_splits
 
     root = _formats_dataset(tmp_path / "dataset")
     result = check_splits(root, ["coco", "yolo", "hf"], with_boxes=True)
@@ -235,7 +235,7 @@ def test_the_split_checks_pass_on_a_dataset_as_written_and_say_what_breaks(tmp_p
 
 
 def test_a_video_or_a_near_duplicate_group_across_splits_is_a_leak(tmp_path):
-    from dataminer_dagster.assets.dataset.checks import check_no_pairs_across_splits
+    from dataminer_dagster.assets.dataset.quality_checks import check_no_pairs_across_splits
 
     root = _formats_dataset(tmp_path / "dataset")
     table = tmp_path / "frames.parquet"
@@ -258,12 +258,12 @@ def test_a_video_or_a_near_duplicate_group_across_splits_is_a_leak(tmp_path):
 
 
 def test_provenance_splits_and_image_quality_say_their_numbers(tmp_path):
-    from dataminer_dagster.assets.dataset.checks import (
+    from dataminer_dagster.assets.dataset.config import DatasetConfig
+    from dataminer_dagster.assets.dataset.quality_checks import (
         check_image_quality,
         check_provenance,
         check_splits_filled,
     )
-    from dataminer_dagster.assets.dataset.config import DatasetConfig
 
     root = _formats_dataset(tmp_path / "dataset")
     assert check_provenance(root).passed

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.acquisition import SourceYield, choose
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
-from dataminer_dagster.db.acquisition import continue_acquisition
+from dataminer_dagster.db.acquisition_rounds import continue_acquisition
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.paths import DataPaths

@@ -114,7 +114,7 @@ def export(name: str, dest: Path, image_url: str | None, document_root: Path | N
 
     from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR
     from dataminer_dagster.core.files import publish, staging_path
-    from dataminer_dagster.core.review import label_studio_config, label_studio_tasks
+    from dataminer_dagster.core.review_formats import label_studio_config, label_studio_tasks
 
     project, paths, contents = _dataset(name)
     tasks = label_studio_tasks(
@@ -143,9 +143,9 @@ def export(name: str, dest: Path, image_url: str | None, document_root: Path | N
 def _import_and_rebuild(name: str, export: Path, wait: bool, timeout: float | None) -> None:
     """Keep the export's answers as corrections and queue the dataset again (build it now with
     `wait`)."""
-    from dataminer_dagster.assets.dataset.review import import_review
+    from dataminer_dagster.assets.dataset.corrections import import_review
     from dataminer_dagster.cli.admin import force_and_report
-    from dataminer_dagster.core.review import REVIEW_STATES, UNREVIEWED, ReviewImportError
+    from dataminer_dagster.core.review_formats import REVIEW_STATES, UNREVIEWED, ReviewImportError
     from dataminer_dagster.engine.registry import DATASET
 
     project, paths, _ = _dataset(name)
@@ -259,7 +259,7 @@ def push(
     the same folder as --document-root) on a machine that sees the dataset's folder."""
     from dataminer_dagster.assets.dataset.label_studio import LabelStudioError
     from dataminer_dagster.core.dataset_files import IMAGES_DIR
-    from dataminer_dagster.core.review import label_studio_config, label_studio_tasks
+    from dataminer_dagster.core.review_formats import label_studio_config, label_studio_tasks
 
     project, paths, contents = _dataset(name)
     model_version = _model_version(project, paths)

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.core.redact import redact, redact_url
-from dataminer_dagster.db.acquisition import target_report
+from dataminer_dagster.db.acquisition_rounds import target_report
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import (

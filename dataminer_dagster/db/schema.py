@@ -95,7 +95,7 @@ projects = sa.Table(
     sa.Column("fingerprints", JSONB),
     # A refresh asked for and not yet done: the next catalog run links only new videos.
     sa.Column("refresh_requested_at", sa.DateTime(timezone=True)),
-    # A project with a target: {round, state, reason, decided_at} (db/acquisition.py)
+    # A project with a target: {round, state, reason, decided_at} (db/acquisition_rounds.py)
     sa.Column("acquisition", JSONB),
     *_timestamps(),
     sa.CheckConstraint("name ~ '^[A-Za-z0-9_-]{1,64}$'", name="project_name_safe"),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import dagster as dg
 import sqlalchemy as sa
 
-from dataminer_dagster.db.acquisition import continue_acquisition
+from dataminer_dagster.db.acquisition_rounds import continue_acquisition
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.partition_rows import (
     PARTITION_SETS,
@@ -512,7 +512,7 @@ class Cycle:
     discovery: Discovery
     transitions: list[Transition]
     runs: list[PlannedRun]
-    # (project, decision) of projects short of their target (db/acquisition.py)
+    # (project, decision) of projects short of their target (db/acquisition_rounds.py)
     acquisitions: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:

@@ -1,4 +1,4 @@
-"""core/review.py: Label Studio tasks out, reviewed images back, what changed per class."""
+"""core/review_formats.py: Label Studio tasks out, reviewed images back, what changed per class."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from xml.etree import ElementTree
 import pytest
 
 from dataminer_dagster.core.dataset_formats import Box, DatasetContents, SplitImage
-from dataminer_dagster.core.review import (
+from dataminer_dagster.core.review_formats import (
     ACCEPTED,
     CORRECTED,
     REJECTED,

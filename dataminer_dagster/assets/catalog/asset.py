@@ -15,7 +15,12 @@ from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.inputs import find_videos
 from dataminer_dagster.core.acquisition import MAX_DEPTH, SourceYield, choose
 from dataminer_dagster.db import source_refresh
-from dataminer_dagster.db.acquisition import acquisition_state, budget_left, record_round, spent
+from dataminer_dagster.db.acquisition_rounds import (
+    acquisition_state,
+    budget_left,
+    record_round,
+    spent,
+)
 from dataminer_dagster.db.reports import source_yield
 from dataminer_dagster.engine.outcomes import ItemResult, Postponed
 from dataminer_dagster.engine.registry import CATALOG

@@ -12,7 +12,7 @@
     report.md, report/       the quality report and its plots (core/dataset_report.py)
     version.json             which version of the dataset this is (core/dataset_versions.py)
 
-A review in a labelling tool comes back as corrections (review.py, `dataminer review`): every
+A review in a labelling tool comes back as corrections (corrections.py, `dataminer review`): every
 build applies them, leaving rejected images out and giving corrected ones the reviewer's boxes.
 
 A build whose content differs from the last version's is kept as a new version, never changed
@@ -21,7 +21,7 @@ again, in `<output>/dataset_versions/v<N>/`; `dataminer dataset diff` compares t
 Splits are assigned by source (core/dataset_splits.py): a video, its copies and the videos it
 shares a near-duplicate group with (the dedup table's groups) go to one split, so no scene is in
 two. Rebuilt atomically on every run: a re-run replaces the dataset, never appends to it. Its
-checks (checks.py) read the files once they are in place; its previews are a sample of the images
+checks (quality_checks.py) read the files once they are in place; its previews are a sample of the images
 with their annotations drawn, and the quality report's plots.
 """
 
@@ -34,13 +34,13 @@ import dagster as dg
 import numpy as np
 import pandas as pd
 
-from dataminer_dagster.assets.dataset.checks import DATASET_CHECKS
-from dataminer_dagster.assets.dataset.review import (
+from dataminer_dagster.assets.dataset.corrections import (
     AppliedReview,
     apply_review,
     load_corrections,
     review_imports,
 )
+from dataminer_dagster.assets.dataset.quality_checks import DATASET_CHECKS
 from dataminer_dagster.core.coco import Detection, write_coco
 from dataminer_dagster.core.dataset_files import (
     COCO_FILE,
@@ -65,7 +65,7 @@ from dataminer_dagster.core.dataset_versions import keep_version, next_version
 from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import brightness_of_file, read_image
 from dataminer_dagster.core.redact import redact_url
-from dataminer_dagster.core.review import REVIEW_STATES
+from dataminer_dagster.core.review_formats import REVIEW_STATES
 from dataminer_dagster.core.visualize import contact_sheet, draw_detections
 from dataminer_dagster.db.project_flow import project_members
 from dataminer_dagster.db.reports import source_yield
@@ -292,7 +292,7 @@ def _review_metadata(review: AppliedReview) -> dict:
 def _reviewed(
     kept: pd.DataFrame, paths: ProjectPaths, has_detections: bool
 ) -> tuple[pd.DataFrame, AppliedReview]:
-    """The kept frames with the review's corrections applied (review.py): rejected ones out,
+    """The kept frames with the review's corrections applied (corrections.py): rejected ones out,
     each one's review state, and the boxes of the reviewed ones counted from the reviewed
     annotations."""
     review = apply_review(
