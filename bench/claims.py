@@ -36,7 +36,8 @@ import sqlalchemy as sa
 from databases import fresh_database  # bench/databases.py
 
 from dataminer_dagster.db.engine import get_engine
-from dataminer_dagster.db.leases import COMPLETE, LeaseStore, claim_next_statement
+from dataminer_dagster.db.lease_sql import COMPLETE, claim_next_statement
+from dataminer_dagster.db.leases import LeaseStore
 
 STAGE = "download"
 

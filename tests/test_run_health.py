@@ -21,7 +21,7 @@ from dagster._core.remote_origin import (
 from dagster._core.storage.dagster_run import DagsterRun, RunRecord
 
 from dataminer_dagster.core.process_liveness import process_gone, process_space
-from dataminer_dagster.db.leases import Heartbeat
+from dataminer_dagster.db.run_liveness import Heartbeat
 from dataminer_dagster.engine.run_health import judge, run_worker_owner
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.tags import LANE_TAG

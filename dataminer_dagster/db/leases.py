@@ -10,8 +10,6 @@ Errors are stored redacted (core/redact.py): a video URL's password or token nev
 
 from __future__ import annotations
 
-import functools
-import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,12 +18,22 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from psycopg.rows import namedtuple_row
 
-from dataminer_dagster.assets import VIDEO_STAGES
-from dataminer_dagster.core.process_liveness import process_gone
 from dataminer_dagster.core.redact import redact
-from dataminer_dagster.db.engine import get_engine
+from dataminer_dagster.db.lease_sql import (
+    BACKOFF_AT,
+    CLEAR_LEASE,
+    COMPLETE,
+    CONCERNS_PROJECTS,
+    HELD,
+    LEASE_COLUMNS,
+    RECORD_FINGERPRINT,
+    UNCOUNTED_STATUS,
+    W,
+    claim_next_statement,
+    fail_set,
+)
+from dataminer_dagster.db.run_liveness import RunLiveness
 from dataminer_dagster.db.schema import (
     BLOCKED,
     CLAIMABLE,
@@ -34,16 +42,8 @@ from dataminer_dagster.db.schema import (
     FAILED,
     PENDING,
     RUNNING,
-    SCHEMA,
-    current_fingerprint_sql,
     stale_sql,
 )
-from dataminer_dagster.settings import LongRunningPolicy, RetryPolicy
-
-_log = logging.getLogger(__name__)
-
-W = f"{SCHEMA}.work_items"
-H = f"{SCHEMA}.run_heartbeats"
 
 
 class LeaseLost(Exception):
@@ -103,150 +103,6 @@ class FailResult:
     next_attempt_at: datetime | None
 
 
-@dataclass(frozen=True)
-class Heartbeat:
-    age_s: float  # seconds since the run's last beat, by the database clock
-    host: str
-    pid: int
-    process_space: str | None = None  # where `pid` can be looked up; None: judged by silence only
-
-    def process_gone(self) -> bool:
-        """The process that sent this beat is known to be gone (looked up from its own process
-        space; from elsewhere this is never known, and False)."""
-        return process_gone(self.pid, self.process_space, beat_age_s=self.age_s)
-
-
-@dataclass(frozen=True)
-class LongRunning:
-    """A lease held far longer than its stage's items usually take."""
-
-    stage: str
-    key: str
-    owner: str
-    token: uuid.UUID
-    held_s: float  # since the item was begun
-    usual_s: float | None  # median of the stage's recent items; None: none finished yet
-
-    def describe(self) -> str:
-        from dataminer_dagster.core.progress import format_seconds
-
-        usual = (
-            f"its stage's items usually take {format_seconds(self.usual_s)}"
-            if self.usual_s is not None
-            else f"no {self.stage} item has finished yet"
-        )
-        return (
-            f"{self.stage} {self.key}: running for {format_seconds(self.held_s)} in run "
-            f"{self.owner}; {usual}"
-        )
-
-
-@dataclass(frozen=True)
-class Reaped:
-    stage: str
-    key: str
-    owner: str
-    status: str  # failed or dead
-
-
-_LEASE_COLUMNS = (
-    "id, stage, item_key, lease_token, lease_owner, attempts, max_attempts, project_id, video_id, "
-    "fingerprint"
-)
-
-_CLEAR_LEASE = (
-    "lease_owner = NULL, lease_token = NULL, leased_at = NULL, started_at = NULL, requested_at = NULL, "
-    "updated_at = now()"
-)
-# Completion keeps `started_at`: with `finished_at` it tells how long the item took (the usual
-# duration of a stage, against which long-running leases are judged). A claim clears it.
-_CLEAR_LEASE_KEEP_START = _CLEAR_LEASE.replace("started_at = NULL, ", "")
-
-
-# When an item that failed is tried again: exponential back-off in its attempts, with jitter.
-_BACKOFF_AT = (
-    "now() + make_interval(secs => least(:max_delay, "
-    ":base_delay * power(2, greatest(attempts - 1, 0))) * (0.5 + random() * 0.5))"
-)
-
-
-# Failing an item: back to `failed` with exponential back-off and jitter, or `dead` once it has
-# used its attempts (or at once when the failure is permanent). Shared by fail, reap and release_run.
-def _fail_set(error_sql: str = ":error", *, spare_unstarted: bool = False) -> str:
-    """SET clause of a failure. With `spare_unstarted`, items the run never began (started_at
-    NULL) go back as if released: no attempt counted, no back-off."""
-    last = ":retryable AND attempts < max_attempts"
-    status = f"CASE WHEN {last} THEN '{FAILED}' ELSE '{DEAD}' END"
-    attempts = "attempts"
-    next_at = _BACKOFF_AT
-    finished = f"CASE WHEN {last} THEN NULL ELSE now() END"
-    if spare_unstarted:
-        status = f"CASE WHEN started_at IS NULL THEN {_UNCOUNTED_STATUS} ELSE {status} END"
-        attempts = "CASE WHEN started_at IS NULL THEN greatest(attempts - 1, 0) ELSE attempts END"
-        next_at = f"CASE WHEN started_at IS NULL THEN now() ELSE {next_at} END"
-        finished = f"CASE WHEN started_at IS NULL THEN NULL ELSE {finished} END"
-    return f"""status = {status}, attempts = {attempts}, next_attempt_at = {next_at},
-               finished_at = {finished}, last_error = {error_sql}, {_CLEAR_LEASE}"""
-
-
-# Giving an item back uncounted: `failed` if an earlier attempt failed (it keeps its error), else
-# `pending`.
-_UNCOUNTED_STATUS = f"CASE WHEN attempts > 1 THEN '{FAILED}' ELSE '{PENDING}' END"
-
-
-# Items that concern the projects `:projects` (all when it is NULL): their own, and their videos'
-# downloads, extractions and backups.
-CONCERNS_PROJECTS = f"""(CAST(:projects AS int[]) IS NULL
-    OR project_id = ANY(CAST(:projects AS int[]))
-    OR (stage IN ({", ".join(f"'{stage}'" for stage in VIDEO_STAGES)})
-        AND video_id IN (SELECT video_id FROM {SCHEMA}.project_videos
-                          WHERE project_id = ANY(CAST(:projects AS int[])))))"""
-
-
-# A claim records the config its work is done with (the project's fingerprint of the stage, read
-# in the claim itself: a config changed after it makes the item stale, never the other way).
-_RECORD_FINGERPRINT = f"fingerprint = {current_fingerprint_sql('w')}"
-
-
-# The hot statements, also run as they are by bench/claims.py.
-@functools.lru_cache(maxsize=32)
-def claim_next_statement(limit: int) -> sa.TextClause:
-    """Claim up to `limit` items of `:stage` for `:owner`. The limit is part of the text, so that
-    the plan PostgreSQL keeps for the prepared statement is the right one: with a `$n` limit it
-    estimates a tenth of the table, finds that plan dear and plans the statement again every time.
-    `id = ANY(ARRAY(...))` keeps the plan an index lookup whatever the limit."""
-    return sa.text(f"""
-        UPDATE {W} w
-           SET status = '{RUNNING}', lease_owner = :owner, lease_token = gen_random_uuid(),
-               leased_at = now(), started_at = NULL, attempts = w.attempts + 1, updated_at = now(),
-               {_RECORD_FINGERPRINT}
-         WHERE w.id = ANY(ARRAY(
-                SELECT id FROM {W}
-                 WHERE stage = :stage AND status IN ('{PENDING}', '{FAILED}') AND next_attempt_at <= now()
-                 ORDER BY next_attempt_at, id LIMIT {int(limit)} FOR UPDATE SKIP LOCKED))
-        RETURNING {_LEASE_COLUMNS}
-    """)
-
-
-# The rows of the given leases (`:ids`, `:tokens`) that their holder still owns. Tokens are unique,
-# so a row whose token is among the tokens is the row that token was issued for.
-_HELD = f"""WHERE w.id = ANY(CAST(:ids AS bigint[])) AND w.lease_token = ANY(CAST(:tokens AS uuid[]))
-               AND w.status = '{RUNNING}'"""
-
-# An item claimed under a config of its project since replaced (stale: its fingerprint differs)
-# completes as pending, with fresh attempts: its results stand until it is done again.
-_STALE = stale_sql("w")
-COMPLETE = sa.text(f"""
-    UPDATE {W} w SET status = CASE WHEN {_STALE} THEN '{PENDING}' ELSE '{DONE}' END,
-           attempts = CASE WHEN {_STALE} THEN 0 ELSE w.attempts END,
-           next_attempt_at = CASE WHEN {_STALE} THEN now() ELSE w.next_attempt_at END,
-           outcome = CAST(:outcome AS jsonb), last_error = NULL,
-           finished_at = CASE WHEN {_STALE} THEN NULL ELSE now() END, {_CLEAR_LEASE_KEEP_START}
-      {_HELD}
-    RETURNING w.id
-""")
-
-
 def _held(leases: Sequence[Lease]) -> dict:
     return {"ids": [lease.item_id for lease in leases], "tokens": [lease.token for lease in leases]}
 
@@ -271,39 +127,9 @@ def _lease(row: Any) -> Lease:  # a row with the lease columns as attributes
     )
 
 
-@functools.lru_cache(maxsize=64)
-def _driver_sql(text: str, dialect: sa.Dialect) -> str:
-    """A statement's text in the driver's parameter style."""
-    return sa.text(text).compile(dialect=dialect).string
-
-
-class LeaseStore:
-    def __init__(self, engine: sa.Engine, retry: RetryPolicy | None = None):
-        self.engine = engine
-        self.policy = retry or RetryPolicy()
-        # Each operation is one statement: run it in autocommit, one round trip instead of three
-        # (BEGIN, statement, COMMIT). `completing` keeps a real transaction for the caller's writes.
-        self._autocommit = get_engine(
-            engine.url.render_as_string(hide_password=False), autocommit=True
-        )
-
-    def _run(
-        self, statement: sa.TextClause, params: dict, conn: sa.Connection | None = None
-    ) -> list:
-        """Run one operation's statement and return its rows (named tuples), in the caller's
-        transaction `conn`, or else on its own. On its own it goes straight to the driver on a
-        pooled autocommit connection: SQLAlchemy's execution layer costs more than the statement
-        itself when many claimers share a machine (bench/claims.py)."""
-        if conn is not None:
-            return conn.execute(statement, params).all()
-        pooled = self._autocommit.raw_connection()  # the pool's pre-ping survives a restart
-        try:
-            cursor = pooled.driver_connection.cursor(row_factory=namedtuple_row)
-            with cursor:
-                cursor.execute(_driver_sql(statement.text, self._autocommit.dialect), params)
-                return cursor.fetchall() if cursor.description else []
-        finally:
-            pooled.close()
+class LeaseStore(RunLiveness):
+    """The work items' leases: queueing, claiming, finishing, retrying (the runs' heartbeats and
+    recovery: `RunLiveness`)."""
 
     # --- queueing ---------------------------------------------------------------------------
 
@@ -421,7 +247,7 @@ class LeaseStore:
             UPDATE {W} w
                SET status = '{RUNNING}', lease_owner = :owner, lease_token = gen_random_uuid(),
                    leased_at = now(), started_at = NULL, updated_at = now(), last_error = NULL,
-                   finished_at = NULL, {_RECORD_FINGERPRINT},
+                   finished_at = NULL, {RECORD_FINGERPRINT},
                    attempts = CASE WHEN w.status IN ('{DONE}', '{DEAD}', '{BLOCKED}') THEN 1
                                    ELSE w.attempts + 1 END
               FROM (SELECT id FROM {W} s
@@ -432,7 +258,7 @@ class LeaseStore:
                        AND {CONCERNS_PROJECTS}
                      ORDER BY id FOR UPDATE SKIP LOCKED) pick
              WHERE w.id = pick.id
-            RETURNING w.{_LEASE_COLUMNS.replace(", ", ", w.")}
+            RETURNING w.{LEASE_COLUMNS.replace(", ", ", w.")}
         """)
         params = {
             "stage": stage,
@@ -475,39 +301,6 @@ class LeaseStore:
                 )
             )
         return result
-
-    # --- liveness ---------------------------------------------------------------------------
-
-    def heartbeat(
-        self, owner: str, host: str, pid: int, process_space: str | None = None
-    ) -> set[uuid.UUID]:
-        """Prove that run `owner` is alive (process `pid` of `process_space`, on `host`);
-        returns the tokens of the leases it still holds."""
-        statement = sa.text(f"""
-            WITH beat AS (
-                INSERT INTO {H} (run_id, host, pid, process_space)
-                VALUES (:owner, :host, :pid, :space)
-                ON CONFLICT (run_id) DO UPDATE SET heartbeat_at = now(), host = EXCLUDED.host,
-                                                   pid = EXCLUDED.pid,
-                                                   process_space = EXCLUDED.process_space
-                RETURNING run_id)
-            SELECT w.lease_token FROM {W} w JOIN beat ON w.lease_owner = beat.run_id
-             WHERE w.status = '{RUNNING}'
-        """)
-        params = {"owner": owner, "host": host, "pid": pid, "space": process_space}
-        rows = self._run(statement, params)
-        return {row.lease_token for row in rows}
-
-    def heartbeats(self, owners: Sequence[str]) -> dict[str, Heartbeat]:
-        """The last heartbeat of each of these runs that ever sent one."""
-        if not owners:
-            return {}
-        statement = sa.text(f"""
-            SELECT run_id, extract(epoch FROM now() - heartbeat_at) AS age, host, pid, process_space
-              FROM {H} WHERE run_id = ANY(CAST(:owners AS text[]))
-        """)
-        rows = self._run(statement, {"owners": list(owners)})
-        return {r.run_id: Heartbeat(float(r.age), r.host, r.pid, r.process_space) for r in rows}
 
     def mark_started(self, lease: Lease) -> None:
         """Note that the holder begins the item now (from here on, losing it costs an attempt).
@@ -560,7 +353,7 @@ class LeaseStore:
         once when not retryable). Changes nothing when the lease was lost. `then` runs in the
         same transaction when the failure is recorded (work to queue again first)."""
         statement = sa.text(f"""
-            UPDATE {W} SET {_fail_set()}
+            UPDATE {W} SET {fail_set()}
              WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
             RETURNING status, next_attempt_at
         """)
@@ -579,8 +372,8 @@ class LeaseStore:
         dead. Changes nothing when the lease was lost."""
         statement = sa.text(f"""
             UPDATE {W} SET status = '{FAILED}', attempts = greatest(attempts - 1, 0),
-                   next_attempt_at = coalesce(CAST(:not_before AS timestamptz), {_BACKOFF_AT}),
-                   finished_at = NULL, last_error = :error, {_CLEAR_LEASE}
+                   next_attempt_at = coalesce(CAST(:not_before AS timestamptz), {BACKOFF_AT}),
+                   finished_at = NULL, last_error = :error, {CLEAR_LEASE}
              WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
             RETURNING status, next_attempt_at
         """)
@@ -612,7 +405,7 @@ class LeaseStore:
     def block(self, lease: Lease, reason: str) -> bool:
         """A rule says skip this item (e.g. a blocked hashtag): terminal, not a failure."""
         statement = sa.text(f"""
-            UPDATE {W} SET status = '{BLOCKED}', last_error = :reason, finished_at = now(), {_CLEAR_LEASE}
+            UPDATE {W} SET status = '{BLOCKED}', last_error = :reason, finished_at = now(), {CLEAR_LEASE}
              WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
             RETURNING id
         """)
@@ -631,109 +424,11 @@ class LeaseStore:
         if not leases:
             return []
         statement = sa.text(f"""
-            UPDATE {W} w SET status = {_UNCOUNTED_STATUS}, attempts = greatest(attempts - 1, 0), {_CLEAR_LEASE}
-              {_HELD}
+            UPDATE {W} w SET status = {UNCOUNTED_STATUS}, attempts = greatest(attempts - 1, 0), {CLEAR_LEASE}
+              {HELD}
             RETURNING w.id
         """)
         return _lost(leases, (row.id for row in self._run(statement, _held(leases))))
-
-    # --- recovery ---------------------------------------------------------------------------
-
-    def reap(self, stale_after_s: float, finished_runs: Sequence[str] = ()) -> list[Reaped]:
-        """Take back the leases of runs that stopped heartbeating (or that Dagster reports as
-        finished). An item the run had begun counts the attempt: it retries with back-off, or is
-        dead; an item it had only claimed goes back uncounted."""
-        statement = sa.text(f"""
-            WITH stale AS (
-                SELECT id, lease_owner FROM {W} w
-                 WHERE w.status = '{RUNNING}'
-                   AND (w.lease_owner = ANY(CAST(:finished AS text[]))
-                        OR NOT EXISTS (SELECT 1 FROM {H} h WHERE h.run_id = w.lease_owner
-                                         AND h.heartbeat_at > now() - make_interval(secs => :stale)))
-                   FOR UPDATE SKIP LOCKED)
-            UPDATE {W} w SET {_fail_set("'lease expired: run ' || stale.lease_owner || :error", spare_unstarted=True)}
-              FROM stale WHERE w.id = stale.id
-            RETURNING w.stage, w.item_key, stale.lease_owner AS owner, w.status
-        """)
-        params = {
-            "stale": stale_after_s,
-            "finished": list(finished_runs),
-            **self._fail_params(" ended or stopped heartbeating while holding this item", True),
-        }
-        with self.engine.begin() as c:
-            rows = c.execute(statement, params).all()
-            c.execute(
-                sa.text(f"""DELETE FROM {H} h WHERE h.heartbeat_at < now() - interval '1 day'
-                             AND NOT EXISTS (SELECT 1 FROM {W} w WHERE w.lease_owner = h.run_id)""")
-            )
-        return [Reaped(r.stage, r.item_key, r.owner, r.status) for r in rows]
-
-    def lease_owners(self) -> list[str]:
-        """Runs that hold at least one lease."""
-        with self.engine.connect() as c:
-            return list(
-                c.execute(
-                    sa.text(f"SELECT DISTINCT lease_owner FROM {W} WHERE status = '{RUNNING}'")
-                ).scalars()
-            )
-
-    def long_running(
-        self, policy: LongRunningPolicy, project_id: int | None = None
-    ) -> list[LongRunning]:
-        """Begun items held longer than `policy.factor` times the median time of their stage's
-        last 200 finished items (at least `policy.min_s`), or than `policy.without_history_s`
-        when none has finished yet; with `project_id`, those that concern that project."""
-        statement = sa.text(f"""
-            WITH running AS (
-                SELECT stage, item_key, lease_owner, lease_token,
-                       extract(epoch FROM now() - started_at) AS held_s
-                  FROM {W} WHERE status = '{RUNNING}' AND started_at IS NOT NULL
-                   AND {CONCERNS_PROJECTS}),
-            usual AS (
-                SELECT s.stage, (
-                    SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d) FROM (
-                        SELECT extract(epoch FROM x.finished_at - x.started_at) AS d FROM {W} x
-                         WHERE x.stage = s.stage AND x.status = '{DONE}'
-                           AND x.started_at IS NOT NULL
-                         ORDER BY x.finished_at DESC LIMIT 200) recent) AS median_s
-                  FROM (SELECT DISTINCT stage FROM running) s)
-            SELECT r.*, u.median_s FROM running r JOIN usual u ON u.stage = r.stage
-             WHERE r.held_s > CASE WHEN u.median_s IS NULL THEN :without
-                                   ELSE greatest(:min_s, :factor * u.median_s) END
-             ORDER BY r.held_s DESC
-        """)
-        params = {
-            "without": policy.without_history_s,
-            "min_s": policy.min_s,
-            "factor": policy.factor,
-            "projects": None if project_id is None else [project_id],
-        }
-        return [
-            LongRunning(
-                r.stage,
-                r.item_key,
-                r.lease_owner,
-                r.lease_token,
-                float(r.held_s),
-                None if r.median_s is None else float(r.median_s),
-            )
-            for r in self._run(statement, params)
-        ]
-
-    def release_run(self, owner: str, reason: str, *, count_attempt: bool) -> int:
-        """Release every lease of a run at once (the run failed or was cancelled). With
-        `count_attempt`, items the run had begun count a failed attempt; the others never do."""
-        if count_attempt:
-            set_clause = _fail_set(spare_unstarted=True)
-            params = {"owner": owner, **self._fail_params(reason, True)}
-        else:
-            set_clause = f"""status = {_UNCOUNTED_STATUS}, attempts = greatest(attempts - 1, 0),
-                             last_error = :error, {_CLEAR_LEASE}"""
-            params = {"owner": owner, "error": redact(reason)}
-        statement = sa.text(f"""
-            UPDATE {W} SET {set_clause} WHERE lease_owner = :owner AND status = '{RUNNING}' RETURNING id
-        """)
-        return len(self._run(statement, params))
 
     def retry(
         self,
@@ -757,16 +452,6 @@ class LeaseStore:
             "projects": None if project_id is None else [project_id],
         }
         return len(self._run(statement, params))
-
-    # --- helpers ----------------------------------------------------------------------------
-
-    def _fail_params(self, error: str, retryable: bool) -> dict:
-        return {
-            "error": redact(error),
-            "retryable": retryable,
-            "base_delay": self.policy.base_delay_s,
-            "max_delay": self.policy.max_delay_s,
-        }
 
 
 def _json(value: dict | None) -> str | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from dataminer_dagster.db.leases import CONCERNS_PROJECTS
+from dataminer_dagster.db.lease_sql import CONCERNS_PROJECTS
 from dataminer_dagster.db.project_flow import ACTIVE, MEMBER_FINISHED_SQL
 from dataminer_dagster.db.schema import (
     DONE,

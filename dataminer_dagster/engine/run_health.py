@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import dagster as dg
 from dagster._core.storage.dagster_run import FINISHED_STATUSES, NOT_FINISHED_STATUSES
 
-from dataminer_dagster.db.leases import Heartbeat, LeaseStore, Reaped
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.run_liveness import Heartbeat, Reaped
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.tags import LANE_TAG
 

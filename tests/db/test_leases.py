@@ -11,7 +11,8 @@ import pytest
 import sqlalchemy as sa
 
 from dataminer_dagster.db.engine import get_engine
-from dataminer_dagster.db.leases import LeaseLost, LeaseStore, claim_next_statement
+from dataminer_dagster.db.lease_sql import claim_next_statement
+from dataminer_dagster.db.leases import LeaseLost, LeaseStore
 from dataminer_dagster.db.run_leases import RunLeases
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, PENDING, RUNNING
 from dataminer_dagster.settings import RetryPolicy
