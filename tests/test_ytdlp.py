@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from dataminer_dagster.acquisition.download_rules import blocked_hashtag, check_download_rules
 from dataminer_dagster.acquisition.errors import (
     DownloadBlocked,
     DownloadTooSlow,
@@ -29,7 +28,6 @@ from dataminer_dagster.acquisition.politeness import (
     parse_retry_after,
     throttle_key,
 )
-from dataminer_dagster.acquisition.ytdlp_download import DownloadProgress, download_video
 from dataminer_dagster.acquisition.ytdlp_errors import classify_ytdlp_error
 from dataminer_dagster.acquisition.ytdlp_params import (
     default_format,
@@ -43,6 +41,8 @@ from dataminer_dagster.acquisition.ytdlp_search import (
     search_videos,
 )
 from dataminer_dagster.assets.download.config import DownloadConfig
+from dataminer_dagster.assets.download.fetch import DownloadProgress, download_video
+from dataminer_dagster.assets.download.rules import blocked_hashtag, check_download_rules
 from dataminer_dagster.core.files import InsufficientDiskSpace
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from tests.helpers.http_server import LocalHTTPServer, http_server_fixture
@@ -876,7 +876,7 @@ def test_params_map_the_politeness_options():
 
 
 def test_the_speed_is_judged_on_the_last_window_and_the_deadline_on_the_whole():
-    from dataminer_dagster.acquisition.download_pace import DownloadPace
+    from dataminer_dagster.assets.download.pace import DownloadPace
 
     now = [0.0]
     options = DownloadConfig(min_speed_kb_s=1000 / 1024, min_speed_window_s=10, max_download_s=100)

@@ -7,7 +7,7 @@ one host also take turns: a request is sent only once the previous one to that h
 answer, so that the answer "stop" reaches every run before any other request leaves; several
 downloads still transfer their bodies at once, up to a limit per host (`download_slot`).
 
-`HostThrottle` is the interface the yt-dlp client uses (`throttled_ytdlp.py`, `ytdlp_download.py`):
+`HostThrottle` is the interface the yt-dlp client uses (`throttled_ytdlp.py`, `assets/download/fetch.py`):
 `request_turn` around each HTTP request, `download_slot` around each download. Two implementations:
 
 * `SharedThrottle` (db/shared_throttle.py, on db/host_pauses.py) keeps pauses, turns and

@@ -2,7 +2,7 @@
 (`DownloadConfig`), the logger that keeps yt-dlp's output off the terminal, and the reading of
 numbers from its answers.
 
-The downloads (`ytdlp_download`) and the searches (`ytdlp_search`) both start from these.
+The downloads (`assets/download/fetch.py`) and the searches (`ytdlp_search`) both start from these.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 behind a small interface.
 
 `YtDlpClient` is the real thing (yt-dlp's Python API, `acquisition.ytdlp_search` and
-`acquisition.ytdlp_download`). Tests replace search results, which need YouTube, with canned ones
+`assets.download.fetch`). Tests replace search results, which need YouTube, with canned ones
 and keep the real downloads against a local HTTP server. Both calls take the project's options
 (cookies, proxies, politeness) and the host throttle that every run shares
 (`DatabaseResource.host_throttle`).
@@ -16,9 +16,9 @@ from pathlib import Path
 import dagster as dg
 
 from dataminer_dagster.acquisition.politeness import HostThrottle
-from dataminer_dagster.acquisition.ytdlp_download import DownloadedVideo, DownloadProgress
 from dataminer_dagster.acquisition.ytdlp_search import SearchHit
 from dataminer_dagster.assets.download.config import DownloadConfig
+from dataminer_dagster.assets.download.fetch import DownloadedVideo, DownloadProgress
 
 
 class DownloadClient(dg.ConfigurableResource):
@@ -72,7 +72,7 @@ class YtDlpClient(DownloadClient):
     def download(
         self, url, video_id, dest_dir, options, progress=None, throttle=None
     ) -> DownloadedVideo:
-        from dataminer_dagster.acquisition.ytdlp_download import download_video
+        from dataminer_dagster.assets.download.fetch import download_video
 
         return download_video(
             url, video_id, dest_dir, options, progress=progress, throttle=throttle

@@ -14,7 +14,7 @@ Downloads are polite to their host across every run (acquisition/politeness.py):
 stop is paused for all of them; a run waits for a short pause and gives its items back (no attempt
 used) for a long one, and the log and the partition's observation say which host, until when and
 why. A run downloads several of its videos at once (the stage's `at_once`), so that a slow host
-holds up no other; a download too slow or too long is given up (acquisition/download_pace.py), and
+holds up no other; a download too slow or too long is given up (assets/download/pace.py), and
 one still going when the command that asked for its run stops waiting (`dataminer run --timeout`)
 is given back without using an attempt.
 """
@@ -24,10 +24,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from dataminer_dagster.acquisition.download_rules import check_download_rules
 from dataminer_dagster.acquisition.errors import DownloadBlocked, HostPaused, PermanentDownloadError
 from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.assets.download.config import DownloadConfig
+from dataminer_dagster.assets.download.rules import check_download_rules
 from dataminer_dagster.core.content_hash import file_content_hash
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds

@@ -1,13 +1,13 @@
 """Downloading one video with yt-dlp (its Python API; no ffmpeg binary needed).
 
-One metadata extraction per video: the rules (`download_rules`) are checked on that metadata, and
+One metadata extraction per video: the rules (`rules.py`) are checked on that metadata, and
 the download reuses it. Files are written into a private work directory inside `dest_dir` and
 moved into place (`<dest_dir>/<video_id>.<ext>`) only once they probe as a video, so a failure
 never leaves a partial file behind. yt-dlp errors are sorted into the outcomes of
 `acquisition.errors` (`ytdlp_errors`), which the caller turns into claim-table states. Requests go
 through the host throttle (`throttled_ytdlp`); a stream URL refused mid-download (expired) is
 fetched again at once with fresh metadata. A transfer slower than the minimum speed, or past the
-download's deadline, is given up (`download_pace`).
+download's deadline, is given up (`pace.py`).
 
 yt-dlp is imported inside the functions, so importing this module is cheap.
 """
@@ -27,13 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dataminer_dagster.acquisition.download_pace import DownloadPace
-from dataminer_dagster.acquisition.download_rules import (
-    check_download_rules,
-    check_duration,
-    check_filesize,
-    expected_size,
-)
 from dataminer_dagster.acquisition.errors import (
     DownloadBlocked,
     HostPaused,
@@ -59,6 +52,13 @@ from dataminer_dagster.acquisition.ytdlp_params import (
     max_filesize_bytes,
     positive_number,
     private_cookies,
+)
+from dataminer_dagster.assets.download.pace import DownloadPace
+from dataminer_dagster.assets.download.rules import (
+    check_download_rules,
+    check_duration,
+    check_filesize,
+    expected_size,
 )
 from dataminer_dagster.core.files import require_free_space
 from dataminer_dagster.core.media import VideoDecodeError, VideoProbe, probe_video

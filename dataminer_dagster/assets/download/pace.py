@@ -2,7 +2,7 @@
 
 A host that trickles (a few hundred bytes every few seconds, with a correct Content-Length) never
 trips the per-read timeout (`download.timeout_s`), and would hold its run for hours. `DownloadPace`
-is checked each time data arrives (yt-dlp's progress hook, `ytdlp_download`) and gives up with
+is checked each time data arrives (yt-dlp's progress hook, `fetch.py`) and gives up with
 DownloadTooSlow; a host that sends nothing at all is ended by the per-read timeout instead.
 """
 
