@@ -72,7 +72,7 @@ def build_noop_stages():
 def build_definitions(with_sensors: bool):
     import dagster as dg
 
-    from dataminer_dagster.engine.assembly import lane_assets
+    from dataminer_dagster.engine.assembly import pipeline_assets
     from dataminer_dagster.engine.jobs import lane_jobs
     from dataminer_dagster.engine.lanes import configured_lanes
     from dataminer_dagster.resources.db import DatabaseResource
@@ -84,7 +84,7 @@ def build_definitions(with_sensors: bool):
     stages = build_noop_stages()
     jobs = lane_jobs(stages, lanes)
     return stages, dg.Definitions(
-        assets=list(lane_assets(stages, lanes).values()),
+        assets=pipeline_assets(stages, lanes),
         jobs=list(jobs.values()),
         sensors=build_sensors(stages, jobs, lanes, settings) if with_sensors else [],
         resources={"db": DatabaseResource()},

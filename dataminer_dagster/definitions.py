@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from dataminer_dagster.engine.assembly import lane_assets, stage_assets, with_key_prefix
+from dataminer_dagster.engine.assembly import pipeline_assets, stage_assets, with_key_prefix
 from dataminer_dagster.engine.jobs import lane_jobs
 from dataminer_dagster.engine.lanes import configured_lanes
 from dataminer_dagster.engine.stage import StageAsset
@@ -118,7 +118,7 @@ def build_definitions(
     lanes = configured_lanes(chosen)
     jobs = lane_jobs(stages, lanes, executor_def)
     return dg.Definitions(
-        assets=list(lane_assets(stages).values()),
+        assets=pipeline_assets(stages),
         jobs=list(jobs.values()),
         sensors=build_sensors(stages, jobs, lanes, chosen, ahead=executor_def.name == EXECUTORS[0]),
         resources={"db": db, "download_client": YtDlpClient(), "models": ModelsResource()},

@@ -196,6 +196,8 @@ def test_the_real_definitions_load_and_validate(dataminer_env, executor):
                 "frames",
                 "frames_backup",
                 "video_catalog",
+                *(f"{stage}_config" for stage in ("video_catalog", "deduped_set", "detections")),
+                "dataset_config",
             ]
         )
     )
@@ -233,6 +235,11 @@ def test_the_ui_shows_descriptions_and_the_flow_in_groups(dataminer_env):
         "deduped_set": "curation",
         "detections": "curation",
         "dataset": "curation",
+        # the projects' config assets, beside the stages they feed (engine/config_versions.py)
+        "video_catalog_config": "ingest",
+        "deduped_set_config": "curation",
+        "detections_config": "curation",
+        "dataset_config": "curation",
     }
 
 

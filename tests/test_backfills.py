@@ -9,6 +9,8 @@ Partitions tab's statuses, backfill the failed partitions).
 * A dead item is a failed partition, with its reason in the run's failure; backfilling the failed
   partitions gives it fresh attempts.
 * The run log holds no image data.
+* A config change shows in Dagster: the partitions it made stale are stale on their page until
+  the daemon has done them again.
 """
 
 from __future__ import annotations
@@ -20,12 +22,18 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 import pytest
+import yaml
 from dagster._core.events import DagsterEventType
 
 from dataminer_dagster.acquisition.video_ids import video_id_for_url
 from dataminer_dagster.demo import serve_directory, write_sample_videos
 from tests.helpers.daemon import DaemonHome, demo_project
-from tests.helpers.graphql import launch_backfill, partition_statuses, wait_for_backfill
+from tests.helpers.graphql import (
+    launch_backfill,
+    partition_statuses,
+    stale_status,
+    wait_for_backfill,
+)
 from tests.helpers.ui_demo import webserver
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("backfills"), pytest.mark.timeout(900)]
@@ -127,6 +135,51 @@ def test_a_backfill_of_every_asset_ends_successfully_changes_nothing_and_logs_no
         assert runs
         messages = [e.message or "" for r in runs for e in instance.all_logs(r.run_id)]
     assert messages and not [m for m in messages if "base64" in m]
+
+    # A config change, as the UI shows it: the partitions it made stale (detect's confidence:
+    # the detections and the dataset, not the catalog nor dedup) until the daemon has redone them.
+    project_assets = ("video_catalog", "deduped_set", "detections", "dataset")
+    assert {a: stale_status(ui, a, "alpha")[0] for a in project_assets} == dict.fromkeys(
+        project_assets, "FRESH"
+    ), "recorded as current by the backfills, the partitions are fresh"
+    alpha = yaml.safe_load((home.root / "alpha.yaml").read_text())
+    home.add_project({**alpha, "detect": {**alpha["detect"], "confidence": 0.5}})
+    seen = _wait_for(lambda: stale_status(ui, "detections", "alpha")[0] == "STALE", 60)
+    assert seen, "the detections of alpha never showed stale"
+    statuses = {a: stale_status(ui, a, "alpha") for a in project_assets}
+    assert statuses["detections"][1] == ["detections_config[alpha]: has a new data version"]
+    assert {a: s for a, (s, _) in statuses.items()} in (
+        {
+            "video_catalog": "FRESH",
+            "deduped_set": "FRESH",
+            "detections": "STALE",
+            "dataset": "STALE",
+        },
+        # the daemon may have done the detections again between the two reads
+        {
+            "video_catalog": "FRESH",
+            "deduped_set": "FRESH",
+            "detections": "FRESH",
+            "dataset": "STALE",
+        },
+    ), statuses
+    home.wait_for_stage("alpha", "complete", COMPLETE_WITHIN_S)
+    assert _wait_for(
+        lambda: (
+            {a: stale_status(ui, a, "alpha")[0] for a in project_assets}
+            == dict.fromkeys(project_assets, "FRESH")
+        ),
+        60,
+    ), {a: stale_status(ui, a, "alpha") for a in project_assets}
+
+
+def _wait_for(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.3)
+    return False
 
 
 def _dead_item(home: DaemonHome, video_id: str) -> dict:

@@ -26,13 +26,17 @@ from tests.conftest import ONE_SERVER
 
 PIPELINE_ASSETS = [
     "dataset",
+    "dataset_config",
     "deduped_set",
+    "deduped_set_config",
     "detections",
+    "detections_config",
     "downloads",
     "filtered_frames",
     "frames",
     "frames_backup",
     "video_catalog",
+    "video_catalog_config",
 ]
 
 pytestmark = ONE_SERVER  # nothing in it depends on the server
@@ -57,7 +61,8 @@ def test_a_prefixed_pipeline_merges_with_a_users_assets_of_the_same_names(datami
     assert keys == sorted(["dataset", "image_count", *(f"dm/{a}" for a in PIPELINE_ASSETS)])
     assert {graph.get(dg.AssetKey(["dm", a])).group_name for a in PIPELINE_ASSETS} == {"mining"}
     assert graph.get(dg.AssetKey(["dm", "dataset"])).parent_keys == {
-        dg.AssetKey(["dm", "detections"])
+        dg.AssetKey(["dm", "detections"]),
+        dg.AssetKey(["dm", "dataset_config"]),
     }
     assert graph.get(dg.AssetKey("image_count")).parent_keys == {dg.AssetKey(["dm", "dataset"])}
     jobs = sorted(j.name for j in repository.get_all_jobs() if not j.name.startswith("__"))

@@ -199,3 +199,28 @@ def test_work_claimed_before_the_config_changed_is_done_again(changing):
     assert redone(first, second)["filter"] == 2
     table = pd.read_parquet(changing.output.filter_table(key.split(".")[1]))
     assert "positive: another shape" in table
+
+
+def test_dagster_shows_the_partitions_a_config_change_made_stale(changing):
+    """Each project-level stage's asset depends on its config asset, whose data version is the
+    stage's fingerprint: Dagster's own stale status (the UI's partition page) follows a change."""
+    changing.run()
+    assert changing.stale_in_dagster() == {}
+
+    seen: list[dict[str, str]] = []
+    changing.register(detect={"confidence": 0.5})
+    changing.run(on_tick=lambda: seen.append(changing.stale_in_dagster()))
+    # The first cycle observes the new versions, before any run: what the change made stale.
+    assert seen[0] == {"detections": "STALE", "dataset": "STALE"}
+    assert changing.stale_in_dagster() == {}, "done again, the partitions are fresh"
+
+    seen.clear()
+    changing.register(dataset={"seed": 11})
+    changing.run(on_tick=lambda: seen.append(changing.stale_in_dagster()))
+    assert seen[0] == {"dataset": "STALE"}
+
+    seen.clear()
+    changing.register(filter={"positive_prompts": ["a moving square"]})
+    changing.run(on_tick=lambda: seen.append(changing.stale_in_dagster()))
+    assert seen[0] == {"deduped_set": "STALE", "detections": "STALE", "dataset": "STALE"}
+    assert changing.stale_in_dagster() == {}

@@ -23,6 +23,7 @@ from dataminer_dagster.outputs import (
 )
 from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.resources.db import DatabaseResource
+from dataminer_dagster.resources.models import ModelsResource
 from tests.helpers.stages import LANE_ASSETS
 
 
@@ -60,7 +61,10 @@ def _write_outputs(root: Path) -> None:
 @pytest.fixture
 def resources(database_url, tmp_path):
     """The project lane carries its IO manager, which reads the claim database through `db`."""
-    return {"db": DatabaseResource(database_url=database_url, data_dir=str(tmp_path / "data"))}
+    return {
+        "db": DatabaseResource(database_url=database_url, data_dir=str(tmp_path / "data")),
+        "models": ModelsResource(),
+    }
 
 
 @dg.asset(
@@ -158,7 +162,8 @@ def test_an_eager_asset_is_requested_when_its_projects_dataset_is_done():
     def follows(dataset: Dataset) -> None: ...
 
     assets = dg.Definitions(
-        assets=[LANE_ASSETS["project"], follows], resources={"db": DatabaseResource()}
+        assets=[LANE_ASSETS["project"], follows],
+        resources={"db": DatabaseResource(), "models": ModelsResource()},
     )
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(projects_partitions.name, ["alpha", "beta"])

@@ -255,7 +255,20 @@ def test_discovery_adds_new_rows_in_discovery_order_and_moves_its_cursor(instanc
     assert added["project_videos"] == ["alpha.v2", "alpha.v0", "alpha.v1", "beta.v0", "beta.v3"]
     cursor = json.loads(result.cursor)
     ids = {k: cursor[k] for k in ("project", "video", "project_video")}
-    assert set(cursor) == {*ids, "compared_at", "full_compared_at"} and all(ids.values())
+    assert set(cursor) == {*ids, "compared_at", "full_compared_at", "configs"} and all(ids.values())
+    # The projects' config versions, observed for Dagster's stale partitions: each project-level
+    # stage's fingerprint as the data version of its config asset's partition.
+    assert sorted(cursor["configs"]) == ["alpha", "beta"]
+    observed = {
+        (e.asset_key.to_user_string(), e.partition): e.tags["dagster/data_version"]
+        for e in result.asset_events
+        if e.asset_key.to_user_string().endswith("_config")
+    }
+    assert sorted(observed) == [
+        (f"{asset}_config", project)
+        for asset in ("dataset", "deduped_set", "detections", "video_catalog")
+        for project in ("alpha", "beta")
+    ]
 
     # Nothing new: the cursor keeps the sensor from adding anything twice, and the runs it
     # requested, once queued, keep it from requesting them again.

@@ -100,12 +100,12 @@ def summary_stage(tmp_path, monkeypatch):
 
 def _definitions(resources: dict) -> dg.Definitions:
     """Definitions built the way definitions.py builds them, from the registry as it is now."""
-    from dataminer_dagster.engine.assembly import lane_assets, stage_assets
+    from dataminer_dagster.engine.assembly import pipeline_assets, stage_assets
     from dataminer_dagster.engine.jobs import lane_jobs
 
     stages = stage_assets()
     return dg.Definitions(
-        assets=list(lane_assets(stages).values()),
+        assets=pipeline_assets(stages),
         jobs=list(lane_jobs(stages, DEFAULT_LANES).values()),
         resources=resources,
         executor=dg.in_process_executor,

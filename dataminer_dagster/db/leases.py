@@ -82,6 +82,7 @@ class Unclaimed:
     last_error: str | None
     finished_at: datetime | None = None
     outcome: dict | None = None  # a done item's summary
+    fingerprint: str | None = None  # of the project's config the item was done with
 
     def describe(self) -> str:
         if self.status is None:
@@ -277,7 +278,8 @@ class LeaseStore(RunLiveness):
         if not keys:
             return []
         statement = sa.text(f"""
-            SELECT item_key, status, lease_owner, next_attempt_at, last_error, finished_at, outcome
+            SELECT item_key, status, lease_owner, next_attempt_at, last_error, finished_at, outcome,
+                   fingerprint
               FROM {W} WHERE stage = :stage AND item_key = ANY(CAST(:keys AS text[]))
         """)
         with self.engine.connect() as c:
@@ -298,6 +300,7 @@ class LeaseStore(RunLiveness):
                     row.last_error,
                     row.finished_at,
                     row.outcome,
+                    row.fingerprint,
                 )
             )
         return result

@@ -271,3 +271,14 @@ def project_columns(engine: sa.Engine, names: Sequence[str], column: str) -> dic
             {"n": list(names)},
         ).all()
     return dict(rows)
+
+
+def project_fingerprints(engine: sa.Engine, up_to_id: int) -> dict[str, dict[str, str]]:
+    """{project name: {stage: fingerprint}} of the projects with an id up to `up_to_id` (those
+    that are Dagster partitions already)."""
+    with engine.connect() as c:
+        rows = c.execute(
+            sa.text(f"SELECT name, fingerprints FROM {S}.projects WHERE id <= :up_to"),
+            {"up_to": up_to_id},
+        ).all()
+    return {name: dict(fingerprints or {}) for name, fingerprints in rows}

@@ -72,3 +72,16 @@ def lane_assets(
         for lane in lanes
         if all(s in stages for s in lane.stages)
     }
+
+
+def config_specs(stages: Mapping[str, StageAsset]) -> list[dg.AssetSpec]:
+    """The external config assets of the project-level stages (engine/config_versions.py)."""
+    return [spec for s in stages.values() if (spec := s.config_spec()) is not None]
+
+
+def pipeline_assets(
+    stages: Mapping[str, StageAsset], lanes: Sequence[Lane] = DEFAULT_LANES
+) -> list[dg.AssetsDefinition | dg.AssetSpec]:
+    """What a code location holds of the pipeline: the lanes' multi-assets and the config assets
+    upstream of the project-level stages."""
+    return [*lane_assets(stages, lanes).values(), *config_specs(stages)]

@@ -28,12 +28,14 @@ from dataminer_dagster.db.partition_rows import (
     rows_after,
 )
 from dataminer_dagster.db.project_flow import Transition, advance_projects
+from dataminer_dagster.db.project_records import project_fingerprints
 from dataminer_dagster.db.scheduling import (
     REREQUEST_AFTER_S,
     coming,
     mark_requested,
     requestable,
 )
+from dataminer_dagster.engine.config_versions import config_observations
 from dataminer_dagster.engine.lanes import Lane
 from dataminer_dagster.engine.registry import (
     PROJECT_VIDEOS,
@@ -82,6 +84,8 @@ class DiscoveryCursor:
     project_video: int = 0
     compared_at: float = 0.0  # when the catalog was last compared with Dagster (epoch)
     full_compared_at: float = 0.0  # ... key by key
+    # {project: digest of the config versions last reported} (engine/config_versions.py)
+    configs: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, raw: str | None) -> DiscoveryCursor:
@@ -145,7 +149,9 @@ def plan_discovery(
     cursor finds nothing new (and at most every `COMPARE_EVERY_S`), the catalog's keys are
     compared with Dagster's: rows the cursor passed are added, and partitions whose row was
     deleted are to be removed."""
-    result = Discovery(cursor=DiscoveryCursor(**cursor.__dict__))
+    result = Discovery(
+        cursor=DiscoveryCursor(**{**cursor.__dict__, "configs": dict(cursor.configs)})
+    )
     with engine.connect() as c:
         for partitions_name in PARTITION_SETS:
             field_name = _CURSOR_FIELDS[partitions_name]
@@ -514,12 +520,17 @@ class Cycle:
     runs: list[PlannedRun]
     # (project, decision) of projects short of their target (db/acquisition_rounds.py)
     acquisitions: list[tuple[str, str]] = field(default_factory=list)
+    # New versions of the projects' config assets (engine/config_versions.py)
+    config_versions: list[dg.AssetObservation] = field(default_factory=list)
 
     def summary(self) -> str:
         parts = [f"{len(keys)} new {name}" for name, keys in self.discovery.additions.items()]
         parts += [f"{len(keys)} deleted {name}" for name, keys in self.discovery.removals.items()]
         parts += [f"project {t.project}: {t.old} -> {t.new} ({t.reason})" for t in self.transitions]
         parts += [f"project {project}: {decision}" for project, decision in self.acquisitions]
+        if self.config_versions:
+            projects = sorted({o.partition for o in self.config_versions})
+            parts.append(f"config versions of {', '.join(projects)}")
         for run in self.runs:
             what = f"{len(run.item_ids)} items" if run.item_ids else f"{len(run.keys)} coming"
             ahead = " (ahead)" if run.ahead else ""
@@ -532,16 +543,26 @@ def plan_cycle(
     store: LeaseStore,
     lanes: Sequence[Lane],
     cursor: DiscoveryCursor,
+    *,
+    config_keys: Mapping[str, dg.AssetKey] = {},
     **plan_options,
 ) -> Cycle:
     """Discovery, project transitions (and the next acquisition round of a completed project
     short of its target) and run requests, in that order, so that a new project gets its
-    catalog run and a project that just finished its videos its dedup run in the same tick."""
+    catalog run and a project that just finished its videos its dedup run in the same tick.
+    `config_keys` (stage -> its config asset): the projects' config versions that changed since
+    the cursor's are observed, for Dagster's stale partitions."""
     found = plan_discovery(store.engine, cursor, instance=instance)
     moved = advance_projects(store)
     acquired = continue_acquisition(store)
     runs = plan_runs(instance, store, lanes, discovery=found, **plan_options)
-    return Cycle(found, moved, runs, acquired)
+    versions: list[dg.AssetObservation] = []
+    if config_keys:
+        fingerprints = project_fingerprints(store.engine, found.cursor.project)
+        versions, found.cursor.configs = config_observations(
+            config_keys, fingerprints, cursor.configs
+        )
+    return Cycle(found, moved, runs, acquired, versions)
 
 
 def acquisition_observation(dataset_key: dg.AssetKey, project: str, decision: str):

@@ -63,6 +63,7 @@ from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
 from dataminer_dagster.db.project_flow import advance_projects, stale_later_stages
 from dataminer_dagster.db.schema import DEAD, DONE
 from dataminer_dagster.engine.checks import PartitionCheck, evaluate_checks
+from dataminer_dagster.engine.config_versions import provenance_tags
 from dataminer_dagster.engine.jobs import name_prefix
 from dataminer_dagster.engine.outcomes import (
     Blocked,
@@ -74,7 +75,7 @@ from dataminer_dagster.engine.outcomes import (
 )
 from dataminer_dagster.engine.partitions import PARTITIONS
 from dataminer_dagster.engine.previews import ui_metadata
-from dataminer_dagster.engine.registry import split_project_video_key
+from dataminer_dagster.engine.registry import PROJECTS, split_project_video_key
 from dataminer_dagster.outputs import OUTPUTS_IO_MANAGER_KEY
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import DownloadClient
@@ -225,15 +226,49 @@ class StageAsset:
     # Its output loads as the input of another asset (outputs.py, the stages' IO manager).
     loadable: bool = False
     key_prefix: tuple[str, ...] = ()  # build_definitions(prefix=...)
+    # A project-level stage: its asset depends on its config asset (engine/config_versions.py).
+    config_versioned: bool = False
 
     @property
     def key(self) -> dg.AssetKey:
         return dg.AssetKey([*self.key_prefix, self.name])
 
+    @property
+    def config_key(self) -> dg.AssetKey | None:
+        """The external asset whose data version, per project, is this stage's fingerprint of
+        the project's config."""
+        if not self.config_versioned:
+            return None
+        return dg.AssetKey([*self.key_prefix, f"{self.name}_config"])
+
+    def config_spec(self) -> dg.AssetSpec | None:
+        if self.config_key is None:
+            return None
+        return dg.AssetSpec(
+            self.config_key,
+            description=f"The project's config as {self.name} reads it: its data version is the "
+            f"fingerprint of the sections {self.name} depends on. A partition of {self.name} "
+            "done under another version is stale.",
+            partitions_def=self.partitions_def,
+            group_name=self.group_name,
+            kinds={"yaml"},
+        )
+
+    def provenance(
+        self, instance: dg.DagsterInstance, partition: str, fingerprint: str | None
+    ) -> dict[str, str] | None:
+        """Dagster's provenance tags of a materialization done with the config of `fingerprint`
+        (none where the stage has no config asset or the item no fingerprint)."""
+        if self.config_key is None or fingerprint is None:
+            return None
+        parents = [d.asset_key for d in self.deps]
+        return provenance_tags(instance, self.config_key, partition, fingerprint, parents)
+
     def spec(self) -> dg.AssetSpec:
+        config = [dg.AssetDep(self.config_key)] if self.config_key is not None else []
         spec = dg.AssetSpec(
             self.key,
-            deps=self.deps,
+            deps=[*self.deps, *config],
             description=self.description,
             kinds=set(self.kinds),
             group_name=self.group_name,
@@ -305,6 +340,7 @@ def stage_asset(
             group_name=spec.group,
             checks=tuple(checks),
             loadable=loadable,
+            config_versioned=spec.keys == PROJECTS,
         )
 
     return decorator
@@ -408,7 +444,7 @@ def run_stage(
     for the lane to fail the run once all its stages ran (the partition shows failed). A run a
     person launched to retry (`_launched_to_retry`) gives dead items fresh attempts, as
     `dataminer retry` does."""
-    stage, process, key = stage_def.stage, stage_def.process, stage_def.key
+    stage, process = stage_def.stage, stage_def.process
     dead = [] if dead is None else dead
     db: DatabaseResource = context.resources.db
     keys = list(context.partition_keys)
@@ -426,7 +462,7 @@ def run_stage(
     _report_unclaimed(context, stage, unclaimed, len(keys))
     current = [earlier for earlier in unclaimed if earlier.status == DONE]
     for earlier in current:
-        yield _current(key, earlier)
+        yield _current(stage_def, context.instance, earlier)
     deadline = float(tags[DEADLINE_TAG]) if DEADLINE_TAG in tags else None
 
     ctx = StageContext(context, db, following, deadline)
@@ -437,7 +473,7 @@ def run_stage(
     pending = list(leases)
 
     def work(lease: Lease) -> list[dg.AssetMaterialization | dg.AssetObservation]:
-        return list(_process_item(context, key, ctx, process, lease, titles, failures, dead))
+        return list(_process_item(context, stage_def, ctx, process, lease, titles, failures, dead))
 
     try:
         at_once = REGISTRY[stage].at_once
@@ -497,7 +533,7 @@ def _work_through(
 
 def _process_item(
     context: dg.AssetExecutionContext,
-    asset_key: dg.AssetKey,
+    stage_def: StageAsset,
     ctx: StageContext,
     process: StageFunction,
     lease: Lease,
@@ -505,6 +541,7 @@ def _process_item(
     failures: list[str],
     dead: list[str],
 ) -> Iterator[dg.AssetMaterialization | dg.AssetObservation]:
+    asset_key = stage_def.key
     leases = ctx.db.leases
     item = StageItem(lease)
     ctx = ctx.for_item()
@@ -525,6 +562,7 @@ def _process_item(
             partition=lease.key,
             description=description,
             metadata={**about, **shown, **_attempt(lease), **_config_version(lease)},
+            tags=stage_def.provenance(context.instance, lease.key, lease.fingerprint),
         )
         for name, metadata in elsewhere.items():
             yield dg.AssetObservation(
@@ -628,13 +666,18 @@ def _launched_to_retry(run: dg.DagsterRun, keys: Sequence[str]) -> bool:
     return BACKFILL_TAG in run.tags or run.parent_run_id is not None or len(keys) == 1
 
 
-def _current(asset_key: dg.AssetKey, earlier: Unclaimed) -> dg.AssetMaterialization:
+def _current(
+    stage_def: StageAsset, instance: dg.DagsterInstance, earlier: Unclaimed
+) -> dg.AssetMaterialization:
     """A partition whose item an earlier run finished, recorded as current by this run."""
     when = f"{earlier.finished_at:%Y-%m-%d %H:%M:%S %Z}" if earlier.finished_at else "earlier"
     shown, _ = ui_metadata({"outcome": f"current: done by an earlier run ({when})"})
     summary = {k: v for k, v in (earlier.outcome or {}).items() if isinstance(v, int | float | str)}
     return dg.AssetMaterialization(
-        asset_key=asset_key, partition=earlier.key, metadata={**shown, **summary}
+        asset_key=stage_def.key,
+        partition=earlier.key,
+        metadata={**shown, **summary},
+        tags=stage_def.provenance(instance, earlier.key, earlier.fingerprint),
     )
 
 

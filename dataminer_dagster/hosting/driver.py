@@ -87,6 +87,7 @@ def drive(
     lanes = lanes_of(stages, lanes)
     jobs = {name: job.name for name, job in lane_jobs(stages, lanes).items()}
     stage_keys = {stage: s.key for stage, s in stages.items()}
+    config_keys = {stage: s.config_key for stage, s in stages.items() if s.config_key}
     engine = store.engine
     ids = project_columns(store.engine, projects, "id")
     if unknown := sorted(set(projects) - set(ids)):
@@ -108,6 +109,7 @@ def drive(
             cursor,
             jobs=jobs,
             stage_keys=stage_keys,
+            config_keys=config_keys,
             ahead=False,
             rerequest_after_s=0,
             projects=project_ids,
@@ -116,6 +118,8 @@ def drive(
         cursor = cycle.discovery.cursor
         for t in cycle.transitions:
             log(f"project {t.project}: {t.old} -> {t.new} ({t.reason})")
+        for observation in cycle.config_versions:
+            instance.report_runless_asset_event(observation)
         for project, decision in cycle.acquisitions:
             log(f"project {project}: {decision}")
             if DATASET in stage_keys:

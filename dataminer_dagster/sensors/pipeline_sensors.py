@@ -86,6 +86,7 @@ def build_sensors(
     lanes = lanes_of(stages, lanes)
     job_names = {name: job.name for name, job in jobs.items()}
     stage_keys = {stage: s.key for stage, s in stages.items()}
+    config_keys = {stage: s.config_key for stage, s in stages.items() if s.config_key}
     # A run requested ahead waits for its input in its database resource's set-up: before any
     # step and its `gpu` slot only where the run worker sets resources up, in process. Under the
     # other executors the step's process does, holding the slot that the work it waits for needs.
@@ -108,6 +109,7 @@ def build_sensors(
             DiscoveryCursor.parse(context.cursor),
             jobs=job_names,
             stage_keys=stage_keys,
+            config_keys=config_keys,
             limits=RunLimits(db.settings.lease, db.settings.runs),
             ahead=ahead,
         )
@@ -116,6 +118,7 @@ def build_sensors(
             or cycle.discovery.removals
             or cycle.transitions
             or cycle.acquisitions
+            or cycle.config_versions
             or cycle.runs
         ):
             context.update_cursor(cycle.discovery.cursor.dump())  # when it last compared keys
@@ -128,7 +131,8 @@ def build_sensors(
                 acquisition_observation(stage_keys[DATASET], project, decision)
                 for project, decision in cycle.acquisitions
                 if DATASET in stage_keys
-            ],
+            ]
+            + cycle.config_versions,
             run_requests=[p.request for p in cycle.runs],
             dynamic_partitions_requests=cycle.discovery.removal_requests(partitions),
             cursor=cycle.discovery.cursor.dump(),

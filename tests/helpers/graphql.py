@@ -1,6 +1,6 @@
 """The webserver's GraphQL, as the UI calls it: launching backfills (the asset page's "Materialize"
 over partitions, "Backfill failed and missing partitions"), reading a backfill's status and an
-asset's partition statuses (the Partitions tab)."""
+asset's partition statuses (the Partitions tab) and a partition's stale status (its page)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,18 @@ query PartitionStatuses($key: AssetKeyInput!) {
           materializedPartitions failedPartitions unmaterializedPartitions materializingPartitions
         }
       }
+    }
+  }
+}
+"""
+
+STALE = """
+query Stale($key: AssetKeyInput!, $partitions: [String!]) {
+  assetNodeOrError(assetKey: $key) {
+    __typename
+    ... on AssetNode {
+      staleStatusByPartition(partitions: $partitions)
+      staleCausesByPartition(partitions: $partitions) { key { path } partitionKey reason }
     }
   }
 }
@@ -105,3 +117,17 @@ def partition_statuses(base: str, asset: str) -> dict[str, list[str]]:
     statuses = node["assetPartitionStatuses"]
     assert statuses["__typename"] == "DefaultPartitionStatuses", statuses
     return {k: v for k, v in statuses.items() if k != "__typename"}
+
+
+def stale_status(base: str, asset: str, partition: str) -> tuple[str, list[str]]:
+    """An asset partition's stale status and its root causes ("<asset>[<partition>]: <reason>"),
+    as the asset's partition page asks."""
+    node = call(base, STALE, {"key": {"path": [asset]}, "partitions": [partition]})[
+        "assetNodeOrError"
+    ]
+    assert node["__typename"] == "AssetNode", node
+    causes = [
+        f"{'/'.join(c['key']['path'])}[{c['partitionKey']}]: {c['reason']}"
+        for c in node["staleCausesByPartition"][0]
+    ]
+    return node["staleStatusByPartition"][0], causes

@@ -4,7 +4,7 @@ dynamic partitions, and small synthetic media."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import dagster as dg
@@ -53,10 +53,10 @@ def pipeline_definitions(resources: dict, lanes: Sequence[Lane] = DEFAULT_LANES)
     """The product's lane assets and the jobs of `lanes`, on test resources (what `drive`
     executes), with the product's executor."""
     from dataminer_dagster.engine.jobs import lane_jobs
-    from tests.helpers.stages import LANE_ASSETS, STAGES
+    from tests.helpers.stages import PIPELINE_ASSETS, STAGES
 
     return dg.Definitions(
-        assets=list(LANE_ASSETS.values()),
+        assets=PIPELINE_ASSETS,
         jobs=list(lane_jobs(STAGES, lanes).values()),
         resources=resources,
         executor=dg.in_process_executor,
@@ -79,6 +79,7 @@ def drive_quietly(
     defs: dg.Definitions,
     store: LeaseStore,
     timeout_s: float = 300,
+    on_tick: Callable[[], None] = lambda: None,
 ) -> DriveResult:
     """`dataminer run`'s loop, without its log lines; a lease counts as stale after a minute."""
     return drive(
@@ -89,6 +90,7 @@ def drive_quietly(
         limits=RunLimits(LeasePolicy(heartbeat_s=1, stale_after_s=60), RunPolicy()),
         timeout_s=timeout_s,
         log=lambda message: None,
+        on_tick=on_tick,
     )
 
 

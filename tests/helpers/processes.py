@@ -281,12 +281,12 @@ def run_batches_at_once(
 
 def run_stage_job(spec: StageRun) -> None:
     from tests.helpers.pipeline import CannedSearchClient, recorded_as_current
-    from tests.helpers.stages import LANE_ASSETS, STAGES
+    from tests.helpers.stages import PIPELINE_ASSETS, STAGES
 
     asset = STAGES[spec.stage]
     job = dg.define_asset_job(f"{spec.stage}_only", selection=[asset.key])
     defs = dg.Definitions(
-        assets=list(LANE_ASSETS.values()),
+        assets=PIPELINE_ASSETS,
         jobs=[job],
         executor=dg.in_process_executor,
         resources={

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dagster as dg
 import pandas as pd
 import pytest
 import sqlalchemy as sa
@@ -55,10 +56,11 @@ class Project:
             self.raw[key] = {**self.raw.get(key, {}), **value} if isinstance(value, dict) else value
         return self.catalog.register_project(parse_project_config(self.raw))
 
-    def run(self) -> dict[tuple[str, str], object]:
-        """Drive the project to complete; returns what each item's finished_at is now."""
+    def run(self, on_tick=lambda: None) -> dict[tuple[str, str], object]:
+        """Drive the project to complete; returns what each item's finished_at is now.
+        `on_tick`: called after each planning cycle (its observations reported), before its runs."""
         result = drive_quietly(
-            ["changing"], instance=self.instance, defs=self.defs, store=self.store
+            ["changing"], instance=self.instance, defs=self.defs, store=self.store, on_tick=on_tick
         )
         assert result.stages == {"changing": "complete"}, result
         return self.finished()
@@ -79,6 +81,22 @@ class Project:
                 ),
                 {"s": stage, "k": key},
             ).scalar_one()
+
+    def stale_in_dagster(self) -> dict[str, str]:
+        """{asset: Dagster's stale status} of the project's partitions that are not fresh, as the
+        UI's partition page resolves it."""
+        from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+        from dagster._core.loader import LoadingContextForTest
+
+        graph = self.defs.get_repository_def().asset_graph
+        resolver = CachingStaleStatusResolver(
+            self.instance, graph, LoadingContextForTest(self.instance)
+        )
+        statuses = {
+            name: resolver.get_status(dg.AssetKey(name), "changing")
+            for name in ("video_catalog", "deduped_set", "detections", "dataset")
+        }
+        return {name: s.value for name, s in statuses.items() if s != StaleStatus.FRESH}
 
     @property
     def output(self) -> ProjectPaths:
