@@ -11,7 +11,7 @@ Two kinds of claimer:
 * Python: C processes calling the product's LeaseStore (SQLAlchemy, psycopg, the connection pool
   with its pre-ping), or for the reference, SQLAlchemy as the reference used it.
 * pgbench: C clients of PostgreSQL's own benchmark tool running the very same statements (ours are
-  taken from db/leases.py), so the client costs almost nothing: what the statements alone allow.
+  taken from db/lease_sql.py), so the client costs almost nothing: what the statements alone allow.
   Skipped when pgbench is not installed.
 
     python bench/claims.py                       # embedded PostgreSQL in a temporary directory

@@ -273,12 +273,24 @@ def project_columns(engine: sa.Engine, names: Sequence[str], column: str) -> dic
     return dict(rows)
 
 
-def project_fingerprints(engine: sa.Engine, up_to_id: int) -> dict[str, dict[str, str]]:
+def project_fingerprints(
+    engine: sa.Engine, up_to_id: int, project_ids: Sequence[int] | None = None
+) -> dict[str, dict[str, str]]:
     """{project name: {stage: fingerprint}} of the projects with an id up to `up_to_id` (those
-    that are Dagster partitions already)."""
+    that are Dagster partitions already), of `project_ids` only where given."""
     with engine.connect() as c:
         rows = c.execute(
-            sa.text(f"SELECT name, fingerprints FROM {S}.projects WHERE id <= :up_to"),
-            {"up_to": up_to_id},
+            sa.text(f"""SELECT name, fingerprints FROM {S}.projects WHERE id <= :up_to
+                         AND (CAST(:ids AS int[]) IS NULL OR id = ANY(CAST(:ids AS int[])))"""),
+            {"up_to": up_to_id, "ids": None if project_ids is None else list(project_ids)},
         ).all()
     return {name: dict(fingerprints or {}) for name, fingerprints in rows}
+
+
+def stage_fingerprint(engine: sa.Engine, project: str, stage: str) -> str | None:
+    """A project's current fingerprint of one stage (None: no such project)."""
+    with engine.connect() as c:
+        return c.execute(
+            sa.text(f"SELECT fingerprints ->> :stage FROM {S}.projects WHERE name = :name"),
+            {"stage": stage, "name": project},
+        ).scalar_one_or_none()

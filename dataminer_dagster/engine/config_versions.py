@@ -50,12 +50,7 @@ def config_observations(
         if reported.get(project) == digests[project]:
             continue
         observations += [
-            dg.AssetObservation(
-                asset_key=config_keys[stage],
-                partition=project,
-                tags={DATA_VERSION_TAG: fingerprint},
-                metadata={"fingerprint": fingerprint},
-            )
+            _observation(config_keys[stage], project, fingerprint)
             for stage, fingerprint in versions.items()
         ]
     return observations, digests
@@ -66,23 +61,30 @@ def provenance_tags(
     config_key: dg.AssetKey,
     partition: str,
     fingerprint: str,
+    current: str | None,
     other_parents: Iterable[dg.AssetKey],
 ) -> dict[str, str]:
     """Dagster's provenance tags for a materialization of `partition` done with the config of
-    `fingerprint`: that version of the partition's config asset, pointing at its latest
-    observation. Every other parent is named too (a parent missing from the provenance would be
-    "a new dependency", stale for ever), without a version: our stages' own materializations
-    carry none, so only a config change makes a partition stale."""
-    records = instance.fetch_observations(
-        dg.AssetRecordsFilter(asset_key=config_key, asset_partitions=[partition]), limit=1
-    ).records
-    pointer = NULL_EVENT_POINTER
-    if records:
-        # Dagster finds a newer version by the observations after the pointer: where the config
-        # changed between the claim and now, the work read the one before the latest.
-        latest = records[0]
-        current = (latest.event_log_entry.tags or {}).get(DATA_VERSION_TAG) == fingerprint
-        pointer = str(latest.storage_id if current else latest.storage_id - 1)
+    `fingerprint` (`current`: the project's fingerprint now): that version of the partition's
+    config asset, pointing at its observation. Dagster calls the partition stale when an
+    observation after the pointer has another version than the one at it. Every other parent is
+    named too (a parent missing from the provenance would be "a new dependency", stale for
+    ever), without a version: our stages' own materializations carry none, so only a config
+    change makes a partition stale."""
+    recent = _observations(instance, config_key, partition)
+    match = next((r for r in recent if _version(r) == fingerprint), None)
+    if match is None and current is not None and (not recent or _version(recent[0]) != current):
+        # The planner has not observed the current version yet (a run claimed it first, or no
+        # planner ran since the project was added): observe it now, so that the pointer means it.
+        instance.report_runless_asset_event(_observation(config_key, partition, current))
+        recent = _observations(instance, config_key, partition)
+        match = next((r for r in recent if _version(r) == fingerprint), None)
+    if match is not None:
+        pointer = str(match.storage_id)
+    elif recent:  # done with a version replaced before it was observed: before the latest
+        pointer = str(recent[0].storage_id - 1)
+    else:
+        pointer = NULL_EVENT_POINTER
     tags = {
         CODE_VERSION_TAG: CODE_VERSION,
         get_input_data_version_tag(config_key): fingerprint,
@@ -92,3 +94,28 @@ def provenance_tags(
         tags[get_input_data_version_tag(parent)] = DEFAULT_DATA_VERSION.value
         tags[get_input_event_pointer_tag(parent)] = NULL_EVENT_POINTER
     return tags
+
+
+def _observation(config_key: dg.AssetKey, project: str, fingerprint: str) -> dg.AssetObservation:
+    return dg.AssetObservation(
+        asset_key=config_key,
+        partition=project,
+        tags={DATA_VERSION_TAG: fingerprint},
+        metadata={"fingerprint": fingerprint},
+    )
+
+
+# How far back a materialization looks for the observation of the version it was done with: a
+# project's config changes a few times a day at most.
+_LOOK_BACK = 50
+
+
+def _observations(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str) -> list:
+    """The partition's latest observations, newest first."""
+    return instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition]), limit=_LOOK_BACK
+    ).records
+
+
+def _version(record) -> str | None:
+    return (record.event_log_entry.tags or {}).get(DATA_VERSION_TAG)

@@ -13,7 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import dagster as dg
 import sqlalchemy as sa
@@ -89,7 +89,10 @@ class DiscoveryCursor:
 
     @classmethod
     def parse(cls, raw: str | None) -> DiscoveryCursor:
-        return cls(**json.loads(raw)) if raw else cls()
+        """A cursor as `dump` wrote it; fields another version wrote or left out are ignored or
+        take their defaults (the sensor's cursor outlives an upgrade and a downgrade)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in json.loads(raw).items() if k in known}) if raw else cls()
 
     def dump(self) -> str:
         return json.dumps(self.__dict__)
@@ -558,7 +561,9 @@ def plan_cycle(
     runs = plan_runs(instance, store, lanes, discovery=found, **plan_options)
     versions: list[dg.AssetObservation] = []
     if config_keys:
-        fingerprints = project_fingerprints(store.engine, found.cursor.project)
+        fingerprints = project_fingerprints(
+            store.engine, found.cursor.project, plan_options.get("projects")
+        )
         versions, found.cursor.configs = config_observations(
             config_keys, fingerprints, cursor.configs
         )

@@ -61,6 +61,7 @@ from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
 from dataminer_dagster.db.project_flow import advance_projects, stale_later_stages
+from dataminer_dagster.db.project_records import stage_fingerprint
 from dataminer_dagster.db.schema import DEAD, DONE
 from dataminer_dagster.engine.checks import PartitionCheck, evaluate_checks
 from dataminer_dagster.engine.config_versions import provenance_tags
@@ -255,14 +256,18 @@ class StageAsset:
         )
 
     def provenance(
-        self, instance: dg.DagsterInstance, partition: str, fingerprint: str | None
+        self, context: dg.AssetExecutionContext, partition: str, fingerprint: str | None
     ) -> dict[str, str] | None:
         """Dagster's provenance tags of a materialization done with the config of `fingerprint`
         (none where the stage has no config asset or the item no fingerprint)."""
         if self.config_key is None or fingerprint is None:
             return None
+        db: DatabaseResource = context.resources.db
+        current = stage_fingerprint(db.store.engine, partition, self.stage)
         parents = [d.asset_key for d in self.deps]
-        return provenance_tags(instance, self.config_key, partition, fingerprint, parents)
+        return provenance_tags(
+            context.instance, self.config_key, partition, fingerprint, current, parents
+        )
 
     def spec(self) -> dg.AssetSpec:
         config = [dg.AssetDep(self.config_key)] if self.config_key is not None else []
@@ -462,7 +467,7 @@ def run_stage(
     _report_unclaimed(context, stage, unclaimed, len(keys))
     current = [earlier for earlier in unclaimed if earlier.status == DONE]
     for earlier in current:
-        yield _current(stage_def, context.instance, earlier)
+        yield _current(stage_def, context, earlier)
     deadline = float(tags[DEADLINE_TAG]) if DEADLINE_TAG in tags else None
 
     ctx = StageContext(context, db, following, deadline)
@@ -562,7 +567,7 @@ def _process_item(
             partition=lease.key,
             description=description,
             metadata={**about, **shown, **_attempt(lease), **_config_version(lease)},
-            tags=stage_def.provenance(context.instance, lease.key, lease.fingerprint),
+            tags=stage_def.provenance(context, lease.key, lease.fingerprint),
         )
         for name, metadata in elsewhere.items():
             yield dg.AssetObservation(
@@ -667,7 +672,7 @@ def _launched_to_retry(run: dg.DagsterRun, keys: Sequence[str]) -> bool:
 
 
 def _current(
-    stage_def: StageAsset, instance: dg.DagsterInstance, earlier: Unclaimed
+    stage_def: StageAsset, context: dg.AssetExecutionContext, earlier: Unclaimed
 ) -> dg.AssetMaterialization:
     """A partition whose item an earlier run finished, recorded as current by this run."""
     when = f"{earlier.finished_at:%Y-%m-%d %H:%M:%S %Z}" if earlier.finished_at else "earlier"
@@ -677,7 +682,7 @@ def _current(
         asset_key=stage_def.key,
         partition=earlier.key,
         metadata={**shown, **summary},
-        tags=stage_def.provenance(instance, earlier.key, earlier.fingerprint),
+        tags=stage_def.provenance(context, earlier.key, earlier.fingerprint),
     )
 
 

@@ -150,8 +150,6 @@ class DownloadConfig(Section):
         description="yt-dlp's own retries of one request, fragment or extraction before the download attempt fails.",
     )
 
-    ADDED_LATER = frozenset({"retries"})
-
     @model_validator(mode="after")
     def _pauses_in_order(self) -> DownloadConfig:
         if self.pause_max_s < self.pause_base_s:
