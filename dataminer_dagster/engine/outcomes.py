@@ -1,5 +1,5 @@
 """What a stage's function gives back for an item: an `ItemResult` (done), or one of the
-exceptions that say what else happened to it (engine/stage.py's table of outcomes)."""
+exceptions that say what else happened to it (engine/stage_run.py's table of outcomes)."""
 
 from __future__ import annotations
 

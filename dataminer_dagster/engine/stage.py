@@ -1,81 +1,33 @@
-"""The claim / heartbeat / complete dance, written once for every stage.
-
-A stage is one function `(item, ctx) -> ItemResult` declared as a dynamically partitioned asset
-by `@stage_asset`; the stages of a lane (engine/registry.py) become one Dagster multi-asset, `lane_asset`,
-whose step runs each selected stage in turn. A stage claims the work items behind the partitions of
-its run (many per run, so process start-up and model loading are paid once per batch), calls the
-function for each, and finishes each item in one transaction: the item is marked done, the
-function's results are recorded and its files published, or nothing is. Then it reports the
-partition's materialization.
-
-Outcomes per item:
-* return an ItemResult                -> done, materialized
-* raise Blocked("reason")              -> blocked by a rule (terminal, not a failure)
-* raise PermanentFailure("reason")     -> dead at once (retrying cannot help)
-* raise Postponed("reason")            -> not the item's fault (a paused host): failed, retried
-                                          with back-off, the attempt not counted (never dead)
-* a full disk, in any stage            -> postponed the same way: an OSError with errno ENOSPC or
-                                          EDQUOT anywhere in the exception's chain, or
-                                          InsufficientDiskSpace (core/files.py, `disk_full`)
-* raise anything else                  -> failed; retried with back-off, dead after the last attempt
-* the run's deadline passed meanwhile  -> given back as it was, no attempt used (PastDeadline,
-                                          raised by StageContext.check_deadline: a download)
-* the lease was lost meanwhile         -> nothing is published; the new owner's work stands
-
-A stage builds its files in staging paths it takes from `ctx.staging_path(final)` and publishes them
-in its commit; whatever becomes of the item, the machinery removes those paths once it is over, so
-that no failure leaves a half-written output behind to fill the disk.
-
-A run works on its items one after another, or `at_once` of them at a time in threads where the
-stage's StageSpec says so (downloads: a slow host does not hold up the rest of the batch); no item
-is started once the run's deadline has passed.
-
-A failing item never stops the others. Failures are logged, recorded on the work item, and reported
-on the partition as an observation with the reason; a run of a single partition fails outright so
-that `dagster asset materialize --partition X` shows the error. A postponement is no failure: its
-observation says why, and its log line is said at most once a minute (with a count), since a full
-disk postpones every item that meets it.
-
-What the UI shows of an item: its metadata made readable (engine/previews.py: previews as
-thumbnails and pictures, floats rounded, paths as paths), the video's title beside a video's
-partition key, and the attempt only when it was a retry. A stage's `PartitionCheck`s run at the end
-of the run, once for each partition it finished, and are recorded on that partition.
-"""
+"""Declaring a stage: one function `(item, ctx) -> ItemResult` declared as a dynamically
+partitioned asset by `@stage_asset` (`StageAsset`: its spec, its checks, its config asset); the
+stages of a lane (engine/registry.py) become one Dagster multi-asset, `lane_asset`, whose step runs
+each selected stage in turn (engine/stage_run.py). What a stage's function gets: its item
+(`StageItem`) and `StageContext` (the database, the models and download client, staging paths,
+the run's deadline)."""
 
 import copy
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from dataminer_dagster.assets import REGISTRY
-from dataminer_dagster.core.files import InsufficientDiskSpace, disk_full, remove, staging_path
-from dataminer_dagster.core.progress import Progress, RepeatedLines
-from dataminer_dagster.core.redact import redact
+from dataminer_dagster.core.files import staging_path
 from dataminer_dagster.db.catalog import Catalog
-from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
-from dataminer_dagster.db.project_flow import advance_projects, stale_later_stages
+from dataminer_dagster.db.leases import Lease
 from dataminer_dagster.db.project_records import stage_fingerprint
-from dataminer_dagster.db.schema import DEAD, DONE
-from dataminer_dagster.engine.checks import PartitionCheck, evaluate_checks
+from dataminer_dagster.engine.checks import PartitionCheck
 from dataminer_dagster.engine.config_versions import provenance_tags
 from dataminer_dagster.engine.jobs import name_prefix
 from dataminer_dagster.engine.outcomes import (
-    Blocked,
     ItemResult,
     PastDeadline,
-    PermanentFailure,
-    Postponed,
-    RequeueFirst,
 )
 from dataminer_dagster.engine.partitions import PARTITIONS
-from dataminer_dagster.engine.previews import ui_metadata
 from dataminer_dagster.engine.registry import PROJECTS, split_project_video_key
 from dataminer_dagster.outputs import OUTPUTS_IO_MANAGER_KEY
 from dataminer_dagster.resources.db import DatabaseResource
@@ -83,13 +35,9 @@ from dataminer_dagster.resources.download_client import DownloadClient
 from dataminer_dagster.resources.models import ModelsResource
 from dataminer_dagster.resources.stage_outputs import stage_outputs_io_manager
 from dataminer_dagster.tags import (
-    BACKFILL_TAG,
-    DEADLINE_TAG,
     GPU_OP_TAGS,
     GPU_POOL,
     LANE_TAG,
-    PROJECTS_TAG,
-    REQUESTED_BY_TAG,
     STAGE_TAG,
 )
 
@@ -396,6 +344,8 @@ def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
             ),
         )
         def lane_fn(context: dg.AssetExecutionContext, config: StageConfig):
+            from dataminer_dagster.engine.stage_run import run_stage  # it imports this module
+
             selected = [s for s in stages if s.key in context.selected_asset_keys]
             dead: list[str] = []
             for position, stage in enumerate(selected):
@@ -410,316 +360,3 @@ def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
                 )
 
     return lane_fn
-
-
-class _VideoTitles:
-    """What names an item for a person: the video's title beside a video's partition key. The
-    titles of a run's videos are read once, when the run has claimed them; a video without one
-    yet (its download is this very item) is read again when asked."""
-
-    def __init__(self, catalog: Catalog, leases: Sequence[Lease]):
-        self._catalog = catalog
-        self._titles: dict[str, str] = {}
-        self._read([lease.video_id for lease in leases if lease.video_id is not None])
-
-    def _read(self, video_ids: list[str]) -> None:
-        if video_ids:
-            videos = self._catalog.videos(video_ids).values()
-            self._titles.update((v.video_id, v.title) for v in videos if v.title)
-
-    def about(self, lease: Lease) -> dict[str, Any]:
-        if lease.video_id is None:
-            return {}
-        if lease.video_id not in self._titles:
-            self._read([lease.video_id])
-        title = self._titles.get(lease.video_id)
-        return {"video_title": title} if title else {}
-
-
-def run_stage(
-    context: dg.AssetExecutionContext,
-    config: StageConfig,
-    stage_def: StageAsset,
-    following: Sequence[str] = (),
-    dead: list[str] | None = None,
-) -> Iterator[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckResult]:
-    """Run one stage over the run's partitions: claim their items, process each, and tell Dagster
-    what became of every partition. Done now or earlier: a materialization (an earlier one is
-    recorded as current, so that a backfill or a re-execution counts it). Dead: named in `dead`,
-    for the lane to fail the run once all its stages ran (the partition shows failed). A run a
-    person launched to retry (`_launched_to_retry`) gives dead items fresh attempts, as
-    `dataminer retry` does."""
-    stage, process = stage_def.stage, stage_def.process
-    dead = [] if dead is None else dead
-    db: DatabaseResource = context.resources.db
-    keys = list(context.partition_keys)
-    tags = context.run.tags
-    by_sensor = tags.get(REQUESTED_BY_TAG) == "sensor"
-    only = [int(p) for p in tags[PROJECTS_TAG].split(",")] if PROJECTS_TAG in tags else None
-    leases, unclaimed = db.leases.claim_keys(
-        stage,
-        keys,
-        redo=config.redo,
-        revive_dead=not by_sensor and _launched_to_retry(context.run, keys),
-        respect_backoff=by_sensor,
-        projects=only,
-    )
-    _report_unclaimed(context, stage, unclaimed, len(keys))
-    current = [earlier for earlier in unclaimed if earlier.status == DONE]
-    for earlier in current:
-        yield _current(stage_def, context, earlier)
-    deadline = float(tags[DEADLINE_TAG]) if DEADLINE_TAG in tags else None
-
-    ctx = StageContext(context, db, following, deadline)
-    titles = _VideoTitles(ctx.catalog, leases)
-    progress = Progress(f"{stage}", len(leases), context.log.info)
-    failures: list[str] = []
-    finished: list[str] = [earlier.key for earlier in current]
-    pending = list(leases)
-
-    def work(lease: Lease) -> list[dg.AssetMaterialization | dg.AssetObservation]:
-        return list(_process_item(context, stage_def, ctx, process, lease, titles, failures, dead))
-
-    try:
-        at_once = REGISTRY[stage].at_once
-        for lease, events in _work_through(pending, at_once, ctx.past_deadline, work):
-            for event in events:
-                if isinstance(event, dg.AssetMaterialization):
-                    finished.append(lease.key)
-                yield event
-            progress.advance()
-        if pending:
-            context.log.warning(
-                f"{stage}: past the deadline of the command that asked for this run; "
-                f"{len(pending)} items left for later"
-            )
-    finally:
-        db.leases.release_many(pending)  # interrupted: give back what was never started
-
-    yield from evaluate_checks(context, ctx, stage_def, finished)
-
-    # The project that this run's items finished moves on now, not at the sensor's next tick.
-    for t in advance_projects(db.store):
-        context.log.info(f"project {t.project}: {t.old} -> {t.new} ({t.reason})")
-
-    if failures and len(keys) == 1:
-        raise dg.Failure(description=failures[0])
-    if failures:
-        context.log.warning(
-            f"{stage}: {len(failures)} of {len(leases)} items failed; the others are done"
-        )
-
-
-def _work_through(
-    pending: list[Lease],
-    at_once: int,
-    past_deadline: Callable[[], bool],
-    work: Callable[[Lease], list[Any]],
-) -> Iterator[tuple[Lease, list[Any]]]:
-    """Work on the leases of `pending`, `at_once` at a time, taking each off the list as it starts
-    (none once past the deadline), and yield each with its events as it ends."""
-    if at_once == 1:  # in this thread, as a model stage wants
-        while pending and not past_deadline():
-            lease = pending.pop(0)
-            yield lease, work(lease)
-        return
-    with ThreadPoolExecutor(at_once, thread_name_prefix="stage-item") as pool:
-        running: dict[Future, Lease] = {}
-        while True:
-            while pending and len(running) < at_once and not past_deadline():
-                lease = pending.pop(0)
-                running[pool.submit(work, lease)] = lease
-            if not running:
-                return
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                yield running.pop(future), future.result()
-
-
-def _process_item(
-    context: dg.AssetExecutionContext,
-    stage_def: StageAsset,
-    ctx: StageContext,
-    process: StageFunction,
-    lease: Lease,
-    titles: _VideoTitles,
-    failures: list[str],
-    dead: list[str],
-) -> Iterator[dg.AssetMaterialization | dg.AssetObservation]:
-    asset_key = stage_def.key
-    leases = ctx.db.leases
-    item = StageItem(lease)
-    ctx = ctx.for_item()
-    result: ItemResult | None = None
-    try:
-        leases.begin(lease)
-        result = process(item, ctx)
-        shown, description = ui_metadata(result.metadata)  # before the commit: it may fail
-        elsewhere = {name: ui_metadata(m)[0] for name, m in result.observed.items()}
-        with leases.completing(lease, result.outcome) as conn:
-            if result.commit is not None:
-                result.commit(conn)
-            if lease.project_id is not None:
-                stale_later_stages(conn, lease.project_id, lease.stage)
-        about = titles.about(lease)  # after it: a download has just recorded the title
-        yield dg.AssetMaterialization(
-            asset_key=asset_key,
-            partition=lease.key,
-            description=description,
-            metadata={**about, **shown, **_attempt(lease), **_config_version(lease)},
-            tags=stage_def.provenance(context, lease.key, lease.fingerprint),
-        )
-        for name, metadata in elsewhere.items():
-            yield dg.AssetObservation(
-                asset_key=dg.AssetKey([*asset_key.path[:-1], name]),  # under the same prefix
-                partition=lease.key,
-                metadata={**about, **metadata},
-            )
-    except LeaseLost as lost:
-        context.log.warning(str(lost))
-    except PastDeadline as past:
-        leases.release_many([lease])
-        context.log.warning(
-            f"{lease.stage} {lease.key}: {past}; given back for a later run (no attempt used)"
-        )
-    except Blocked as blocked:
-        reason = redact(str(blocked))
-        leases.block(lease, reason)
-        context.log.info(f"{lease.stage} {lease.key}: skipped: {reason}")
-        yield _observation(titles, asset_key, lease, "blocked", reason)
-    except Postponed as postponed:
-        yield from _postpone(
-            context, asset_key, ctx, lease, titles, str(postponed), postponed.not_before
-        )
-    except Exception as error:  # one bad item must not stop the batch
-        if (full := disk_full(error)) is not None:  # the disk's fault, whichever stage met it
-            reason = (
-                str(full)
-                if isinstance(full, InsufficientDiskSpace)
-                else f"the disk is full: {full}"
-            )
-            yield from _postpone(context, asset_key, ctx, lease, titles, reason, topic=_DISK_FULL)
-            return
-        permanent = isinstance(error, PermanentFailure)
-        message = redact(  # what the log, the run's failure and last_error show
-            str(error)
-            if isinstance(error, (PermanentFailure, RequeueFirst, ValueError, OSError))
-            else f"{type(error).__name__}: {error}"
-        )
-        requeue = error.requeue if isinstance(error, RequeueFirst) else None
-        outcome = leases.fail(lease, message, retryable=not permanent, then=requeue)
-        if not outcome.applied:
-            context.log.warning(
-                f"{lease.stage} {lease.key}: failed after its lease was lost: {message}"
-            )
-            return
-        when = (
-            f"retry {lease.attempt + 1}/{lease.max_attempts} after {outcome.next_attempt_at:%H:%M:%S %Z}"
-            if outcome.status == "failed"
-            else "dead: it will not be retried (`dataminer retry` queues it again)"
-        )
-        text = f"{lease.stage} {lease.key} failed on attempt {lease.attempt}: {message}; {when}"
-        context.log.error(text)
-        failures.append(text)
-        if outcome.status == DEAD:
-            dead.append(f"{lease.stage} {lease.key}: {message}")
-        yield _observation(titles, asset_key, lease, outcome.status or "failed", message)
-    finally:  # whatever became of the item: no staging is left to fill the disk
-        for path in [*ctx.staged, *(result.staged if result else ())]:
-            remove(path)
-
-
-# A postponement is said at most once a minute for each topic: a full disk (any stage) or a
-# stage's other waits (a paused host). One per process, so that the runs `dataminer run`
-# executes one after another say it once a minute too, each partition's observation saying
-# the rest.
-_POSTPONED_LINES = RepeatedLines(every_s=60.0)
-_DISK_FULL = "the disk is full"
-
-
-def _postpone(
-    context: dg.AssetExecutionContext,
-    asset_key: dg.AssetKey,
-    ctx: StageContext,
-    lease: Lease,
-    titles: _VideoTitles,
-    reason: str,
-    not_before: datetime | None = None,
-    topic: str | None = None,
-) -> Iterator[dg.AssetObservation]:
-    """Not the item's fault: it waits without using an attempt, and it is not a failure of the
-    run (a one-partition run that meets it succeeds, its observation saying why)."""
-    reason = redact(reason)
-    outcome = ctx.db.leases.postpone(lease, reason, not_before=not_before)
-    if not outcome.applied:
-        return
-    line = _POSTPONED_LINES.line(
-        topic or lease.stage,
-        f"{lease.stage} {lease.key} postponed (not counted as an attempt): {reason}; "
-        f"tried again after {outcome.next_attempt_at:%H:%M:%S %Z}",
-    )
-    if line is not None:
-        context.log.warning(line)
-    yield _observation(titles, asset_key, lease, "postponed", reason)
-
-
-def _launched_to_retry(run: dg.DagsterRun, keys: Sequence[str]) -> bool:
-    """Whether a person launched this run for its partitions whatever became of them: a backfill
-    (the UI's, "materialize failed partitions" included), a re-execution, or one partition
-    (the UI's Materialize, `dagster asset materialize --partition`). Its dead items get fresh
-    attempts (the sensors' runs never ask); other range runs leave them dead."""
-    return BACKFILL_TAG in run.tags or run.parent_run_id is not None or len(keys) == 1
-
-
-def _current(
-    stage_def: StageAsset, context: dg.AssetExecutionContext, earlier: Unclaimed
-) -> dg.AssetMaterialization:
-    """A partition whose item an earlier run finished, recorded as current by this run."""
-    when = f"{earlier.finished_at:%Y-%m-%d %H:%M:%S %Z}" if earlier.finished_at else "earlier"
-    shown, _ = ui_metadata({"outcome": f"current: done by an earlier run ({when})"})
-    summary = {k: v for k, v in (earlier.outcome or {}).items() if isinstance(v, int | float | str)}
-    return dg.AssetMaterialization(
-        asset_key=stage_def.key,
-        partition=earlier.key,
-        metadata={**shown, **summary},
-        tags=stage_def.provenance(context, earlier.key, earlier.fingerprint),
-    )
-
-
-def _config_version(lease: Lease) -> dict[str, str]:
-    """The fingerprint of the project's config the work was done with (ProjectConfig.fingerprints):
-    partitions done with different configs show different values."""
-    return {"config_version": lease.fingerprint} if lease.fingerprint else {}
-
-
-def _attempt(lease: Lease) -> dict[str, int]:
-    """The attempt, where it says something: a retry."""
-    return {"attempt": lease.attempt} if lease.attempt > 1 else {}
-
-
-def _observation(
-    titles: _VideoTitles, asset_key: dg.AssetKey, lease: Lease, outcome: str, reason: str
-) -> dg.AssetObservation:
-    about = {**titles.about(lease), "outcome": outcome, "reason": reason}
-    return dg.AssetObservation(
-        asset_key=asset_key,
-        partition=lease.key,
-        metadata={**ui_metadata(about)[0], **_attempt(lease)},
-    )
-
-
-def _report_unclaimed(
-    context: dg.AssetExecutionContext, stage: str, unclaimed: list[Unclaimed], total: int
-) -> None:
-    if not unclaimed:
-        return
-    running = [u for u in unclaimed if u.status == "running"]
-    for u in running:
-        context.log.info(f"{stage} {u.describe()}; this run leaves it alone")
-    others = [u for u in unclaimed if u.status != "running"]
-    if others:
-        shown = "; ".join(u.describe() for u in others[:5])
-        more = f" (and {len(others) - 5} more)" if len(others) > 5 else ""
-        context.log.info(
-            f"{stage}: {len(others)} of {total} partitions need no work now: {shown}{more}"
-        )
