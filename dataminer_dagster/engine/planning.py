@@ -13,7 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import dagster as dg
 import sqlalchemy as sa
@@ -152,9 +152,7 @@ def plan_discovery(
     cursor finds nothing new (and at most every `COMPARE_EVERY_S`), the catalog's keys are
     compared with Dagster's: rows the cursor passed are added, and partitions whose row was
     deleted are to be removed."""
-    result = Discovery(
-        cursor=DiscoveryCursor(**{**cursor.__dict__, "configs": dict(cursor.configs)})
-    )
+    result = Discovery(cursor=replace(cursor))
     with engine.connect() as c:
         for partitions_name in PARTITION_SETS:
             field_name = _CURSOR_FIELDS[partitions_name]
