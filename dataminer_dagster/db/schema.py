@@ -244,6 +244,13 @@ work_items = sa.Table(
         postgresql_where=sa.text("status IN ('pending', 'failed')"),
     ),
     sa.Index("work_items_running", "lease_owner", postgresql_where=sa.text("status = 'running'")),
+    # What the sensors asked runs for lately, still waiting to be claimed: the start of the work
+    # that is in flight (db/scheduling.py `coming`).
+    sa.Index(
+        "work_items_requested",
+        "requested_at",
+        postgresql_where=sa.text("status IN ('pending', 'failed') AND requested_at IS NOT NULL"),
+    ),
     # Per-video items have no project and project items no video: leaving the NULLs out spares
     # every update of those rows an index entry.
     sa.Index(

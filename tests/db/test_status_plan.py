@@ -1,9 +1,11 @@
-"""`dataminer status` at any catalog size: the statements that count a project's work read that
-project's rows through indexes, never the whole catalog (issue 25: at 1M videos an
-`OR ... IN (subquery)` became a plain SubPlan over all of project_videos and status never ended).
+"""Statements that run at any catalog size read the rows they concern through indexes, never the
+whole catalog (issue 25): `dataminer status`'s counts of a project's work (at 1M videos an
+`OR ... IN (subquery)` became a plain SubPlan over all of project_videos and status never ended),
+the catalog's lock of the videos it links, and the work sensor's look at the work in flight.
 
-The check is on PostgreSQL's own plan (EXPLAIN) of the statements as the product sends them, on a
-seeded catalog of 20,000 videos beside a small project, so a regression fails here in CI."""
+The check is on PostgreSQL's own plan (EXPLAIN, or EXPLAIN ANALYZE for the rows read) of the
+statements as the product sends them, on a seeded catalog of 20,000 videos beside a small
+project, so a regression fails here in CI."""
 
 from __future__ import annotations
 
@@ -49,8 +51,9 @@ def whole_table_reads(plan: dict) -> list[str]:
     return found
 
 
-def plans_of(engine: sa.Engine, call) -> list[dict]:
-    """PostgreSQL's plan of each statement that `call` sends, with the parameters it sent."""
+def plans_of(engine: sa.Engine, call, analyze: bool = False) -> list[dict]:
+    """PostgreSQL's plan of each statement that `call` sends, with the parameters it sent (with
+    `analyze`, run again under EXPLAIN ANALYZE: the rows each node read)."""
     sent = []
 
     def capture(conn, cursor, statement, parameters, context, executemany):
@@ -63,11 +66,21 @@ def plans_of(engine: sa.Engine, call) -> list[dict]:
     finally:
         sa.event.remove(engine, "before_cursor_execute", capture)
     assert sent
+    explain = "EXPLAIN (ANALYZE, FORMAT JSON)" if analyze else "EXPLAIN (FORMAT JSON)"
     with engine.connect() as c:
         return [
-            c.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).scalar()[0]["Plan"]
+            c.exec_driver_sql(f"{explain} {statement}", parameters).scalar()[0]["Plan"]
             for statement, parameters in sent
         ]
+
+
+def catalog_rows_read(plan: dict) -> int:
+    """How many rows of the catalog's tables an analyzed plan's scans read, kept or not."""
+    return sum(
+        (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node["Actual Loops"]
+        for node in nodes(plan)
+        if node.get("Relation Name") in CATALOG_TABLES
+    )
 
 
 def test_the_plan_check_catches_the_statement_that_never_ended_at_a_million_videos(seeded):
@@ -130,3 +143,62 @@ def test_linking_videos_reads_only_their_rows(seeded, tmp_path):
     assert locks, "the lock statement was sent"
     for plan in locks:
         assert whole_table_reads(plan) == [], plan
+
+
+def test_what_is_coming_to_the_filter_is_found_from_the_work_in_flight(seeded):
+    """The work sensor asks every tick which project videos the downloads in flight will bring
+    to the filter (`coming`): it starts from the items in flight, each kind by its own index (as
+    one OR over the items it was a scan of every item: 0.1-2.8 s a tick at 1,000,000 videos)."""
+    from dataminer_dagster.db.scheduling import coming
+    from dataminer_dagster.engine.registry import FILTER
+
+    engine, _, _ = seeded
+    with engine.begin() as c:  # every download waits, as in a catalog just filled; 50 requested
+        c.execute(
+            sa.text("UPDATE dataminer.work_items SET status = 'pending' WHERE stage = 'download'")
+        )
+        in_flight = list(
+            c.execute(
+                sa.text("""UPDATE dataminer.work_items SET requested_at = now()
+                            WHERE stage = 'download'
+                              AND item_key IN (SELECT 'b' || g FROM generate_series(1, 50) g)
+                           RETURNING id""")
+            ).scalars()
+        )
+        c.execute(
+            sa.text("""DELETE FROM dataminer.work_items WHERE stage = 'filter'
+                        AND video_id IN (SELECT 'b' || g FROM generate_series(1, 60) g)""")
+        )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(sa.text("ANALYZE dataminer.work_items"))
+    found: list[str] = []
+    plans = plans_of(
+        engine, lambda: found.extend(coming(engine, FILTER, planned_ids=in_flight)), analyze=True
+    )
+    assert sorted(found) == sorted(f"big.b{n}" for n in range(1, 51))
+    for plan in plans:
+        assert catalog_rows_read(plan) <= 10 * len(in_flight), plan
+
+
+def test_the_items_to_request_are_read_in_due_order_up_to_the_limit(seeded):
+    """The work sensor asks every tick for the next items of a lane's stages (`requestable`):
+    each stage's items are walked in due order and the walk stops at the limit (over both
+    stages at once, every waiting item was read and sorted: 55 ms a tick at 100,000 waiting
+    downloads)."""
+    from dataminer_dagster.db.scheduling import requestable
+    from dataminer_dagster.engine.registry import DOWNLOAD, FRAMES
+
+    engine, _, _ = seeded
+    with engine.begin() as c:  # every download waits, as in a catalog just filled
+        c.execute(
+            sa.text("UPDATE dataminer.work_items SET status = 'pending' WHERE stage = 'download'")
+        )
+    found: list = []
+    plans = plans_of(
+        engine,
+        lambda: found.extend(requestable(engine, [DOWNLOAD, FRAMES], 50, 60.0)),
+        analyze=True,
+    )
+    assert len(found) == 50
+    for plan in plans:
+        assert catalog_rows_read(plan) <= 10 * 50, plan

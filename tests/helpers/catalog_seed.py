@@ -8,6 +8,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.schema import project_video_key_sql
 
 S = "dataminer"
 
@@ -27,7 +28,7 @@ def add_project(catalog: Catalog, name: str) -> int:
 
 def seed_videos(engine: sa.Engine, project_id: int, count: int, prefix: str) -> None:
     """`count` videos `<prefix><n>` linked to the project: download and frames done, filter
-    pending (project videos keyed as the filter keys them does not matter to a count)."""
+    pending (keyed as the filter keys a project video)."""
     params = {"p": project_id, "n": count, "prefix": prefix}
     statements = [
         f"""INSERT INTO {S}.videos (video_id, url)
@@ -39,8 +40,9 @@ def seed_videos(engine: sa.Engine, project_id: int, count: int, prefix: str) -> 
             SELECT stage, :prefix || g, :prefix || g, 'done', 4, now()
               FROM generate_series(1, :n) g, unnest(ARRAY['download', 'frames']) stage""",
         f"""INSERT INTO {S}.work_items (stage, item_key, project_id, video_id, status, max_attempts)
-            SELECT 'filter', :p || '-' || :prefix || g, :p, :prefix || g, 'pending', 4
-              FROM generate_series(1, :n) g""",
+            SELECT 'filter', {project_video_key_sql("p.name", ":prefix || g")}, :p, :prefix || g,
+                   'pending', 4
+              FROM generate_series(1, :n) g, {S}.projects p WHERE p.id = :p""",
     ]
     with engine.begin() as c:
         for statement in statements:
