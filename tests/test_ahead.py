@@ -124,9 +124,10 @@ def test_a_filter_run_waits_until_its_videos_are_extracted(instance, store, cata
     frames, _ = store.claim_keys(FRAMES, ["v0", "v1"], "video-run")
     time.sleep(0.6)
     assert thread.is_alive(), "extracting"
+    alpha = catalog.project("alpha").id
     for lease in frames:
         store.complete(lease)
-        store.enqueue(FILTER, [f"alpha.{lease.key}"], project_ids=[lease.project_id])
+        store.enqueue(FILTER, [f"alpha.{lease.key}"], project_ids=[alpha], video_ids=[lease.key])
     thread.join(10)
     assert not thread.is_alive()
     assert 1.5 < outcome["waited"] < 10
@@ -139,7 +140,7 @@ def test_a_project_run_waits_for_its_last_filter_then_moves_the_project_on(
     project_with_videos(catalog, instance, "alpha", ["v0"])
     for stage in (DOWNLOAD, FRAMES):
         store.mark(stage, "v0", DONE, "done in a test")
-    store.enqueue(FILTER, ["alpha.v0"])
+    store.enqueue(FILTER, ["alpha.v0"], project_ids=[catalog.project("alpha").id], video_ids=["v0"])
     [filtering], _ = store.claim_keys(FILTER, ["alpha.v0"], "filter-run")
     thread, outcome, _ = wait_in_thread(store, instance, ahead_run("project", "alpha", "alpha"))
     time.sleep(1.0)

@@ -739,8 +739,8 @@ def test_a_project_is_requested_ahead_once_all_its_unfinished_members_are_in_fli
     for v in ("v0", "v1"):
         store.mark(DOWNLOAD, v, DONE, "downloaded in a test")
         store.mark(FRAMES, v, DONE, "extracted in a test")
-    store.mark(FILTER, "alpha.v0", DONE, "filtered in a test")
-    store.enqueue(FILTER, ["alpha.v1"])
+    finish_members(store, "alpha", ["v0"])
+    store.enqueue(FILTER, ["alpha.v1"], project_ids=[project_id(store, "alpha")], video_ids=["v1"])
     [lease], _ = store.claim_keys(FILTER, ["alpha.v1"], "filter-run")
     store.fail(lease, "CUDA error")  # the last member waits for a retry
     with engine.begin() as c:
@@ -764,9 +764,24 @@ def test_a_project_is_requested_ahead_once_all_its_unfinished_members_are_in_fli
 # --- project transitions -------------------------------------------------------------------------
 
 
+def project_id(store: LeaseStore, project: str) -> int:
+    with store.engine.connect() as c:
+        return c.execute(
+            sa.text("SELECT id FROM dataminer.projects WHERE name = :n"), {"n": project}
+        ).scalar_one()
+
+
 def finish_members(store: LeaseStore, project: str, video_ids: Sequence[str]) -> None:
+    """Members filtered, their items carrying their project and video as the catalog's do."""
     for v in video_ids:
-        store.mark(FILTER, f"{project}.{v}", DONE, "filtered in a test")
+        store.mark(
+            FILTER,
+            f"{project}.{v}",
+            DONE,
+            "filtered in a test",
+            project_id=project_id(store, project),
+            video_id=v,
+        )
 
 
 def extracted(store: LeaseStore, project: str, video_ids: Sequence[str]) -> None:
@@ -774,7 +789,12 @@ def extracted(store: LeaseStore, project: str, video_ids: Sequence[str]) -> None
     for v in video_ids:
         store.mark(DOWNLOAD, v, DONE, "downloaded in a test")
         store.mark(FRAMES, v, DONE, "extracted in a test")
-    store.enqueue(FILTER, [f"{project}.{v}" for v in video_ids])
+    store.enqueue(
+        FILTER,
+        [f"{project}.{v}" for v in video_ids],
+        project_ids=[project_id(store, project)] * len(video_ids),
+        video_ids=list(video_ids),
+    )
 
 
 def run_stage(store: LeaseStore, stage: str, project: str, owner: str = "stage-run") -> None:

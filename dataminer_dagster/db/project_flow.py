@@ -17,10 +17,16 @@ config of the project is stale (its stage's fingerprint differs, ProjectConfig.f
 Stale filter items make their members unfinished (the project reopens; Catalog.advance_videos
 queues them again); a stale catalog queues the catalog again; a stale stage of the chain takes
 the project back to that stage, and the stages after it run again in turn.
+
+Only projects whose rows changed are looked at: triggers note them in `project_changes` with each
+change (migration 0011), so a tick with nothing new reads one small table, however large the
+catalog; a project's members are read only as far as its decision needs (whether one is
+unfinished stops at the first; the counts, at the move to dedup or a reopening, read them all).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -68,22 +74,65 @@ class Transition:
     reason: str
 
 
+class _Members:
+    """What a project's member videos add up to, read only as far as a decision needs: whether
+    one is unfinished stops at the first one found; the counts read every member."""
+
+    def __init__(self, engine: sa.Engine, project_id: int) -> None:
+        self._engine, self._project_id = engine, project_id
+
+    @functools.cached_property
+    def any_unfinished(self) -> bool:
+        if "counts" in self.__dict__:
+            return self.counts.unfinished > 0
+        with self._engine.connect() as c:
+            return bool(
+                c.execute(
+                    sa.text(f"""SELECT EXISTS (SELECT 1 FROM {MEMBERS_JOIN}
+                                 WHERE pv.project_id = :p AND NOT {MEMBER_FINISHED_SQL})"""),
+                    {"p": self._project_id},
+                ).scalar()
+            )
+
+    @functools.cached_property
+    def counts(self) -> _MemberCounts:
+        with self._engine.connect() as c:
+            row = c.execute(
+                sa.text(f"""SELECT count(*) AS members,
+                                   count(*) FILTER (WHERE NOT {MEMBER_FINISHED_SQL}) AS unfinished,
+                                   count(*) FILTER (WHERE fi.status = '{DONE}'
+                                                      AND NOT coalesce(fi.outcome ? 'same_as', false)) AS usable
+                              FROM {MEMBERS_JOIN} WHERE pv.project_id = :p"""),
+                {"p": self._project_id},
+            ).one()
+        return _MemberCounts(row.members, row.unfinished, row.usable)
+
+
+@dataclass(frozen=True)
+class _MemberCounts:
+    members: int
+    unfinished: int
+    usable: int  # members whose own filter is done (not a copy's): the ones that feed the dataset
+
+
 @dataclass(frozen=True)
 class _ProjectState:
     id: int
     name: str
     stage: str
-    members: int
-    unfinished: int
-    usable: int  # members whose own filter is done (not a copy's): the ones that feed the dataset
+    members: _Members
     items: dict[str, tuple[str, str | None]]  # project-level stage -> (status, last error)
     stale: frozenset[str] = frozenset()  # project-level stages done or dead under an earlier config
 
 
 def advance_projects(store: LeaseStore) -> list[Transition]:
-    """Move every project as far as its state allows; returns what changed."""
+    """Move every project whose rows changed since the last call as far as its state allows;
+    returns what changed. The changes are noted by the database's triggers, in the transaction
+    of each change (migration 0011): a call costs what changed, not the catalog; the notes it
+    read are removed once it has acted on them, so a call that fails leaves them to the next."""
+    notes, changed = _changed_projects(store.engine)
     transitions = []
-    for state in _states(store.engine):
+    for state in _states(store.engine, changed):
         change = _next(state)
         if change is None:
             continue
@@ -112,7 +161,25 @@ def advance_projects(store: LeaseStore) -> list[Transition]:
                     conn=conn,
                 )
         transitions.append(Transition(state.name, state.stage, new, reason))
+    _forget_notes(store.engine, notes)
     return transitions
+
+
+def _changed_projects(engine: sa.Engine) -> tuple[list[int], list[int]]:
+    """(the notes of changed projects, their projects)."""
+    with engine.connect() as c:
+        rows = c.execute(sa.text(f"SELECT id, project_id FROM {S}.project_changes")).all()
+    return [r.id for r in rows], sorted({r.project_id for r in rows})
+
+
+def _forget_notes(engine: sa.Engine, notes: list[int]) -> None:
+    """Remove the notes read (by id: a note committed meanwhile stays for the next call)."""
+    if notes:
+        with engine.begin() as c:
+            c.execute(
+                sa.text(f"DELETE FROM {S}.project_changes WHERE id = ANY(CAST(:ids AS bigint[]))"),
+                {"ids": notes},
+            )
 
 
 def stale_later_stages(conn: sa.Connection, project_id: int, stage: str) -> None:
@@ -135,8 +202,9 @@ def _next(state: _ProjectState) -> tuple[str, str, str | None] | None:
     running = any(status == RUNNING for status, _ in state.items.values())
     if CATALOG in state.stale and not running:
         return ACTIVE, "its inputs changed: the catalog runs again", CATALOG
-    if state.stage != ACTIVE and state.unfinished and not running:
-        return ACTIVE, f"{state.unfinished} member videos are not finished", None
+    if state.stage != ACTIVE and not running and state.members.any_unfinished:
+        unfinished = state.members.counts.unfinished
+        return ACTIVE, f"{unfinished} member videos are not finished", None
     redo = _first_stale_stage(state, chain)
     if redo is not None and not running:
         return redo, f"{redo} was done with an earlier config", redo
@@ -144,19 +212,20 @@ def _next(state: _ProjectState) -> tuple[str, str, str | None] | None:
         catalog, catalog_error = state.items.get(CATALOG, (None, None))
         if catalog == DEAD:
             return PROJECT_FAILED, f"catalog failed: {catalog_error}", None
-        if catalog != DONE or state.unfinished:
+        if catalog != DONE or state.members.any_unfinished:
             return None
-        if state.members == 0:
+        counts = state.members.counts
+        if counts.members == 0:
             return PROJECT_FAILED, "no video was found for this project", None
-        if state.usable == 0:
+        if counts.usable == 0:
             return (
                 PROJECT_FAILED,
-                f"none of its {state.members} videos could be used: each one's download, "
+                f"none of its {counts.members} videos could be used: each one's download, "
                 f"extraction or filter ended dead or blocked (dataminer status {state.name} "
                 "lists why)",
                 None,
             )
-        return chain[0], f"all {state.members} member videos finished", chain[0]
+        return chain[0], f"all {counts.members} member videos finished", chain[0]
     if state.stage in chain:
         status, error = state.items.get(state.stage, (None, None))
         if status is None:  # lost its item (e.g. deleted by hand): queue it again
@@ -181,26 +250,23 @@ def _first_stale_stage(state: _ProjectState, chain: tuple[str, ...]) -> str | No
     return next((stage for stage in chain[:reached] if stage in state.stale), None)
 
 
-def _states(engine: sa.Engine) -> list[_ProjectState]:
+def _states(engine: sa.Engine, project_ids: list[int]) -> list[_ProjectState]:
+    if not project_ids:
+        return []
     with engine.connect() as c:
-        projects = c.execute(sa.text(f"SELECT id, name, stage FROM {S}.projects ORDER BY id")).all()
-        members = dict(
-            (r.project_id, (r.members, r.unfinished, r.usable))
-            for r in c.execute(
-                sa.text(f"""SELECT pv.project_id, count(*) AS members,
-                                   count(*) FILTER (WHERE NOT {MEMBER_FINISHED_SQL}) AS unfinished,
-                                   count(*) FILTER (WHERE fi.status = '{DONE}'
-                                                      AND NOT coalesce(fi.outcome ? 'same_as', false)) AS usable
-                              FROM {MEMBERS_JOIN} GROUP BY pv.project_id""")
-            )
-        )
+        projects = c.execute(
+            sa.text(f"""SELECT id, name, stage FROM {S}.projects
+                         WHERE id = ANY(CAST(:ids AS integer[])) ORDER BY id"""),
+            {"ids": project_ids},
+        ).all()
         items: dict[int, dict[str, tuple[str, str | None]]] = {}
         stale: dict[int, set[str]] = {}
         for r in c.execute(
             sa.text(f"""SELECT project_id, stage, status, last_error,
                                status IN ('{DONE}', '{DEAD}') AND {stale_sql("w")} AS stale
-                          FROM {S}.work_items w WHERE stage = ANY(CAST(:stages AS text[]))"""),
-            {"stages": [CATALOG, *REGISTRY.project_chain]},
+                          FROM {S}.work_items w WHERE project_id = ANY(CAST(:ids AS integer[]))
+                           AND stage = ANY(CAST(:stages AS text[]))"""),
+            {"stages": [CATALOG, *REGISTRY.project_chain], "ids": project_ids},
         ):
             items.setdefault(r.project_id, {})[r.stage] = (r.status, r.last_error)
             if r.stale:
@@ -210,7 +276,7 @@ def _states(engine: sa.Engine) -> list[_ProjectState]:
             p.id,
             p.name,
             p.stage,
-            *members.get(p.id, (0, 0, 0)),
+            _Members(engine, p.id),
             items.get(p.id, {}),
             frozenset(stale.get(p.id, ())),
         )

@@ -270,6 +270,16 @@ work_items = sa.Table(
     ),
 )
 
+# Projects whose state changed since `advance_projects` last looked (db/project_flow.py): written
+# by triggers on projects, project_videos and work_items, in the transaction of each change
+# (migration 0011 holds the triggers), removed by the call that acted on them.
+project_changes = sa.Table(
+    "project_changes",
+    metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("project_id", sa.Integer, nullable=False),
+)
+
 run_heartbeats = sa.Table(
     "run_heartbeats",
     metadata,
