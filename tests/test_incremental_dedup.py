@@ -1,6 +1,7 @@
 """Incremental dedup (issue 27, item 2) in a real project: frames of a video added later are
 compared with the frames already kept and with each other; earlier kept frames stay kept. A
-changed dedup setting and `force-dedup` group every frame again."""
+changed dedup setting and `force-dedup` group every frame again; with `dedup.replace: better` a
+better new duplicate takes a kept frame's place."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import pandas as pd
 import pytest
 
 from dataminer_dagster.core.kept_index import KeptIndex
+from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.project_lifecycle import force_stage
 from dataminer_dagster.engine.registry import DEDUP
 from tests.conftest import ONE_SERVER
+from tests.helpers.pipeline import write_videos
 
 pytestmark = pytest.mark.slow
 
@@ -87,3 +90,59 @@ def test_incremental_off_groups_every_frame_each_time(changing):
     outcome = dedup_outcome(changing)
     assert outcome["mode"] == "every frame"
     assert outcome["new_frames"] == outcome["frames_in"]
+
+
+@ONE_SERVER
+def test_with_replace_better_a_better_new_duplicate_takes_the_kept_frames_place(changing, tmp_path):
+    """dedup.replace: better. A video added later holds the first clip again with other noise:
+    its frames duplicate kept ones, some with a higher filter score. The best new frame of a
+    group replaces the group's kept frame when it scores higher; otherwise the kept one stays."""
+    changing.register(dedup={"replace": "better", "replace_margin": 0.0})
+    changing.run()
+    before = table(changing)
+    again = write_videos(
+        tmp_path / "again",
+        {
+            "clip0-again.mp4": SyntheticVideoSpec(
+                width=96, height=64, fps=10, seconds=2.0, scene_cuts=(1.0,), seed=0, noise=13
+            )
+        },
+    )
+    changing.register(inputs={"files": [*changing.clips[:2], str(again["clip0-again.mp4"])]})
+    changing.run()
+
+    outcome = dedup_outcome(changing)
+    after = table(changing)
+    assert outcome["mode"] == "new frames only"
+    new = after[~after["frame_id"].isin(before["frame_id"])]
+    joined = new[new["group"].isin(before["group"])]
+    assert len(joined), "the copy's frames join the groups of the first clip's"
+    replaced = after[after["replaced_by"].notna()]
+    assert 0 < len(replaced) == outcome["replaced"], "a better duplicate replaced a kept frame"
+    by_id = after.set_index("frame_id")
+    kept_before = set(before.loc[before["kept"], "frame_id"])
+    for row in replaced.itertuples():
+        replacement = by_id.loc[row.replaced_by]
+        assert row.frame_id in kept_before and not row.kept
+        assert replacement["kept"] and replacement["group"] == row.group
+        assert replacement["pos_max"] > row.pos_max
+    for group, members in joined.groupby("group"):
+        earlier = before[(before["group"] == group) & before["kept"]].iloc[0]
+        kept_now = after[(after["group"] == group) & after["kept"]]
+        assert len(kept_now) == 1
+        if members["pos_max"].max() > earlier["pos_max"]:
+            assert kept_now["frame_id"].iloc[0] in set(members["frame_id"])
+        else:
+            assert kept_now["frame_id"].iloc[0] == earlier["frame_id"]
+    # The index still holds the replaced frames (they stand for their groups) and the new kept.
+    assert set(index(changing).frame_ids()) == set(
+        after.loc[after["kept"] | after["replaced_by"].notna(), "frame_id"]
+    )
+
+    # The dataset's new version holds the replacement, not the frame it replaced.
+    def frames(rows: pd.DataFrame) -> set[tuple[str, int]]:
+        return set(zip(rows["video_id"], rows["frame_index"], strict=True))
+
+    in_dataset = frames(changing.manifest())
+    assert frames(replaced).isdisjoint(in_dataset)
+    assert frames(by_id.loc[replaced["replaced_by"]]) <= in_dataset

@@ -2,7 +2,9 @@
 compared with these and with each other, not the whole project again.
 
 An index is a folder of segments, each a batch of kept frames' unit embeddings (float32) with
-their frame ids, written once and never changed. Adding kept frames writes a new segment; past
+their frame ids, written once and never changed. A kept frame that a better duplicate replaced
+(`replacements`, dedup.replace: better) stays in the index: it still stands for its group, and the
+replacement is added beside it. Adding kept frames writes a new segment; past
 MAX_SEGMENTS the segments are merged into one. Vectors are memory-mapped when searched, so a
 search reads only what it multiplies.
 
@@ -25,7 +27,7 @@ import json
 import math
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +108,35 @@ def place_new_frames(
         keep[rest] = result.is_representative
         pairs, exact = result.pairs_found, exact and result.exact
     return Placement(joins.astype(str), group, keep, pairs, exact)
+
+
+def replacements(
+    joined_group: np.ndarray,
+    scores: np.ndarray,
+    sharpness: np.ndarray,
+    kept_score: Mapping[int, float],
+    margin: float,
+) -> dict[int, int]:
+    """{group: the new frame (its position) that takes the place of the group's kept frame}.
+
+    `joined_group` gives, per new frame, the earlier group it joined (-1: none). Of the new frames
+    that joined a group, the best (highest score, then sharpness: the order a full dedup keeps)
+    replaces the group's kept frame, whose score is `kept_score[group]`, when its own is higher
+    by more than `margin`."""
+    best: dict[int, int] = {}
+    for position in np.flatnonzero(joined_group >= 0):
+        group = int(joined_group[position])
+        other = best.get(group)
+        if other is None or (scores[position], sharpness[position]) > (
+            scores[other],
+            sharpness[other],
+        ):
+            best[group] = int(position)
+    return {
+        group: position
+        for group, position in best.items()
+        if scores[position] > kept_score[group] + margin
+    }
 
 
 class KeptIndex:

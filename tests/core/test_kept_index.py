@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dataminer_dagster.core.files import publish, staging_path
-from dataminer_dagster.core.kept_index import MAX_SEGMENTS, IndexWriter, KeptIndex
+from dataminer_dagster.core.kept_index import MAX_SEGMENTS, IndexWriter, KeptIndex, replacements
 
 
 def unit(rng, n: int, d: int = 32) -> np.ndarray:
@@ -95,3 +95,18 @@ def test_an_index_of_other_settings_or_none_at_all_is_not_used(tmp_path):
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "index.json").write_text("{not json")
     assert KeptIndex.open(tmp_path / "broken", "threshold-0.9") is None
+
+
+def test_the_best_new_duplicate_replaces_a_kept_frame_only_past_the_margin():
+    # new frames 0-1 join group 7, 2 joins group 8, 3 joins group 9, 4 is grouped anew
+    joined = np.array([7, 7, 8, 9, -1])
+    scores = np.array([0.60, 0.70, 0.51, 0.90, 0.99])
+    sharpness = np.array([1.0, 1.0, 9.0, 1.0, 1.0])
+    kept_score = {7: 0.65, 8: 0.50, 9: 0.95}
+    # group 7: the better of its two new frames (1) beats 0.65 by 0.05; group 8: 0.51 is not
+    # 0.02 above 0.50; group 9: no new frame is better; frame 4 joined no group
+    assert replacements(joined, scores, sharpness, kept_score, margin=0.02) == {7: 1}
+    assert replacements(joined, scores, sharpness, kept_score, margin=0.0) == {7: 1, 8: 2}
+    # equal scores: the sharper new frame is the group's best
+    tie = replacements(np.array([7, 7]), np.array([0.8, 0.8]), np.array([1.0, 2.0]), {7: 0.5}, 0.0)
+    assert tie == {7: 1}

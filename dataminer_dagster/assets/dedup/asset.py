@@ -24,7 +24,12 @@ from dataminer_dagster.core.dedup import deduplicate
 from dataminer_dagster.core.embedding_cache import EmbeddingCache
 from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import read_image
-from dataminer_dagster.core.kept_index import IndexWriter, KeptIndex, place_new_frames
+from dataminer_dagster.core.kept_index import (
+    IndexWriter,
+    KeptIndex,
+    place_new_frames,
+    replacements,
+)
 from dataminer_dagster.core.pair_search import ENGINES
 from dataminer_dagster.core.visualize import PALETTE, contact_sheet
 from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
@@ -84,8 +89,8 @@ KEPT = PALETTE[0]  # the kept frame's frame colour
 
 
 def _groups_preview(frames: pd.DataFrame, titles: dict[str, str], directory: Path) -> dict:
-    """The largest duplicate groups side by side: each kept frame (framed in green), then the
-    frames it replaced; then, where there is room, the best kept frames that had no duplicate."""
+    """The largest duplicate groups side by side: each kept frame (framed in green), then its
+    duplicates (the one a better frame replaced says so); then, where there is room, the best kept frames that had no duplicate."""
     grouped = frames[frames["group_size"] > 1].sort_values(
         ["group_size", "kept", "pos_max"], ascending=False
     )
@@ -100,7 +105,8 @@ def _groups_preview(frames: pd.DataFrame, titles: dict[str, str], directory: Pat
         members = group.sort_values("kept", ascending=False).head(GROUP_WIDTH)
         for row in members.itertuples():
             images.append(read_image(Path(row.file)))
-            captions.append(caption(row, "kept" if row.kept else "replaced"))
+            what = "kept" if row.kept else "replaced" if row.replaced_by else "duplicate"
+            captions.append(caption(row, what))
             borders.append(KEPT if row.kept else None)
         padding = GROUP_WIDTH - len(members)
         images += [None] * padding
@@ -171,7 +177,13 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     kept = int(frames["kept"].sum())
     ctx.log.info(
         f"dedup {project.name} ({stats['mode']}): {len(frames)} passed frames -> {kept} kept "
-        f"({stats['pairs']} duplicate pairs)"
+        f"({stats['pairs']} duplicate pairs"
+        + (
+            f"; {stats['replaced']} kept frames replaced by better ones"
+            if stats["replaced"]
+            else ""
+        )
+        + ")"
     )
     titles = {v: row.title for v, row in catalog.videos(frames["video_id"].unique()).items()}
 
@@ -191,6 +203,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
             "mode": stats["mode"],
             "unreadable": len(unreadable),
             "kept": kept,
+            "replaced": stats["replaced"],
             "groups_with_duplicates": int(frames.loc[frames["group_size"] > 1, "group"].nunique()),
             "duplicate_pairs": stats["pairs"],
             "search": _search_summary(stats),
@@ -202,6 +215,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
             "frames_in": len(frames),
             "new_frames": stats["new_frames"],
             "kept": kept,
+            "replaced": stats["replaced"],
             "unreadable": len(unreadable),
             "mode": stats["mode"],
         },
@@ -228,13 +242,22 @@ def _earlier(paths: ProjectPaths, version: str, videos: list[str]) -> _Earlier |
         table = pd.read_parquet(paths.dedup_table)
     except (OSError, ValueError):
         return None
+    if "replaced_by" not in table:  # written before frames could be replaced
+        table["replaced_by"] = pd.Series([None] * len(table), dtype=object)
     current = table["video_id"].isin(videos)
-    if table.loc[~current, "kept"].any() or int(table["kept"].sum()) != index.size:
-        return None  # a kept frame is gone (a video left the project): group everything again
+    indexed = _indexed(table)
+    if table.loc[~current & indexed].size or int(indexed.sum()) != index.size:
+        return None  # a frame of the index is gone (its video left the project): regroup all
     return _Earlier(table[current].reset_index(drop=True), index)
 
 
-NO_SEARCH = {"pairs": 0, "exact": True, "recall": None, "engine": "faiss-cpu"}  # no frame
+def _indexed(table: pd.DataFrame) -> pd.Series:
+    """The frames the kept index holds: those kept, and those a better duplicate replaced (still
+    standing for their group: a later frame like them joins it)."""
+    return table["kept"] | table["replaced_by"].notna()
+
+
+NO_SEARCH = {"pairs": 0, "exact": True, "recall": None, "engine": "faiss-cpu", "replaced": 0}
 
 
 def _ungrouped(frames: pd.DataFrame) -> pd.DataFrame:
@@ -243,6 +266,7 @@ def _ungrouped(frames: pd.DataFrame) -> pd.DataFrame:
         group=np.full(len(frames), -1, np.int64),
         group_size=np.zeros(len(frames), np.int64),
         kept=np.zeros(len(frames), bool),
+        replaced_by=pd.Series([None] * len(frames), index=frames.index, dtype=object),
     )
 
 
@@ -279,6 +303,7 @@ def _group_all(ctx: StageContext, project, videos: list[str]):
             "exact": result.exact,
             "recall": result.recall,
             "engine": result.engine,
+            "replaced": 0,
         }
     stats |= {"mode": "every frame", "new_frames": len(frames)}
     return frames, (kept_rows, kept_vectors), stats, unreadable
@@ -288,7 +313,9 @@ def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
     """Only the frames of videos the last dedup did not see, placed against its kept frames
     (core/kept_index.place_new_frames). Same returns as `_group_all`."""
     config = project.config.dedup
-    seen = set(earlier.table["video_id"].unique())
+    table = earlier.table.copy()
+    replaced_before = int(table["replaced_by"].notna().sum())
+    seen = set(table["video_id"].unique())
     new = _ungrouped(passed_frames(project, [v for v in videos if v not in seen]))
     unreadable: dict[int, str] = {}
     stats = dict(NO_SEARCH)
@@ -309,35 +336,61 @@ def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
             exact_limit=config.exact_limit,
             device=config.device,
         )
-        group_of = dict(
-            zip(earlier.table["frame_id"], earlier.table["group"].to_numpy(), strict=True)
-        )
-        first_new_group = int(earlier.table["group"].max()) + 1 if len(earlier.table) else 0
+        group_of = dict(zip(table["frame_id"], table["group"].to_numpy(), strict=True))
+        first_new_group = int(table["group"].max()) + 1 if len(table) else 0
         groups = np.where(
             placed.group >= 0,
             first_new_group + placed.group,
             [group_of.get(f, -1) for f in placed.joins],
         )
+        kept = placed.is_representative.copy()
+        if config.replace == "better":
+            replaced = _replace_kept(table, usable, np.where(placed.group < 0, groups, -1), config)
+            kept[list(replaced)] = True
         new.loc[new.index[readable], "group"] = groups
-        new.loc[new.index[readable], "kept"] = placed.is_representative
-        kept_vectors = embeddings[readable][placed.is_representative]
+        new.loc[new.index[readable], "kept"] = kept
+        kept_vectors = embeddings[readable][kept]
         stats = {
             "pairs": placed.pairs_found + int((placed.group < 0).sum()),
             "exact": placed.exact,
             "recall": None,
             "engine": "faiss-cpu",
+            "replaced": int(table["replaced_by"].notna().sum() - replaced_before),
         }
-    frames = pd.concat([earlier.table, new], ignore_index=True)
+    frames = pd.concat([table, new], ignore_index=True)
     sizes = frames.loc[frames["group"] >= 0, "group"].value_counts()
     frames["group_size"] = frames["group"].map(sizes).fillna(0).astype(np.int64)
-    kept_rows = len(earlier.table) + np.flatnonzero(new["kept"].to_numpy(bool))
+    kept_rows = len(table) + np.flatnonzero(new["kept"].to_numpy(bool))
     stats |= {"mode": "new frames only", "new_frames": len(new)}
     return (
         frames,
         (kept_rows, kept_vectors),
         stats,
-        {len(earlier.table) + k: message for k, message in unreadable.items()},
+        {len(table) + k: message for k, message in unreadable.items()},
     )
+
+
+def _replace_kept(
+    table: pd.DataFrame, usable: pd.DataFrame, joined_group: np.ndarray, config
+) -> dict[int, int]:
+    """dedup.replace: better. The groups whose kept frame a better new frame replaces: the earlier
+    frame is no longer kept and names its replacement (`table` changed in place). Returns {new
+    frame's position in `usable`: its group}."""
+    kept = table[table["kept"]]
+    swaps = replacements(
+        joined_group,
+        usable["pos_max"].to_numpy(np.float64),
+        usable["sharpness"].to_numpy(np.float64),
+        dict(zip(kept["group"].to_numpy(), kept["pos_max"].to_numpy(np.float64), strict=True)),
+        config.replace_margin,
+    )
+    row_of_group = dict(zip(kept["group"].to_numpy(), kept.index, strict=True))
+    frame_ids = usable["frame_id"].to_numpy()
+    for group, position in swaps.items():
+        row = row_of_group[group]
+        table.loc[row, "kept"] = False
+        table.loc[row, "replaced_by"] = frame_ids[position]
+    return {position: group for group, position in swaps.items()}
 
 
 def _search_summary(stats: dict) -> str:

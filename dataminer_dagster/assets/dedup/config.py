@@ -11,7 +11,7 @@ from dataminer_dagster.core.config_section import Probability, Section
 
 class DedupConfig(Section):
     RUN_SETTINGS = frozenset({"device"})
-    ADDED_LATER = frozenset({"incremental"})
+    ADDED_LATER = frozenset({"incremental", "replace", "replace_margin"})
 
     threshold: Probability = Field(
         0.9, description="Frames at cosine similarity >= this are duplicates."
@@ -39,6 +39,23 @@ class DedupConfig(Section):
         "kept (and with each other): earlier kept frames stay kept. Off: group every frame again "
         "each time. A changed dedup or filter setting, a kept frame's video leaving the project "
         "and `dataminer force-dedup` group every frame again either way.",
+    )
+
+    replace: Literal["never", "better"] = Field(
+        "never",
+        description="With incremental dedup, when a new frame duplicates a kept one. never: the "
+        "kept frame stays kept (the dataset only grows). better: the best new frame of the group "
+        "(highest filter score, then sharpness, as a full dedup picks) takes the kept frame's "
+        "place when its score is higher by more than dedup.replace_margin; the earlier frame "
+        "leaves the dataset's next version, and the dedup table names its replacement "
+        "(replaced_by).",
+    )
+    replace_margin: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="How much higher a new frame's filter score must be to replace a kept "
+        "duplicate (dedup.replace: better), so that noise does not swap frames back and forth.",
     )
 
     @model_validator(mode="after")
