@@ -43,9 +43,35 @@ def all_keys(conn: sa.Connection, partitions: str) -> list[str]:
     )
 
 
+# Past this many deltas of one table, a reader folds them into one (row_counts, migration 0012).
+FOLD_COUNTS_PAST = 1000
+
+
 def row_count(conn: sa.Connection, partitions: str) -> int:
-    """How many rows the set has."""
-    return conn.execute(sa.text(f"SELECT count(*) FROM {S}.{_TABLES[partitions]}")).scalar_one()
+    """How many rows the set has: the sum of its table's deltas, which triggers append with each
+    statement that inserts or deletes rows (a count(*) read every row: 0.3-0.6 s at 1M)."""
+    table = _TABLES[partitions]
+    total, deltas = conn.execute(
+        sa.text(f"""SELECT coalesce(sum(delta), 0), count(*) FROM {S}.row_counts
+                     WHERE table_name = :t"""),
+        {"t": table},
+    ).one()
+    if deltas > FOLD_COUNTS_PAST:
+        _fold_counts(conn, table)
+    return int(total)
+
+
+def _fold_counts(conn: sa.Connection, table: str) -> None:
+    """The table's deltas folded into one row, in a transaction of its own. A delta committed
+    meanwhile is not seen by the delete, so it stays; two folds at once delete each row once."""
+    with conn.engine.begin() as fold:
+        fold.execute(
+            sa.text(f"""WITH gone AS (DELETE FROM {S}.row_counts WHERE table_name = :t
+                                      RETURNING delta)
+                        INSERT INTO {S}.row_counts (table_name, delta)
+                        SELECT :t, sum(delta) FROM gone HAVING count(*) > 0"""),
+            {"t": table},
+        )
 
 
 def projects_of_videos(engine: sa.Engine, video_ids: Sequence[str]) -> set[str]:

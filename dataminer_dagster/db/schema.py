@@ -280,6 +280,17 @@ project_changes = sa.Table(
     sa.Column("project_id", sa.Integer, nullable=False),
 )
 
+# How many rows projects, videos and project_videos hold, as deltas: triggers append one per
+# statement that inserts or deletes their rows (migration 0012); db/partition_rows.py sums them.
+row_counts = sa.Table(
+    "row_counts",
+    metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("table_name", sa.Text, nullable=False),
+    sa.Column("delta", sa.BigInteger, nullable=False),
+    sa.Index("row_counts_table", "table_name", "id"),
+)
+
 run_heartbeats = sa.Table(
     "run_heartbeats",
     metadata,

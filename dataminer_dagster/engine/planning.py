@@ -61,13 +61,14 @@ from dataminer_dagster.tags import (
 
 MAX_PARTITION_ADDS_PER_TICK = 25_000
 # The catalog is compared with Dagster on a tick that finds nothing new, at most this often: the
-# number of rows of each set against the number of partitions Dagster holds (the planner's kept
-# order). Only where they differ are the keys themselves compared, which reads them all (its
-# cost: bench/README.md, the quiet tick's row); that full pass is also made at most
-# FULL_COMPARE_EVERY_S apart whatever the counts say (a row missed and another deleted leave them
-# equal).
+# number of rows of each set (kept by triggers, db/partition_rows.py) against the number of
+# partitions Dagster holds (the planner's kept order). Only where they differ are the keys
+# themselves compared, which reads them all (18 s at 1,000,000 videos: bench/README.md, "Scale");
+# that full pass is also made FULL_COMPARE_EVERY_S apart whatever the counts say, for the rare
+# pair of changes that leaves them equal (a row the cursor passed and a partition whose row was
+# deleted, both within COMPARE_EVERY_S).
 COMPARE_EVERY_S = 30.0
-FULL_COMPARE_EVERY_S = 300.0
+FULL_COMPARE_EVERY_S = 3600.0
 # With the live runs known, a requested item that no live run covers was requested by a run that
 # never came to be: the tick's result was lost after the request was noted (the daemon killed, a
 # gRPC deadline passed). It is asked for again after this, not after REREQUEST_AFTER_S.
@@ -238,8 +239,9 @@ class RunLimits:
 # Dagster's order of each partition set is kept between ticks in the process that plans (the code
 # server under the daemon, `dataminer run`'s own): a tick reads only the keys added since the last
 # one (Dagster's storage-id cursor), so a quiet tick costs what changed, not the catalog's size. It
-# is read whole again at most this often, which also catches keys deleted by other hands.
-ORDER_REREAD_EVERY_S = 300.0
+# is read whole again at most this often; keys deleted by other hands are forgotten sooner, by
+# the comparison with the catalog that their missing count sets off (plan_discovery).
+ORDER_REREAD_EVERY_S = 3600.0
 _ORDER_PAGE = 50_000
 
 
