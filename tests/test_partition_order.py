@@ -79,3 +79,83 @@ def test_the_order_is_read_whole_again_now_and_then(instance, monkeypatch):
     assert "b" in order_of(instance), "kept until the next whole read"
     monkeypatch.setattr(planning, "ORDER_REREAD_EVERY_S", 0.0)
     assert ranked(order_of(instance)) == ["a", "c"]
+
+
+@pytest.fixture
+def repository_instance(dataminer_env, tmp_path):
+    """An instance on the repository's dagster.yaml (its PostgreSQL storages), on this test's
+    database."""
+    import shutil
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).resolve().parents[1] / "dagster.yaml", tmp_path / "dagster.yaml")
+    instance = dg.DagsterInstance.from_config(str(tmp_path))
+    yield instance
+    instance.dispose()
+
+
+def test_the_storages_read_of_new_keys_gives_dagsters_pages_and_cursors(repository_instance):
+    from dagster_postgres import PostgresEventLogStorage
+
+    storage = repository_instance.event_log_storage
+    storage.add_dynamic_partitions(NAME, [f"v{i}" for i in range(7)])
+    storage.add_dynamic_partitions("project_videos", [f"p.v{i}" for i in range(5)])
+    storage.add_dynamic_partitions(NAME, ["late"])
+    for ascending in (True, False):
+        for limit in (1, 3, 8, 50):
+            cursor, pages = None, 0
+            while pages < 20:
+                ours = storage.get_paginated_dynamic_partitions(NAME, limit, ascending, cursor)
+                dagsters = PostgresEventLogStorage.get_paginated_dynamic_partitions(
+                    storage, NAME, limit, ascending, cursor
+                )
+                assert (ours.results, ours.cursor, ours.has_more) == (
+                    dagsters.results,
+                    dagsters.cursor,
+                    dagsters.has_more,
+                )
+                cursor, pages = ours.cursor, pages + 1
+                if not ours.has_more:
+                    break
+    empty = storage.get_paginated_dynamic_partitions("projects", 10, True)
+    assert (empty.results, empty.has_more) == ([], False)
+
+
+def test_a_sets_new_keys_are_read_as_a_range_whatever_other_sets_hold_after_them(
+    repository_instance,
+):
+    """After a bulk discovery the videos' cursor lies before every project video's key: Dagster's
+    own read walked them all on every tick (105-165 ms at 1,000,000 videos); the storage's reads
+    them as a range of its (set, id) index."""
+    import sqlalchemy as sa
+
+    storage = repository_instance.event_log_storage
+    storage.add_dynamic_partitions(NAME, [f"v{i}" for i in range(5000)])
+    storage.add_dynamic_partitions("project_videos", [f"p.v{i}" for i in range(5000)])
+    engine = storage._engine
+    with engine.connect() as c:
+        c.execute(sa.text("ANALYZE dynamic_partitions"))
+    cursor = storage.get_paginated_dynamic_partitions(NAME, 10_000, True).cursor
+    sent = []
+
+    def capture(conn, cursor_, statement, parameters, context, executemany):
+        sent.append((statement, parameters))
+
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        assert storage.get_paginated_dynamic_partitions(NAME, 50_000, True, cursor).results == []
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
+    [(statement, parameters)] = [s for s in sent if "dynamic_partitions" in s[0]]
+    with engine.connect() as c:
+        plan = c.exec_driver_sql(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", parameters
+        ).scalar()[0]["Plan"]
+    scans = [n for n in _nodes(plan) if "Relation Name" in n]
+    assert sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in scans) == 0, scans
+
+
+def _nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _nodes(child)
