@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,6 +98,15 @@ def database_url(pg_server: ScratchPostgres) -> Iterator[str]:
     """URL of a fresh, migrated database for this test only."""
     with pg_server.database() as url:
         yield url
+
+
+@pytest.fixture
+def empty_database_url(pg_server):
+    """A database with nothing in it (not cloned from the migrated template)."""
+    name = f"dm_empty_{uuid.uuid4().hex[:12]}"
+    pg_server._create(name)
+    yield pg_server.url(name)
+    pg_server.drop(name)
 
 
 @pytest.fixture

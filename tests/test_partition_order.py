@@ -9,6 +9,7 @@ import pytest
 
 from dataminer_dagster.engine import planning
 from dataminer_dagster.engine.planning import Discovery, _PartitionOrders
+from tests.helpers.statements import statements_sent
 
 NAME = "videos"
 
@@ -136,16 +137,14 @@ def test_a_sets_new_keys_are_read_as_a_range_whatever_other_sets_hold_after_them
     with engine.connect() as c:
         c.execute(sa.text("ANALYZE dynamic_partitions"))
     cursor = storage.get_paginated_dynamic_partitions(NAME, 10_000, True).cursor
-    sent = []
-
-    def capture(conn, cursor_, statement, parameters, context, executemany):
-        sent.append((statement, parameters))
-
-    sa.event.listen(engine, "before_cursor_execute", capture)
-    try:
-        assert storage.get_paginated_dynamic_partitions(NAME, 50_000, True, cursor).results == []
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", capture)
+    read: list = []
+    sent = statements_sent(
+        engine,
+        lambda: read.extend(
+            storage.get_paginated_dynamic_partitions(NAME, 50_000, True, cursor).results
+        ),
+    )
+    assert read == []
     [(statement, parameters)] = [s for s in sent if "dynamic_partitions" in s[0]]
     with engine.connect() as c:
         plan = c.exec_driver_sql(

@@ -8,22 +8,11 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
-import pytest
 import sqlalchemy as sa
 
 from dataminer_dagster.db import migrate
 from dataminer_dagster.db.engine import get_engine
-
-
-@pytest.fixture
-def empty_database_url(pg_server):
-    """A database with nothing in it (not cloned from the migrated template)."""
-    name = f"dm_empty_{uuid.uuid4().hex[:12]}"
-    pg_server._create(name)
-    yield pg_server.url(name)
-    pg_server.drop(name)
 
 
 def _tables(url: str) -> set[str]:

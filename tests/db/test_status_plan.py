@@ -19,6 +19,7 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.reports import finished_in_window, recent_failures, stage_counts
 from dataminer_dagster.paths import DataPaths
 from tests.helpers.catalog_seed import add_project, seed_videos
+from tests.helpers.statements import statements_sent
 
 BIG, SMALL = 20_000, 20
 CATALOG_TABLES = {"work_items", "project_videos", "videos"}
@@ -54,17 +55,11 @@ def whole_table_reads(plan: dict) -> list[str]:
 def plans_of(engine: sa.Engine, call, analyze: bool = False) -> list[dict]:
     """PostgreSQL's plan of each statement that `call` sends, with the parameters it sent (with
     `analyze`, run again under EXPLAIN ANALYZE: the rows each node read)."""
-    sent = []
-
-    def capture(conn, cursor, statement, parameters, context, executemany):
-        if statement.lstrip().upper().startswith(("SELECT", "WITH")):
-            sent.append((statement, parameters))
-
-    sa.event.listen(engine, "before_cursor_execute", capture)
-    try:
-        call()
-    finally:
-        sa.event.remove(engine, "before_cursor_execute", capture)
+    sent = [
+        (statement, parameters)
+        for statement, parameters in statements_sent(engine, call)
+        if statement.lstrip().upper().startswith(("SELECT", "WITH"))
+    ]
     assert sent
     explain = "EXPLAIN (ANALYZE, FORMAT JSON)" if analyze else "EXPLAIN (FORMAT JSON)"
     with engine.connect() as c:
