@@ -3,6 +3,7 @@ on an embedded PostgreSQL in the run's temporary folder."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import uuid
@@ -52,3 +53,18 @@ def scratch_database(database_url: str | None, prefix: str) -> Iterator[str]:
         with sa.create_engine(admin, isolation_level="AUTOCOMMIT").connect() as c:
             c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def catalog_home(database_url: str | None, prefix: str) -> Iterator[tuple[str, Path]]:
+    """(URL, home): a `scratch_database` and a temporary DAGSTER_HOME holding the repository's
+    dagster.yaml, this process's environment pointed at both (Dagster's storage and the claim
+    tables then share the database, as `dagster dev` has them)."""
+    with (
+        scratch_database(database_url, prefix) as url,
+        tempfile.TemporaryDirectory(prefix=f"dataminer-{prefix}-") as tmp,
+    ):
+        home = Path(tmp)
+        shutil.copy(Path(__file__).resolve().parents[1] / "dagster.yaml", home / "dagster.yaml")
+        os.environ.update(DAGSTER_HOME=str(home), DATAMINER_DATABASE_URL=url)
+        yield url, home

@@ -9,10 +9,14 @@ repository's dagster.yaml, as `dagster dev` uses it):
   of `--chunk` videos;
 * **discover**: the work sensor's discovery (`plan_discovery`, then `Discovery.add`), tick by
   tick, until every row is a partition: partitions added per second;
-* **quiet tick**: a tick that finds nothing new: its discovery when no comparison is due, when
+* **quiet tick**: a tick that finds nothing new, right after the fill (before PostgreSQL's
+  statistics caught up) and after an ANALYZE (as autovacuum leaves them): its discovery when no comparison is due, when
   the counts are compared and when the keys are; its run planning (`plan_runs`, every lane, the
-  partition order kept between ticks); `advance_projects`; each a median of `--repeats`;
-* **1,000 new videos**: linked, then one tick's discovery, partitions and planning;
+  partition order kept between ticks); `advance_projects`; and the whole tick as the work sensor
+  runs it (`plan_cycle`, with the stages' keys and config versions, no comparison due); each a
+  median of `--repeats`;
+* **1,000 new videos**: linked, then one tick's discovery, partitions and planning; and again
+  with the whole tick (`plan_cycle`, then the partitions added);
 * **status**: `dataminer status` and `dataminer status --json` (subprocesses: Python's start
   included).
 
@@ -28,15 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from databases import scratch_database  # bench/databases.py
+from databases import catalog_home  # bench/databases.py
 from status import timed_command  # bench/status.py
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,18 +69,35 @@ def link(catalog, project, first: int, count: int, chunk: int) -> None:
             catalog.link_and_queue(conn, project, candidates)
 
 
+def scale_project(catalog, home: Path):
+    """The project `scale`, registered as `dataminer project add` registers it."""
+    from dataminer_dagster.config import parse_project_config
+
+    return catalog.register_project(
+        parse_project_config(
+            {
+                "name": "scale",
+                "output_dir": str(home / "out"),
+                "inputs": {"urls": ["https://example.com/placeholder.mp4"]},
+                "filter": {"positive_prompts": ["a thing"]},
+            }
+        )
+    ).project
+
+
 def measure(url: str, home: Path, size: int, repeats: int, chunk: int) -> dict[str, float]:
     import dagster as dg
 
-    from dataminer_dagster.config import parse_project_config
     from dataminer_dagster.db.catalog import Catalog
     from dataminer_dagster.db.engine import get_engine
     from dataminer_dagster.db.leases import LeaseStore
     from dataminer_dagster.db.project_flow import advance_projects
+    from dataminer_dagster.engine.assembly import stage_assets
     from dataminer_dagster.engine.lanes import configured_lanes
     from dataminer_dagster.engine.planning import (
         DiscoveryCursor,
         RunLimits,
+        plan_cycle,
         plan_discovery,
         plan_runs,
     )
@@ -89,16 +108,7 @@ def measure(url: str, home: Path, size: int, repeats: int, chunk: int) -> dict[s
     engine = get_engine(url)
     store = LeaseStore(engine)
     catalog = Catalog(engine, store, DataPaths(home / "data"))
-    project = catalog.register_project(
-        parse_project_config(
-            {
-                "name": "scale",
-                "output_dir": str(home / "out"),
-                "inputs": {"urls": ["https://example.com/placeholder.mp4"]},
-                "filter": {"positive_prompts": ["a thing"]},
-            }
-        )
-    ).project
+    project = scale_project(catalog, home)
     figures: dict[str, float] = {}
     started = time.perf_counter()
     link(catalog, project, 0, size, chunk)
@@ -124,6 +134,30 @@ def measure(url: str, home: Path, size: int, repeats: int, chunk: int) -> dict[s
 
     plan = lambda: plan_runs(instance, store, lanes, limits=limits)  # noqa: E731
     plan()  # a new process's first planning reads Dagster's whole order; the ticks after do not
+    stages = stage_assets()
+    tick_options = {
+        "stage_keys": {stage: s.key for stage, s in stages.items()},
+        "config_keys": {stage: s.config_key for stage, s in stages.items() if s.config_key},
+        "limits": limits,
+    }
+
+    def tick() -> None:  # as the work sensor's: discovery, transitions, acquisition, runs
+        nonlocal cursor
+        cycle = plan_cycle(
+            instance, store, lanes, with_times(compared_at=time.time()), **tick_options
+        )
+        cycle.discovery.add(instance)
+        cursor = cycle.discovery.cursor
+
+    tick()  # its first observes the projects' config versions
+    # Right after the bulk fill PostgreSQL's statistics still describe small tables (autovacuum
+    # analyzes them within a minute or two); the ticks then are measured once as they are, then
+    # after ANALYZE, as a deployment runs.
+    figures["quiet_tick_before_analyze_ms"] = median_ms(tick, repeats)
+    started = time.perf_counter()
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.exec_driver_sql("ANALYZE")
+    figures["analyze_s"] = time.perf_counter() - started
     figures["quiet_discovery_ms"] = median_ms(
         lambda: plan_discovery(engine, with_times(compared_at=time.time()), instance=instance),
         repeats,
@@ -142,14 +176,18 @@ def measure(url: str, home: Path, size: int, repeats: int, chunk: int) -> dict[s
     )
     figures["quiet_planning_ms"] = median_ms(plan, repeats)
     figures["advance_projects_ms"] = median_ms(lambda: advance_projects(store), repeats)
+    figures["quiet_tick_ms"] = median_ms(tick, repeats)
 
     link(catalog, project, size, NEW_VIDEOS, chunk)
     started = time.perf_counter()
     found = plan_discovery(engine, with_times(compared_at=time.time()), instance=instance)
     found.add(instance)
     plan_runs(instance, store, lanes, limits=limits, discovery=found)
+    cursor = found.cursor
     figures["tick_with_new_rows_ms"] = (time.perf_counter() - started) * 1000
     figures["new_rows_found"] = found.count
+    link(catalog, project, size + NEW_VIDEOS, NEW_VIDEOS, chunk)
+    figures["whole_tick_with_new_rows_ms"] = median_ms(tick, 1)
     instance.dispose()
 
     env = {**os.environ, "DATAMINER_DATABASE_URL": url, "DATAMINER_HOME": str(home)}
@@ -167,26 +205,25 @@ def main() -> None:
     args = parser.parse_args()
     results = {}
     for size in args.sizes:
-        with (
-            scratch_database(args.database_url, "bench_scale") as url,
-            tempfile.TemporaryDirectory(prefix="dataminer-scale-") as tmp,
-        ):
-            home = Path(tmp)
-            shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
-            os.environ.update(DAGSTER_HOME=str(home), DATAMINER_DATABASE_URL=url)
+        with catalog_home(args.database_url, "bench_scale") as (url, home):
             before = os.getloadavg()
             figures = measure(url, home, size, args.repeats, args.chunk)
             figures["load_before"], figures["load_after"] = before[0], os.getloadavg()[0]
         results[size] = figures
         print(f"{size:,} videos: " + json.dumps({k: round(v, 1) for k, v in figures.items()}))
+    report(results, "scale")
+
+
+def report(results: dict[int, dict[str, float]], name: str, digits: int = 1) -> None:
+    """A Markdown table of the figures by catalog size, and bench/results/<name>.json."""
     columns = list(next(iter(results.values())))
     print("\n| videos | " + " | ".join(columns) + " |")
     print("|---|" + "---:|" * len(columns))
     for size, figures in results.items():
-        print(f"| {size:,} | " + " | ".join(f"{figures[c]:,.1f}" for c in columns) + " |")
+        print(f"| {size:,} | " + " | ".join(f"{figures[c]:,.{digits}f}" for c in columns) + " |")
     out = REPO / "bench" / "results"
     out.mkdir(exist_ok=True)
-    (out / "scale.json").write_text(json.dumps(results, indent=2))
+    (out / f"{name}.json").write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
