@@ -20,13 +20,15 @@ the project back to that stage, and the stages after it run again in turn.
 
 Only projects whose rows changed are looked at: triggers note them in `project_changes` with each
 change (migration 0011), so a tick with nothing new reads one small table, however large the
-catalog; a project's members are read only as far as its decision needs (whether one is
+catalog (and every project, as a safety net, on a process's first call and hourly); a project's members are read only as far as its decision needs (whether one is
 unfinished stops at the first; the counts, at the move to dedup or a reopening, read them all).
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import time
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -165,11 +167,25 @@ def advance_projects(store: LeaseStore) -> list[Transition]:
     return transitions
 
 
+# Every project is looked at, whatever the notes say, on a process's first call and then at most
+# this often: the safety net for the one change the notes can miss. A trigger names the projects
+# linked to a video when its item changes; a link committed before that change, and acted on
+# before it, leaves the new project unnamed.
+ALL_PROJECTS_EVERY_S = 3600.0
+_all_looked_at: dict[str, float] = {}
+
+
 def _changed_projects(engine: sa.Engine) -> tuple[list[int], list[int]]:
-    """(the notes of changed projects, their projects)."""
+    """(the notes of changed projects, the projects to look at: theirs, or every project when
+    the safety net is due)."""
     with engine.connect() as c:
         rows = c.execute(sa.text(f"SELECT id, project_id FROM {S}.project_changes")).all()
-    return [r.id for r in rows], sorted({r.project_id for r in rows})
+        projects = {r.project_id for r in rows}
+        database, now = engine.url.render_as_string(hide_password=True), time.monotonic()
+        if now - _all_looked_at.get(database, -math.inf) >= ALL_PROJECTS_EVERY_S:
+            _all_looked_at[database] = now
+            projects |= set(c.execute(sa.text(f"SELECT id FROM {S}.projects")).scalars())
+    return [r.id for r in rows], sorted(projects)
 
 
 def _forget_notes(engine: sa.Engine, notes: list[int]) -> None:

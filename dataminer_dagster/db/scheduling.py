@@ -156,12 +156,12 @@ _FILTER_COMING = f"""
                               WHERE id = planned.id LIMIT 1) w  -- a lookup by id each
          WHERE w.status IN ('{PENDING}', '{FAILED}') AND w.next_attempt_at <= now())
     SELECT {project_video_key_sql("p.name", "pv.video_id")} AS key, pv.id AS position
-      FROM moving m
+      FROM (SELECT DISTINCT item_key FROM moving
+             WHERE stage IN ('{DOWNLOAD}', '{FRAMES}')) m  -- a video's download and extraction
      CROSS JOIN LATERAL (SELECT id, project_id, video_id FROM {S}.project_videos
                           WHERE video_id = m.item_key OFFSET 0) pv  -- by its index, each
       JOIN {S}.projects p ON p.id = pv.project_id
-     WHERE m.stage IN ('{DOWNLOAD}', '{FRAMES}')
-       AND NOT EXISTS (SELECT 1 FROM {W} fi WHERE fi.stage = '{FILTER}'
+     WHERE NOT EXISTS (SELECT 1 FROM {W} fi WHERE fi.stage = '{FILTER}'
                           AND fi.item_key = {project_video_key_sql("p.name", "pv.video_id")})
 """
 

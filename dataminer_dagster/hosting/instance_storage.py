@@ -114,10 +114,11 @@ def _index_partitions_by_set(engine: sa.Engine) -> None:
     key = engine.url.render_as_string(hide_password=True)
     if key in _indexed_databases:
         return
+    exists = sa.text("SELECT to_regclass(:name)")
     with engine.connect() as c:
-        if not c.execute(
-            sa.text("SELECT to_regclass(:name)"), {"name": _PARTITIONS_BY_SET}
-        ).scalar():
+        if not c.execute(exists, {"name": "dynamic_partitions"}).scalar():
+            return  # Dagster's tables are not created here (yet): looked at again next time
+        if not c.execute(exists, {"name": _PARTITIONS_BY_SET}).scalar():
             # another process may create it at the same moment: then it exists, as wanted
             with contextlib.suppress(sa.exc.IntegrityError):
                 c.execute(

@@ -101,6 +101,19 @@ def test_a_call_that_fails_leaves_its_notes_to_the_next(engine, store, project, 
     assert [t.new for t in advance_projects(store)] == ["dedup"]
 
 
+def test_every_project_is_looked_at_hourly_whatever_the_notes_say(
+    engine, store, project, monkeypatch
+):
+    """The safety net for a change whose note missed a project (a link of the video committed
+    and acted on before the change itself): its project moves at the next whole look."""
+    with engine.begin() as c:
+        finish_last_filter(c)
+        c.execute(sa.text(f"DELETE FROM {S}.project_changes"))  # as if the note named no one
+    assert advance_projects(store) == []
+    monkeypatch.setattr(project_flow, "ALL_PROJECTS_EVERY_S", 0.0)
+    assert [t.new for t in advance_projects(store)] == ["dedup"]
+
+
 def test_a_video_items_change_notes_every_project_that_links_the_video(
     engine, store, project, tmp_path
 ):

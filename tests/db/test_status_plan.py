@@ -160,6 +160,11 @@ def test_what_is_coming_to_the_filter_is_found_from_the_work_in_flight(seeded):
                            RETURNING id""")
             ).scalars()
         )
+        c.execute(  # five videos' extraction asked for again too: each project video once
+            sa.text("""UPDATE dataminer.work_items SET status = 'pending', requested_at = now()
+                        WHERE stage = 'frames'
+                          AND item_key IN (SELECT 'b' || g FROM generate_series(1, 5) g)""")
+        )
         c.execute(
             sa.text("""DELETE FROM dataminer.work_items WHERE stage = 'filter'
                         AND video_id IN (SELECT 'b' || g FROM generate_series(1, 60) g)""")

@@ -105,7 +105,7 @@ def _groups_preview(frames: pd.DataFrame, titles: dict[str, str], directory: Pat
         members = group.sort_values("kept", ascending=False).head(GROUP_WIDTH)
         for row in members.itertuples():
             images.append(read_image(Path(row.file)))
-            what = "kept" if row.kept else "replaced" if row.replaced_by else "duplicate"
+            what = "kept" if row.kept else "replaced" if pd.notna(row.replaced_by) else "duplicate"
             captions.append(caption(row, what))
             borders.append(KEPT if row.kept else None)
         padding = GROUP_WIDTH - len(members)
