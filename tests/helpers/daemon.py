@@ -204,7 +204,10 @@ class DaemonHome:
 
     def report(self, project: str) -> str:
         status = self.dataminer("status", project, timeout_s=60)
-        log = self.log_path.read_text()[-6000:] if self.log_path.exists() else "(no log)"
+        # The runs' lines, without the sensors' routine ticks that fill the tail of a long wait.
+        routine = ("Checking for new runs for sensor", "skipped:", "MonitoringDaemon")
+        lines = self.log_path.read_text().splitlines() if self.log_path.exists() else ["(no log)"]
+        log = "\n".join(line for line in lines if not any(r in line for r in routine))[-12000:]
         return f"--- dataminer status {project}:\n{status.stdout}{status.stderr}\n--- daemon log:\n{log}"
 
     def dataset(self, project: str) -> pd.DataFrame:
