@@ -10,8 +10,8 @@ repository's dagster.yaml, as `dagster dev` uses it):
 * **discover**: the work sensor's discovery (`plan_discovery`, then `Discovery.add`), tick by
   tick, until every row is a partition: partitions added per second;
 * **quiet tick**: a tick that finds nothing new, right after the fill (before PostgreSQL's
-  statistics caught up) and after an ANALYZE (as autovacuum leaves them): its discovery when no comparison is due, when
-  the counts are compared and when the keys are; its run planning (`plan_runs`, every lane, the
+  statistics caught up) and after an ANALYZE (as autovacuum leaves them): its discovery when no
+  comparison is due, when the counts are compared and when the keys are; its run planning (`plan_runs`, every lane, the
   partition order kept between ticks); `advance_projects`; and the whole tick as the work sensor
   runs it (`plan_cycle`, with the stages' keys and config versions, no comparison due); each a
   median of `--repeats`;

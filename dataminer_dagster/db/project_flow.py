@@ -20,8 +20,9 @@ the project back to that stage, and the stages after it run again in turn.
 
 Only projects whose rows changed are looked at: triggers note them in `project_changes` with each
 change (migration 0011), so a tick with nothing new reads one small table, however large the
-catalog (and every project, as a safety net, on a process's first call and hourly); a project's members are read only as far as its decision needs (whether one is
-unfinished stops at the first; the counts, at the move to dedup or a reopening, read them all).
+catalog (every project is looked at too, as a safety net, on a process's first call and hourly).
+A project's members are read only as far as its decision needs (whether one is unfinished stops
+at the first; the counts, at the move to dedup or a reopening, read them all).
 """
 
 from __future__ import annotations

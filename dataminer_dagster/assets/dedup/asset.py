@@ -90,7 +90,8 @@ KEPT = PALETTE[0]  # the kept frame's frame colour
 
 def _groups_preview(frames: pd.DataFrame, titles: dict[str, str], directory: Path) -> dict:
     """The largest duplicate groups side by side: each kept frame (framed in green), then its
-    duplicates (the one a better frame replaced says so); then, where there is room, the best kept frames that had no duplicate."""
+    duplicates (the one a better frame replaced says so); then, where there is room, the best
+    kept frames that had no duplicate."""
     grouped = frames[frames["group_size"] > 1].sort_values(
         ["group_size", "kept", "pos_max"], ascending=False
     )
@@ -314,7 +315,6 @@ def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
     (core/kept_index.place_new_frames). Same returns as `_group_all`."""
     config = project.config.dedup
     table = earlier.table.copy()
-    replaced_before = int(table["replaced_by"].notna().sum())
     seen = set(table["video_id"].unique())
     new = _ungrouped(passed_frames(project, [v for v in videos if v not in seen]))
     unreadable: dict[int, str] = {}
@@ -344,6 +344,7 @@ def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
             [group_of.get(f, -1) for f in placed.joins],
         )
         kept = placed.is_representative.copy()
+        replaced: dict[int, int] = {}
         if config.replace == "better":
             replaced = _replace_kept(table, usable, np.where(placed.group < 0, groups, -1), config)
             kept[list(replaced)] = True
@@ -355,7 +356,7 @@ def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
             "exact": placed.exact,
             "recall": None,
             "engine": "faiss-cpu",
-            "replaced": int(table["replaced_by"].notna().sum() - replaced_before),
+            "replaced": len(replaced),
         }
     frames = pd.concat([table, new], ignore_index=True)
     sizes = frames.loc[frames["group"] >= 0, "group"].value_counts()
