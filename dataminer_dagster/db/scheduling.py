@@ -128,7 +128,9 @@ def claimable_keys(engine: sa.Engine, stage: str, keys: Sequence[str]) -> list[s
 
 
 def _in_flight(alias: str) -> str:
-    """The item `alias` is running, or claimable and requested (recently, or in this very plan)."""
+    """The item `alias` is running, or claimable and requested (recently, or in this very plan).
+    `_FILTER_COMING` finds the same items as a set, each kind by its own index: a change to what
+    counts as in flight is made in both."""
     return f"""({alias}.status = '{RUNNING}'
                 OR ({alias}.status IN ('{PENDING}', '{FAILED}') AND {alias}.next_attempt_at <= now()
                     AND ({alias}.requested_at > now() - make_interval(secs => :again)
