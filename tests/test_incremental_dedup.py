@@ -146,3 +146,26 @@ def test_with_replace_better_a_better_new_duplicate_takes_the_kept_frames_place(
     in_dataset = frames(changing.manifest())
     assert frames(replaced).isdisjoint(in_dataset)
     assert frames(by_id.loc[replaced["replaced_by"]]) <= in_dataset
+
+
+def test_the_replace_policy_keys_leave_fingerprints_as_they_were_until_set(tmp_path):
+    """dedup.replace and dedup.replace_margin were added later: at their defaults no project's
+    work turns stale; set, they make dedup and what follows it run again, not the filter."""
+    from dataminer_dagster.config import parse_project_config
+
+    raw = {
+        "name": "p",
+        "output_dir": str(tmp_path),
+        "inputs": {"urls": ["http://127.0.0.1/a.mp4"]},
+        "filter": {"positive_prompts": ["a"]},
+    }
+    before = parse_project_config(raw).fingerprints()
+    defaults = {"replace": "never", "replace_margin": 0.02}
+    assert parse_project_config(raw | {"dedup": defaults}).fingerprints() == before
+    for setting in ({"replace": "better"}, {"replace_margin": 0.05}):
+        after = parse_project_config(raw | {"dedup": setting}).fingerprints()
+        assert {stage for stage in before if before[stage] != after[stage]} == {
+            "dedup",
+            "detect",
+            "dataset",
+        }
