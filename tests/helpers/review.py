@@ -139,8 +139,9 @@ def label_studio_server(executable: Path, data_dir: Path, document_root: Path) -
         deadline = time.monotonic() + 300  # its first start migrates its database (about 50 s)
         while True:
             assert server.poll() is None, (data_dir / "server.log").read_text()[-3000:]
-            with contextlib.suppress(requests.ConnectionError):
-                if requests.get(url + "/health", timeout=2).status_code == 200:
+            # A server still starting may accept the connection and answer late: both are waits.
+            with contextlib.suppress(requests.ConnectionError, requests.Timeout):
+                if requests.get(url + "/health", timeout=5).status_code == 200:
                     break
             assert time.monotonic() < deadline, "Label Studio did not answer within 300 s"
             time.sleep(0.5)
