@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import dagster as dg
 
+from dataminer_dagster.assets.catalog.config import RefreshConfig
 from dataminer_dagster.engine.assembly import pipeline_assets, stage_assets, with_key_prefix
 from dataminer_dagster.engine.jobs import lane_jobs
 from dataminer_dagster.engine.lanes import configured_lanes
@@ -31,6 +32,11 @@ from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import YtDlpClient
 from dataminer_dagster.resources.models import ModelsResource
 from dataminer_dagster.sensors.pipeline_sensors import build_sensors
+from dataminer_dagster.sensors.refresh_schedules import (
+    followed_projects,
+    refresh_schedules,
+    scheduled_projects,
+)
 from dataminer_dagster.settings import EXECUTORS, Settings, executor_name, load_settings
 from dataminer_dagster.tags import DEVICE_TAG, GPU_OP_TAGS
 
@@ -84,6 +90,7 @@ def build_definitions(
     group: str | None = None,
     settings: Settings | str | os.PathLike | None = None,
     executor: dg.ExecutorDefinition | str | None = None,
+    followed: Mapping[str, RefreshConfig] | None = None,
 ) -> dg.Definitions:
     """The pipeline as Definitions to merge into a code location (`dg.Definitions.merge`).
 
@@ -94,6 +101,9 @@ def build_definitions(
     sensors' intervals, retries and leases (default: $DATAMINER_SETTINGS, read now). `executor`:
     the lane jobs' executor and the location's default, an executor definition or one of
     in_process, multiprocess, celery (default: $DATAMINER_EXECUTOR, else in_process).
+    `followed`: the projects that get a `refresh_<project>` schedule, by name, with their
+    `inputs.refresh` (default: read from the database when a Dagster loader initialises the
+    location, sensors/refresh_schedules.py).
 
     The resources are `db`, `download_client` and `models`; the lane assets carry the stages' IO manager
     (`dataminer_outputs`, outputs.py), which reads the claim database through `db`. The dynamic
@@ -117,10 +127,24 @@ def build_definitions(
     stages = pipeline_stages(prefix, group)
     lanes = configured_lanes(chosen)
     jobs = lane_jobs(stages, lanes, executor_def)
+    schedules = refresh_schedules(
+        stages,
+        jobs,
+        lanes,
+        followed_projects(chosen) if followed is None else followed,
+    )
     return dg.Definitions(
         assets=pipeline_assets(stages),
         jobs=list(jobs.values()),
-        sensors=build_sensors(stages, jobs, lanes, chosen, ahead=executor_def.name == EXECUTORS[0]),
+        schedules=schedules,
+        sensors=build_sensors(
+            stages,
+            jobs,
+            lanes,
+            chosen,
+            ahead=executor_def.name == EXECUTORS[0],
+            scheduled=scheduled_projects(schedules),
+        ),
         resources={"db": db, "download_client": YtDlpClient(), "models": ModelsResource()},
         executor=executor_def,
     )

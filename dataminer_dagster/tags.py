@@ -9,13 +9,14 @@ GPU_POOL = (
     "gpu"  # the Dagster pool (concurrency key) the model stages take a slot of (dagster.yaml)
 )
 
-# Run tags of the runs the sensors request.
+# Run tags of the runs the sensors and schedules request.
 LANE_TAG = "dataminer/lane"  # the lane (job) of the run
 STAGES_TAG = "dataminer/stages"  # the stages of the lane this run executes, comma-separated
 ITEMS_TAG = "dataminer/items"  # how many work items the run was requested for
 BATCH_TAG = "dataminer/item_id_range"  # "<first>-<last>" work item id of the request
 PROJECT_NAMES_TAG = "dataminer/project"  # the projects the run works for, by name, for people
-REQUESTED_BY_TAG = "dataminer/requested_by"  # "sensor": the run respects retry back-off
+REQUESTED_BY_TAG = "dataminer/requested_by"  # one of AUTOMATIONS: the run respects retry back-off
+AUTOMATIONS = ("sensor", "schedule")  # what requests runs without a person
 AHEAD_TAG = "dataminer/ahead"  # "true": requested before its input was ready; it waits for it
 # Runs of `dataminer run`:
 PROJECTS_TAG = "dataminer/projects"  # ids, comma-separated: claim only items of these projects

@@ -424,6 +424,12 @@ def test_a_scheduled_refresh_takes_only_the_new_videos_under_the_daemon(deployme
         )
 
     deployment.wait_until(has_grown, 2 * COMPLETE_WITHIN_S, "the refresh's new video", "follows")
+    # The project's own schedule asked for it (Dagster's run tags, in the same database).
+    by_schedule = deployment.query(
+        """SELECT count(*) AS n FROM run_tags
+            WHERE key = 'dataminer/requested_by' AND value = 'schedule'"""
+    )[0].n
+    assert by_schedule >= 1, "the refresh_follows schedule requested no catalog run"
     after = {
         r.item_key: r.finished_at
         for r in deployment.query(

@@ -362,3 +362,116 @@ def test_refresh_wait_runs_the_refresh_in_this_process(following, dataminer_env)
     assert "project follows: complete" in result.output
     after = following.finished()
     assert {k for k, at in after.items() if before.get(k) != at} == {("catalog", "follows")}
+
+
+# -- a schedule per followed project (sensors/refresh_schedules.py) ------------------------------
+
+
+def _product_definitions(followed):
+    from dataminer_dagster.definitions import build_definitions
+
+    return build_definitions(followed=followed)
+
+
+@ONE_SERVER
+def test_a_followed_project_has_a_schedule_that_queues_and_requests_its_catalog_run(following):
+    from dataminer_dagster.db.project_records import followed_sources
+    from dataminer_dagster.db.scheduling import REREQUEST_AFTER_S, requestable
+    from dataminer_dagster.tags import RANGE_END, RANGE_START, REQUESTED_BY_TAG
+
+    following.drive()
+    followed = followed_sources(following.engine)
+    assert {name: (r.cron, r.timezone) for name, r in followed.items()} == {
+        "follows": ("0 * * * *", "UTC")
+    }
+    defs = _product_definitions(followed)
+    schedule = defs.resolve_schedule_def("refresh_follows")
+    assert (schedule.cron_schedule, schedule.execution_timezone) == ("0 * * * *", "UTC")
+    assert schedule.job_name == "catalog_job"
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    db = following.defs.resources["db"]
+
+    # The feed grows; the sensor leaves the project to its schedule, even when its cron is due.
+    clip_files(following.server.root, 1, first=2)
+    write_feed(following.server, ["clip0.mp4", "clip1.mp4", "clip2.mp4"])
+    with following.engine.begin() as c:
+        c.execute(
+            sa.text("""UPDATE dataminer.work_items SET finished_at = now() - interval '2 hours'
+                        WHERE stage = 'catalog'""")
+        )
+    sensor = defs.resolve_sensor_def("refresh_sources")
+    with dg.build_sensor_context(instance=following.instance, resources={"db": db}) as context:
+        assert "no project's refresh is due" in str(sensor(context).skip_message)
+
+    # Its tick queues the catalog and requests its run, marked requested for the work sensor.
+    with dg.build_schedule_context(instance=following.instance, resources={"db": db}) as context:
+        (request,) = list(schedule.evaluate_tick(context).run_requests)
+        assert request.job_name == "catalog_job"
+        assert request.tags[REQUESTED_BY_TAG] == "schedule"
+        assert (request.tags[RANGE_START], request.tags[RANGE_END]) == ("follows", "follows")
+        assert requestable(following.engine, ["catalog"], 10, REREQUEST_AFTER_S) == []
+        # A second tick while that listing waits is merged into it.
+        again = schedule.evaluate_tick(context)
+        assert not again.run_requests and "its listing is queued" in again.skip_message
+
+    # The requested run lists the feed (a run of automation: it respects back-offs) and the
+    # work that follows takes only the new clip.
+    fetched_before = len(following.fetched())
+    job = following.defs.resolve_job_def("catalog_job")
+    assert job.execute_in_process(instance=following.instance, tags=request.tags).success
+    following.drive()
+    assert set(following.fetched()[fetched_before:]) == {"/clip2.mp4"}
+
+
+def test_schedules_are_one_per_followed_project_and_named_for_dagster():
+    from dataminer_dagster.assets.catalog.config import RefreshConfig
+    from dataminer_dagster.definitions import build_definitions
+
+    followed = {
+        "b-roll": RefreshConfig(cron="*/5 * * * *", timezone="Europe/Berlin"),
+        "b_roll": RefreshConfig(cron="0 0 * * *"),  # the same schedule name: the first has it
+        "forklifts": RefreshConfig(cron="0 */6 * * *"),
+    }
+    defs = build_definitions(followed=followed)
+    assert sorted((s.name, s.cron_schedule, s.execution_timezone) for s in defs.schedules) == [
+        ("refresh_b_roll", "*/5 * * * *", "Europe/Berlin"),
+        ("refresh_forklifts", "0 */6 * * *", "UTC"),
+    ]
+    assert not build_definitions(followed={}).schedules
+    prefixed = build_definitions(prefix="dm", followed=followed)
+    assert {s.name for s in prefixed.schedules} == {"dm_refresh_b_roll", "dm_refresh_forklifts"}
+    assert {s.job_name for s in prefixed.schedules} == {"dm_catalog_job"}
+    prefixed.get_repository_def()  # the location loads
+
+
+@ONE_SERVER
+def test_the_schedules_are_read_when_a_code_server_initialises_the_definitions(
+    following, dataminer_env, caplog, monkeypatch, tmp_path
+):
+    from dagster._core.definitions.definitions_load_context import (
+        DefinitionsLoadContext,
+        DefinitionsLoadType,
+    )
+
+    from dataminer_dagster.sensors.refresh_schedules import followed_projects
+    from dataminer_dagster.settings import load_settings
+
+    settings = load_settings()
+    assert followed_projects(settings) == {}  # imported by a script: no loader, no read
+    with DefinitionsLoadContext.scoped(DefinitionsLoadContext(DefinitionsLoadType.INITIALIZATION)):
+        assert set(followed_projects(settings)) == {"follows"}
+    with DefinitionsLoadContext.scoped(DefinitionsLoadContext(DefinitionsLoadType.RECONSTRUCTION)):
+        assert followed_projects(settings) == {}  # a run worker needs no schedule
+    with DefinitionsLoadContext.scoped(DefinitionsLoadContext(DefinitionsLoadType.INITIALIZATION)):
+        unreachable = settings.model_copy(
+            update={"database_url": "postgresql://postgres@127.0.0.1:1/none"}
+        )
+        assert followed_projects(unreachable) == {}
+        assert "the refresh_sources sensor keeps their crons" in caplog.text
+        # Loading starts no embedded database (`dg check defs` needs none) and reads nothing.
+        monkeypatch.delenv("DATAMINER_DATABASE_URL")
+        monkeypatch.setenv("DATAMINER_HOME", str(tmp_path / "idle"))
+        idle = load_settings()
+        assert idle.database_url is None
+        assert followed_projects(idle) == {}
+        assert not idle.embedded_pgdata.exists()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import cv2
 import dagster as dg
 import numpy as np
 import pytest
+import yaml
 
 from dataminer_dagster.engine.previews import (
     DECIMALS,
@@ -27,6 +29,7 @@ from dataminer_dagster.engine.previews import (
     VIDEO_PREVIEW_BUDGET,
 )
 from tests.helpers.browser import Browser, find_chromium
+from tests.helpers.graphql import call
 from tests.helpers.ui_demo import (
     demo_environment,
     dismiss_welcome,
@@ -86,6 +89,13 @@ def ui_demo(pg_server, tmp_path_factory) -> Iterator[dict[str, str]]:
         run_demo(videos=3)
         yield env
     pg_server.drop(database)
+
+
+@pytest.fixture(scope="module")
+def served(ui_demo) -> Iterator[str]:
+    """`dagster-webserver` over the demo's instance: its base URL."""
+    with webserver(ui_demo) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -247,10 +257,11 @@ def test_kinds_are_true(history):
 
 
 @pytest.mark.skipif(find_chromium() is None, reason="Chromium is not installed (Debian: chromium)")
-def test_previews_are_images_that_load_in_a_browser(ui_demo, history, tmp_path):
+def test_previews_are_images_that_load_in_a_browser(served, history, tmp_path):
     partition = sorted(history.get_dynamic_partitions("project_videos"))[0]
     failures = []
-    with webserver(ui_demo) as base, Browser(find_chromium()) as browser:
+    base = served
+    with Browser(find_chromium()) as browser:
         dismiss_welcome(browser, base)
         for page in pages(partition):
             found = open_page(browser, base, page)
@@ -265,3 +276,115 @@ def test_previews_are_images_that_load_in_a_browser(ui_demo, history, tmp_path):
                     f"only its {page.pictures} pictures may be"
                 )
     assert not failures, "\n".join(failures) + f"\n(screenshots in {tmp_path})"
+
+
+# -- a followed project's schedule (sensors/refresh_schedules.py) ---------------------------------
+
+LOCATION = {
+    "repositoryName": "__repository__",
+    "repositoryLocationName": "dataminer_dagster.definitions",
+}
+SCHEDULES = """
+query Schedules($selector: RepositorySelector!) {
+  schedulesOrError(repositorySelector: $selector) {
+    __typename
+    ... on Schedules {
+      results { name cronSchedule executionTimezone scheduleState { id status } }
+    }
+  }
+}"""
+STOP_SCHEDULE = """
+mutation Stop($id: String!) {
+  stopRunningSchedule(id: $id) {
+    __typename
+    ... on ScheduleStateResult { scheduleState { status } }
+    ... on PythonError { message }
+  }
+}"""
+RELOAD = """
+mutation Reload($location: String!) {
+  reloadRepositoryLocation(repositoryLocationName: $location) {
+    __typename
+    ... on WorkspaceLocationEntry { loadStatus }
+    ... on PythonError { message }
+  }
+}"""
+
+
+def _schedules(base: str) -> dict[str, dict]:
+    answer = call(base, SCHEDULES, {"selector": LOCATION})["schedulesOrError"]
+    assert answer["__typename"] == "Schedules", answer
+    return {s["name"]: s for s in answer["results"]}
+
+
+def _reload(base: str) -> None:
+    """The UI's "Reload definitions", until the code location has loaded again."""
+    answer = call(base, RELOAD, {"location": LOCATION["repositoryLocationName"]})
+    assert answer["reloadRepositoryLocation"]["__typename"] == "WorkspaceLocationEntry", answer
+    deadline = time.monotonic() + 120
+    while call(base, WORKSPACE, {})["workspaceOrError"]["locationEntries"][0]["loadStatus"] != (
+        "LOADED"
+    ):
+        assert time.monotonic() < deadline, "the code location did not load again in 120 s"
+        time.sleep(0.5)
+
+
+WORKSPACE = "{ workspaceOrError { ... on Workspace { locationEntries { loadStatus } } } }"
+
+
+def test_a_followed_projects_schedule_shows_and_switches_off_in_the_ui(served, tmp_path):
+    from click.testing import CliRunner
+
+    from dataminer_dagster.cli import main
+
+    base = served
+    assert not [name for name in _schedules(base) if name.startswith("refresh_")]
+    config = tmp_path / "follows.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "b-roll",
+                "output_dir": str(tmp_path / "out"),
+                "inputs": {
+                    "listings": ["http://127.0.0.1:9/feed.xml"],
+                    "refresh": {"cron": "0 */6 * * *", "timezone": "Europe/Berlin"},
+                },
+                "filter": {"positive_prompts": ["a forklift"]},
+            }
+        )
+    )
+    added = CliRunner().invoke(main, ["project", "add", str(config)])
+    assert added.exit_code == 0, added.output
+    assert "refresh_b_roll schedule" in added.output, added.output
+
+    # The running UI shows the schedule once it loads the definitions again, running.
+    _reload(base)
+    schedule = _schedules(base)["refresh_b_roll"]
+    assert (schedule["cronSchedule"], schedule["executionTimezone"]) == (
+        "0 */6 * * *",
+        "Europe/Berlin",
+    )
+    assert schedule["scheduleState"]["status"] == "RUNNING"
+
+    # Turned off as the UI's switch does; the instance keeps it off across loads.
+    stopped = call(base, STOP_SCHEDULE, {"id": schedule["scheduleState"]["id"]})
+    assert stopped["stopRunningSchedule"]["scheduleState"]["status"] == "STOPPED", stopped
+    _reload(base)
+    assert _schedules(base)["refresh_b_roll"]["scheduleState"]["status"] == "STOPPED"
+
+    if (chromium := find_chromium()) is not None:  # its page in a browser: its cron, off
+        with Browser(chromium) as browser:
+            dismiss_welcome(browser, base)
+            location = LOCATION["repositoryLocationName"]
+            browser.open(f"{base}/locations/{location}/schedules/refresh_b_roll")
+            browser.wait_for(
+                "document.body && document.body.innerText.includes('0 */6 * * *')"
+                " && document.querySelector('input[type=checkbox]') !== null",
+                60,
+                what="the schedule's page with its switch",
+            )
+            switches = browser.evaluate(
+                "[...document.querySelectorAll('input[type=checkbox]')].map(i => i.checked)"
+            )
+            browser.screenshot(tmp_path / "schedule.png")
+            assert switches == [False], f"{switches} (screenshot in {tmp_path})"

@@ -46,6 +46,18 @@ def registration_lines(result) -> list[str]:
             if result.stale_stages
             else "nothing done is redone: these keys change how work runs, or the work still to come"
         )
+    refresh = result.project.config.inputs.refresh
+    if refresh is not None and (
+        result.created or any(k.startswith("inputs.refresh") for k in result.changed_keys)
+    ):
+        from dataminer_dagster.sensors.refresh_schedules import schedule_name
+
+        lines.append(
+            f"its sources are listed again at '{refresh.cron}' ({refresh.timezone}) by its "
+            f"{schedule_name('', name)} schedule, once the code location loads again "
+            "(dagster-daemon reloads it every minute; the UI: Reload definitions); the "
+            "refresh_sources sensor keeps that cron until then"
+        )
     return lines
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from dataminer_dagster.assets.catalog.config import RefreshConfig
 from dataminer_dagster.config import ProjectConfig
 from dataminer_dagster.core.dataset_formats import YOLO_DIR, point_yolo_at
 from dataminer_dagster.core.rsync import is_remote
@@ -294,3 +295,14 @@ def stage_fingerprint(engine: sa.Engine, project: str, stage: str) -> str | None
             sa.text(f"SELECT fingerprints ->> :stage FROM {S}.projects WHERE name = :name"),
             {"stage": stage, "name": project},
         ).scalar_one_or_none()
+
+
+def followed_sources(engine: sa.Engine) -> dict[str, RefreshConfig]:
+    """name -> `inputs.refresh` of every project that lists its sources on a schedule."""
+    with engine.connect() as c:
+        rows = c.execute(
+            sa.text(f"""SELECT name, config -> 'inputs' -> 'refresh' AS refresh FROM {S}.projects
+                         WHERE jsonb_typeof(config -> 'inputs' -> 'refresh') = 'object'
+                         ORDER BY name""")
+        ).all()
+    return {name: RefreshConfig.model_validate(refresh) for name, refresh in rows}

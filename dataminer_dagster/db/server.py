@@ -52,6 +52,25 @@ def claims_database_url(settings: Settings) -> str:
     return with_driver(raw, "psycopg")
 
 
+def running_claims_database_url(settings: Settings) -> str | None:
+    """The claim tables' URL if their server can be reached without starting one: the configured
+    server, or the embedded one while it runs (None when it does not: unlike
+    `claims_database_url`, this never starts it)."""
+    if settings.database_url:
+        return with_driver(settings.database_url, "psycopg")
+    with _lock:
+        known = _embedded_urls.get(str(settings.embedded_pgdata))
+    if known is None:
+        if not (settings.embedded_pgdata / "postmaster.pid").is_file():
+            return None
+        server = _pgserver(settings)
+        running = _running_postmaster(server.pgdata)
+        if running is None:
+            return None
+        known = running.get_uri(database=DATABASE_NAME)
+    return with_driver(known, "psycopg")
+
+
 def dagster_database_url(settings: Settings) -> str:
     """URL for Dagster's own storage (psycopg2, as dagster-postgres expects)."""
     raw = settings.dagster_database_url or settings.database_url or _embedded_url(settings)

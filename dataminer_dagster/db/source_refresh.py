@@ -1,8 +1,8 @@
 """Listing a project's sources again: refresh requests, what each search and listing found, and
 the back-off of a source that fails.
 
-A refresh (`dataminer refresh`, or the refresh_sources sensor when a project's `inputs.refresh`
-cron is due) sets `projects.refresh_requested_at` and queues the project's catalog. That catalog
+A refresh (`dataminer refresh`, the project's `refresh_<project>` schedule at a tick of its
+`inputs.refresh` cron, or the refresh_sources sensor for a project that has no schedule yet) sets `projects.refresh_requested_at` and queues the project's catalog. That catalog
 run lists every source again and links only the videos the project has not seen, rejected and
 dead ones included; with nothing new it queues nothing, so a refresh that finds nothing makes no
 download and no model call. A project whose catalog has not finished a first listing needs no
@@ -37,6 +37,7 @@ class RefreshRequest:
     project: str
     queued: bool  # False: merged into a listing that is pending or runs now
     reason: str
+    catalog_item: int | None = None  # the work item queued, when queued
 
 
 @dataclass(frozen=True)
@@ -50,14 +51,17 @@ class SourceState:
     retry_at: datetime | None
 
 
-def request_refresh(store: LeaseStore, project_id: int, name: str) -> RefreshRequest:
-    """Ask for the project's sources to be listed again (see the module's docstring)."""
+def request_refresh(
+    store: LeaseStore, project_id: int, name: str, *, requested: bool = False
+) -> RefreshRequest:
+    """Ask for the project's sources to be listed again (see the module's docstring).
+    `requested`: the caller requests the catalog run itself (a schedule), not the work sensor."""
     with store.engine.begin() as conn:
-        catalog = conn.execute(
-            sa.text(f"""SELECT status FROM {S}.work_items
+        catalog, item = conn.execute(
+            sa.text(f"""SELECT status, id FROM {S}.work_items
                          WHERE stage = '{CATALOG}' AND item_key = :name FOR UPDATE"""),
             {"name": name},
-        ).scalar()
+        ).one_or_none() or (None, None)
         if catalog not in (DONE, FAILED, DEAD):
             what = "runs now" if catalog == RUNNING else "is queued"
             return RefreshRequest(name, False, f"its listing {what}: it takes the newest entries")
@@ -66,9 +70,14 @@ def request_refresh(store: LeaseStore, project_id: int, name: str) -> RefreshReq
             {"id": project_id},
         )
         store.enqueue(
-            CATALOG, [name], project_ids=[project_id], reset=(DONE, FAILED, DEAD), conn=conn
+            CATALOG,
+            [name],
+            project_ids=[project_id],
+            reset=(DONE, FAILED, DEAD),
+            conn=conn,
+            requested=requested,
         )
-    return RefreshRequest(name, True, "its catalog is queued to list the sources again")
+    return RefreshRequest(name, True, "its catalog is queued to list the sources again", item)
 
 
 def refresh_requested(conn: sa.Connection, project_id: int) -> bool:

@@ -369,7 +369,7 @@ def plan_runs(
             first = min(lane.stages.index(i.stage) for i in items)
             item_ids = [i.id for i in items]
             planned.append(
-                _planned(
+                lane_run(
                     lane,
                     lane.stages[first:],
                     keys,
@@ -395,7 +395,7 @@ def plan_runs(
         for start in range(0, len(known), lane.policy.batch):
             chunk = known[start : start + lane.policy.batch]
             planned.append(
-                _planned(
+                lane_run(
                     lane,
                     lane.stages,
                     chunk,
@@ -448,7 +448,7 @@ def _project_names(engine: sa.Engine, lane: Lane, keys: Sequence[str], shown: in
     return ", ".join(ordered[:shown]) + more
 
 
-def _planned(
+def lane_run(
     lane: Lane,
     stages: tuple[str, ...],
     keys: list[str],
@@ -459,14 +459,17 @@ def _planned(
     *,
     ahead: bool = False,
     project_names: str = "",
+    requested_by: str = "sensor",
 ) -> PlannedRun:
+    """The run of `lane` for `keys` (its `stages`, the ready `item_ids`): its request, with the
+    tags that say which partitions, items and projects it is for and who asked."""
     tags = {
         RANGE_START: keys[0],
         RANGE_END: keys[-1],
         LANE_TAG: lane.name,
         STAGES_TAG: ",".join(stages),
         ITEMS_TAG: str(len(item_ids) if item_ids else len(keys)),
-        REQUESTED_BY_TAG: "sensor",
+        REQUESTED_BY_TAG: requested_by,
     }
     if item_ids:
         tags[BATCH_TAG] = f"{min(item_ids)}-{max(item_ids)}"

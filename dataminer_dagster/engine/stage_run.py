@@ -73,6 +73,7 @@ from dataminer_dagster.engine.stage import (
 )
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.tags import (
+    AUTOMATIONS,
     BACKFILL_TAG,
     DEADLINE_TAG,
     PROJECTS_TAG,
@@ -122,14 +123,14 @@ def run_stage(
     db: DatabaseResource = context.resources.db
     keys = list(context.partition_keys)
     tags = context.run.tags
-    by_sensor = tags.get(REQUESTED_BY_TAG) == "sensor"
+    automatic = tags.get(REQUESTED_BY_TAG) in AUTOMATIONS
     only = [int(p) for p in tags[PROJECTS_TAG].split(",")] if PROJECTS_TAG in tags else None
     leases, unclaimed = db.leases.claim_keys(
         stage,
         keys,
         redo=config.redo,
-        revive_dead=not by_sensor and _launched_to_retry(context.run, keys),
-        respect_backoff=by_sensor,
+        revive_dead=not automatic and _launched_to_retry(context.run, keys),
+        respect_backoff=automatic,
         projects=only,
     )
     _report_unclaimed(context, stage, unclaimed, len(keys))

@@ -8,8 +8,9 @@
   reason; leases of dead or finished runs come back, counted as attempts; leases held far longer
   than their stage usually takes are reported
 * release_failed_runs / release_cancelled_runs: a run's leases are released at once
-* refresh_sources: projects whose `inputs.refresh` cron is due have their sources listed again
-  (their catalog is queued; the work sensor requests its run)
+* refresh_sources: projects whose `inputs.refresh` cron is due and that have no schedule of their
+  own yet (sensors/refresh_schedules.py: they get one at the code location's next load) have their
+  sources listed again (their catalog is queued; the work sensor requests its run)
 
 All run by default. They read and write the claim tables only; no network I/O happens here.
 """
@@ -57,9 +58,10 @@ _LEASE_REAPER_DESCRIPTION = (
     "about each lease held far longer than its stage usually takes."
 )
 _REFRESH_SOURCES_DESCRIPTION = (
-    "Lists the sources of every project with an `inputs.refresh` cron again when it is due: its "
-    "catalog is queued, links only the videos the project has not seen, and a finished project "
-    "reopens to take them. Turn it off here to stop every scheduled refresh."
+    "Lists the sources of a project with an `inputs.refresh` cron again when it is due, until the "
+    "project has its own refresh_<project> schedule (from the code location's next load; the "
+    "daemon reloads every minute): its catalog is queued, links only the videos the project has "
+    "not seen, and a finished project reopens to take them."
 )
 _RELEASE_FAILED_RUNS_DESCRIPTION = (
     "A failed run's leases are released at once (the attempt counts), and the items it was "
@@ -78,10 +80,13 @@ def build_sensors(
     settings: Settings,
     *,
     ahead: bool | None = None,
+    scheduled: frozenset[str] = frozenset(),
 ) -> list[dg.SensorDefinition]:
     """The pipeline's sensors for these stages (work-item stage -> declared asset), lanes and
     their jobs; their names start with the stages' key prefix. `ahead`: request runs ahead of
-    their input (default: when $DATAMINER_EXECUTOR is the in-process executor)."""
+    their input (default: when $DATAMINER_EXECUTOR is the in-process executor). `scheduled`:
+    the projects whose refreshes their own schedules request (sensors/refresh_schedules.py),
+    which refresh_sources leaves to them."""
     partitions = {s.partitions_def.name: s.partitions_def for s in stages.values()}
     lanes = lanes_of(stages, lanes)
     job_names = {name: job.name for name, job in jobs.items()}
@@ -181,7 +186,8 @@ def build_sensors(
 
         listings = source_refresh.last_listings(db.store.engine)
         queued = []
-        for project in due_projects(db.catalog.projects(), listings, datetime.now(UTC)):
+        unscheduled = [p for p in db.catalog.projects() if p.name not in scheduled]
+        for project in due_projects(unscheduled, listings, datetime.now(UTC)):
             request = source_refresh.request_refresh(db.store, project.id, project.name)
             context.log.info(f"refresh of {project.name}: {request.reason}")
             queued += [project.name] if request.queued else []
