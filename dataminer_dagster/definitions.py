@@ -101,7 +101,7 @@ def build_definitions(
     sensors' intervals, retries and leases (default: $DATAMINER_SETTINGS, read now). `executor`:
     the lane jobs' executor and the location's default, an executor definition or one of
     in_process, multiprocess, celery (default: $DATAMINER_EXECUTOR, else in_process).
-    `followed`: the projects that get a `refresh_<project>` schedule, by name, with their
+    `followed`: the projects that get a `refresh_project_<name>` schedule, by name, with their
     `inputs.refresh` (default: read from the database when a Dagster loader initialises the
     location, sensors/refresh_schedules.py).
 
@@ -127,12 +127,8 @@ def build_definitions(
     stages = pipeline_stages(prefix, group)
     lanes = configured_lanes(chosen)
     jobs = lane_jobs(stages, lanes, executor_def)
-    schedules = refresh_schedules(
-        stages,
-        jobs,
-        lanes,
-        followed_projects(chosen) if followed is None else followed,
-    )
+    followed = followed_projects(chosen) if followed is None else followed
+    schedules = refresh_schedules(stages, jobs, lanes, followed)
     return dg.Definitions(
         assets=pipeline_assets(stages),
         jobs=list(jobs.values()),
@@ -143,7 +139,7 @@ def build_definitions(
             lanes,
             chosen,
             ahead=executor_def.name == EXECUTORS[0],
-            scheduled=scheduled_projects(schedules),
+            scheduled=scheduled_projects(schedules, followed),
         ),
         resources={"db": db, "download_client": YtDlpClient(), "models": ModelsResource()},
         executor=executor_def,

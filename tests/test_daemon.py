@@ -429,7 +429,7 @@ def test_a_scheduled_refresh_takes_only_the_new_videos_under_the_daemon(deployme
         """SELECT count(*) AS n FROM run_tags
             WHERE key = 'dataminer/requested_by' AND value = 'schedule'"""
     )[0].n
-    assert by_schedule >= 1, "the refresh_follows schedule requested no catalog run"
+    assert by_schedule >= 1, "the refresh_project_follows schedule requested no catalog run"
     after = {
         r.item_key: r.finished_at
         for r in deployment.query(

@@ -385,7 +385,7 @@ def test_a_followed_project_has_a_schedule_that_queues_and_requests_its_catalog_
         "follows": ("0 * * * *", "UTC")
     }
     defs = _product_definitions(followed)
-    schedule = defs.resolve_schedule_def("refresh_follows")
+    schedule = defs.resolve_schedule_def("refresh_project_follows")
     assert (schedule.cron_schedule, schedule.execution_timezone) == ("0 * * * *", "UTC")
     assert schedule.job_name == "catalog_job"
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
@@ -423,6 +423,80 @@ def test_a_followed_project_has_a_schedule_that_queues_and_requests_its_catalog_
     assert set(following.fetched()[fetched_before:]) == {"/clip2.mp4"}
 
 
+@ONE_SERVER
+def test_a_schedule_tick_keeps_to_the_lane_share_a_failed_listings_retry_and_its_own_cron(
+    following,
+):
+    from dataminer_dagster.db.project_records import followed_sources
+    from dataminer_dagster.db.scheduling import REREQUEST_AFTER_S, requestable
+    from dataminer_dagster.engine.lanes import LANES_BY_NAME
+    from dataminer_dagster.tags import LANE_TAG
+
+    following.drive()
+    defs = _product_definitions(followed_sources(following.engine))
+    schedule = defs.resolve_schedule_def("refresh_project_follows")
+    db = following.defs.resources["db"]
+
+    def tick():
+        with dg.build_schedule_context(
+            instance=following.instance, resources={"db": db}
+        ) as context:
+            return schedule.evaluate_tick(context)
+
+    def catalog(status: str) -> None:
+        with following.engine.begin() as c:
+            c.execute(
+                sa.text("UPDATE dataminer.work_items SET status = :s WHERE stage = 'catalog'"),
+                {"s": status},
+            )
+
+    # A listing that failed waits for its retry and its back-off: the tick does not reset it.
+    catalog("failed")
+    skipped = tick()
+    assert not skipped.run_requests and "waits for its retry" in skipped.skip_message
+
+    # The catalog lane runs its share of runs: the listing is queued, the work sensor asks.
+    catalog("done")
+    share = LANES_BY_NAME["catalog"].policy.max_runs
+    for _ in range(share):
+        following.instance.create_run_for_job(
+            following.defs.resolve_job_def("catalog_job"),
+            tags={LANE_TAG: "catalog"},
+            status=dg.DagsterRunStatus.STARTED,
+        )
+    full = tick()
+    assert not full.run_requests and "the work sensor requests its run" in full.skip_message
+    assert [r.key for r in requestable(following.engine, ["catalog"], 10, REREQUEST_AFTER_S)] == [
+        "follows"
+    ]
+
+    # Its cron changed since the definitions loaded: the schedule skips, the sensor keeps it.
+    catalog("done")
+    changed = dict(
+        following.raw, inputs={**following.raw["inputs"], "refresh": {"cron": "0 0 * * *"}}
+    )
+    following.catalog.register_project(parse_project_config(changed))
+    moved = tick()
+    assert not moved.run_requests and "is now '0 0 * * *'" in moved.skip_message
+    assert "refresh_sources" in moved.skip_message
+
+
+@ONE_SERVER
+def test_the_sensor_keeps_the_crons_no_loaded_schedule_has_unless_switched_off(following):
+    from dataminer_dagster.assets.catalog.config import RefreshConfig
+    from dataminer_dagster.sensors.refresh_schedules import left_to_sensor
+
+    (row,) = following.catalog.projects()
+    hourly = RefreshConfig(cron="0 * * * *")
+    assert left_to_sensor([row], {"follows": hourly}, frozenset(), "") == []
+    assert left_to_sensor([row], {}, frozenset(), "") == [row]  # not loaded yet
+    other = {"follows": RefreshConfig(cron="0 0 * * *")}
+    assert left_to_sensor([row], other, frozenset(), "") == [row]  # loaded with another cron
+    off = frozenset({"refresh_project_follows"})
+    assert left_to_sensor([row], {}, off, "") == []  # turned off in the UI: off for the sensor
+    assert left_to_sensor([row], {}, frozenset({"dm_refresh_project_follows"}), "dm_") == []
+
+
 def test_schedules_are_one_per_followed_project_and_named_for_dagster():
     from dataminer_dagster.assets.catalog.config import RefreshConfig
     from dataminer_dagster.definitions import build_definitions
@@ -433,13 +507,18 @@ def test_schedules_are_one_per_followed_project_and_named_for_dagster():
         "forklifts": RefreshConfig(cron="0 */6 * * *"),
     }
     defs = build_definitions(followed=followed)
+    # A project named like a sensor (refresh_sources) loads beside it.
+    build_definitions(followed={"sources": followed["forklifts"]}).get_repository_def()
     assert sorted((s.name, s.cron_schedule, s.execution_timezone) for s in defs.schedules) == [
-        ("refresh_b_roll", "*/5 * * * *", "Europe/Berlin"),
-        ("refresh_forklifts", "0 */6 * * *", "UTC"),
+        ("refresh_project_b_roll", "*/5 * * * *", "Europe/Berlin"),
+        ("refresh_project_forklifts", "0 */6 * * *", "UTC"),
     ]
     assert not build_definitions(followed={}).schedules
     prefixed = build_definitions(prefix="dm", followed=followed)
-    assert {s.name for s in prefixed.schedules} == {"dm_refresh_b_roll", "dm_refresh_forklifts"}
+    assert {s.name for s in prefixed.schedules} == {
+        "dm_refresh_project_b_roll",
+        "dm_refresh_project_forklifts",
+    }
     assert {s.job_name for s in prefixed.schedules} == {"dm_catalog_job"}
     prefixed.get_repository_def()  # the location loads
 

@@ -355,11 +355,11 @@ def test_a_followed_projects_schedule_shows_and_switches_off_in_the_ui(served, t
     )
     added = CliRunner().invoke(main, ["project", "add", str(config)])
     assert added.exit_code == 0, added.output
-    assert "refresh_b_roll schedule" in added.output, added.output
+    assert "refresh_project_b_roll schedule" in added.output, added.output
 
     # The running UI shows the schedule once it loads the definitions again, running.
     _reload(base)
-    schedule = _schedules(base)["refresh_b_roll"]
+    schedule = _schedules(base)["refresh_project_b_roll"]
     assert (schedule["cronSchedule"], schedule["executionTimezone"]) == (
         "0 */6 * * *",
         "Europe/Berlin",
@@ -370,13 +370,13 @@ def test_a_followed_projects_schedule_shows_and_switches_off_in_the_ui(served, t
     stopped = call(base, STOP_SCHEDULE, {"id": schedule["scheduleState"]["id"]})
     assert stopped["stopRunningSchedule"]["scheduleState"]["status"] == "STOPPED", stopped
     _reload(base)
-    assert _schedules(base)["refresh_b_roll"]["scheduleState"]["status"] == "STOPPED"
+    assert _schedules(base)["refresh_project_b_roll"]["scheduleState"]["status"] == "STOPPED"
 
     if (chromium := find_chromium()) is not None:  # its page in a browser: its cron, off
         with Browser(chromium) as browser:
             dismiss_welcome(browser, base)
             location = LOCATION["repositoryLocationName"]
-            browser.open(f"{base}/locations/{location}/schedules/refresh_b_roll")
+            browser.open(f"{base}/locations/{location}/schedules/refresh_project_b_roll")
             browser.wait_for(
                 "document.body && document.body.innerText.includes('0 */6 * * *')"
                 " && document.querySelector('input[type=checkbox]') !== null",

@@ -54,8 +54,8 @@ def registration_lines(result) -> list[str]:
 
         lines.append(
             f"its sources are listed again at '{refresh.cron}' ({refresh.timezone}) by its "
-            f"{schedule_name('', name)} schedule, once the code location loads again "
-            "(dagster-daemon reloads it every minute; the UI: Reload definitions); the "
+            f"{schedule_name('', name)} schedule once the code location loads again (`dataminer "
+            "services` reloads it every minute; `dg dev` and the UI: Reload definitions); the "
             "refresh_sources sensor keeps that cron until then"
         )
     return lines

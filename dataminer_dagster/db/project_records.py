@@ -298,11 +298,12 @@ def stage_fingerprint(engine: sa.Engine, project: str, stage: str) -> str | None
 
 
 def followed_sources(engine: sa.Engine) -> dict[str, RefreshConfig]:
-    """name -> `inputs.refresh` of every project that lists its sources on a schedule."""
+    """name -> `inputs.refresh` of every project that lists its sources on a schedule, in the
+    order they were registered."""
     with engine.connect() as c:
         rows = c.execute(
             sa.text(f"""SELECT name, config -> 'inputs' -> 'refresh' AS refresh FROM {S}.projects
                          WHERE jsonb_typeof(config -> 'inputs' -> 'refresh') = 'object'
-                         ORDER BY name""")
+                         ORDER BY id""")
         ).all()
     return {name: RefreshConfig.model_validate(refresh) for name, refresh in rows}

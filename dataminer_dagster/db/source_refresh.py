@@ -1,9 +1,9 @@
 """Listing a project's sources again: refresh requests, what each search and listing found, and
 the back-off of a source that fails.
 
-A refresh (`dataminer refresh`, the project's `refresh_<project>` schedule at a tick of its
-`inputs.refresh` cron, or the refresh_sources sensor for a project that has no schedule yet) sets `projects.refresh_requested_at` and queues the project's catalog. That catalog
-run lists every source again and links only the videos the project has not seen, rejected and
+A refresh (`dataminer refresh`, the project's `refresh_project_<name>` schedule at a tick of
+its `inputs.refresh` cron, or the refresh_sources sensor for a project without that schedule
+yet) sets `projects.refresh_requested_at` and queues the project's catalog. That catalog run lists every source again and links only the videos the project has not seen, rejected and
 dead ones included; with nothing new it queues nothing, so a refresh that finds nothing makes no
 download and no model call. A project whose catalog has not finished a first listing needs no
 refresh (the listing under way takes the newest entries), and neither does one whose listing
@@ -52,18 +52,20 @@ class SourceState:
 
 
 def request_refresh(
-    store: LeaseStore, project_id: int, name: str, *, requested: bool = False
+    store: LeaseStore, project_id: int, name: str, *, scheduled: bool = False
 ) -> RefreshRequest:
     """Ask for the project's sources to be listed again (see the module's docstring).
-    `requested`: the caller requests the catalog run itself (a schedule), not the work sensor."""
+    `scheduled`: asked by the project's schedule, which requests the catalog run itself (not the
+    work sensor), and for which a listing that failed and waits for its retry is under way (a
+    person's request lists it now, with fresh attempts)."""
     with store.engine.begin() as conn:
         catalog, item = conn.execute(
             sa.text(f"""SELECT status, id FROM {S}.work_items
                          WHERE stage = '{CATALOG}' AND item_key = :name FOR UPDATE"""),
             {"name": name},
         ).one_or_none() or (None, None)
-        if catalog not in (DONE, FAILED, DEAD):
-            what = "runs now" if catalog == RUNNING else "is queued"
+        if catalog not in ((DONE, DEAD) if scheduled else (DONE, FAILED, DEAD)):
+            what = {RUNNING: "runs now", FAILED: "waits for its retry"}.get(catalog, "is queued")
             return RefreshRequest(name, False, f"its listing {what}: it takes the newest entries")
         conn.execute(
             sa.text(f"UPDATE {S}.projects SET refresh_requested_at = now() WHERE id = :id"),
@@ -75,7 +77,7 @@ def request_refresh(
             project_ids=[project_id],
             reset=(DONE, FAILED, DEAD),
             conn=conn,
-            requested=requested,
+            requested=scheduled,
         )
     return RefreshRequest(name, True, "its catalog is queued to list the sources again", item)
 

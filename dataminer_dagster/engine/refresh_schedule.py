@@ -2,7 +2,8 @@
 
 A project is due when a tick of its cron (in its time zone) has passed since its catalog last
 finished, and no listing of it is queued or running. The refresh_sources sensor asks for those
-(db/source_refresh.py); a missed tick (the daemon was down) is caught up once, not once per tick.
+whose own schedule is not loaded with that cron (sensors/refresh_schedules.py; db/
+source_refresh.py); a missed tick (the daemon was down) is caught up once, not once per tick.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@
   reason; leases of dead or finished runs come back, counted as attempts; leases held far longer
   than their stage usually takes are reported
 * release_failed_runs / release_cancelled_runs: a run's leases are released at once
-* refresh_sources: projects whose `inputs.refresh` cron is due and that have no schedule of their
-  own yet (sensors/refresh_schedules.py: they get one at the code location's next load) have their
-  sources listed again (their catalog is queued; the work sensor requests its run)
+* refresh_sources: projects whose `inputs.refresh` cron is due and whose own schedule is not
+  loaded with that cron yet (sensors/refresh_schedules.py: at the code location's next load) have
+  their sources listed again (their catalog is queued; the work sensor requests its run)
 
 All run by default. They read and write the claim tables only; no network I/O happens here.
 """
@@ -41,6 +41,7 @@ from dataminer_dagster.settings import EXECUTORS, Settings, executor_name
 from dataminer_dagster.tags import STAGES_TAG
 
 if TYPE_CHECKING:  # the sensors must not import the stage modules (and their libraries)
+    from dataminer_dagster.assets.catalog.config import RefreshConfig
     from dataminer_dagster.engine.stage import StageAsset
 
 RUNNING = dg.DefaultSensorStatus.RUNNING
@@ -58,10 +59,10 @@ _LEASE_REAPER_DESCRIPTION = (
     "about each lease held far longer than its stage usually takes."
 )
 _REFRESH_SOURCES_DESCRIPTION = (
-    "Lists the sources of a project with an `inputs.refresh` cron again when it is due, until the "
-    "project has its own refresh_<project> schedule (from the code location's next load; the "
-    "daemon reloads every minute): its catalog is queued, links only the videos the project has "
-    "not seen, and a finished project reopens to take them."
+    "Lists the sources of a project with an `inputs.refresh` cron again when it is due, while "
+    "the project's own refresh_project_<name> schedule is not loaded with that cron (until the "
+    "code location loads again): its catalog is queued, links only the videos the project has "
+    "not seen, and a finished project reopens to take them. A schedule turned off stays off."
 )
 _RELEASE_FAILED_RUNS_DESCRIPTION = (
     "A failed run's leases are released at once (the attempt counts), and the items it was "
@@ -80,13 +81,14 @@ def build_sensors(
     settings: Settings,
     *,
     ahead: bool | None = None,
-    scheduled: frozenset[str] = frozenset(),
+    scheduled: Mapping[str, RefreshConfig] | None = None,
 ) -> list[dg.SensorDefinition]:
     """The pipeline's sensors for these stages (work-item stage -> declared asset), lanes and
     their jobs; their names start with the stages' key prefix. `ahead`: request runs ahead of
     their input (default: when $DATAMINER_EXECUTOR is the in-process executor). `scheduled`:
-    the projects whose refreshes their own schedules request (sensors/refresh_schedules.py),
-    which refresh_sources leaves to them."""
+    the projects whose refreshes their own schedules request, with the refresh each schedule
+    has (sensors/refresh_schedules.py), which refresh_sources leaves to them."""
+    scheduled = scheduled or {}
     partitions = {s.partitions_def.name: s.partitions_def for s in stages.values()}
     lanes = lanes_of(stages, lanes)
     job_names = {name: job.name for name, job in jobs.items()}
@@ -183,10 +185,13 @@ def build_sensors(
 
         from dataminer_dagster.db import source_refresh
         from dataminer_dagster.engine.refresh_schedule import due_projects
+        from dataminer_dagster.sensors.refresh_schedules import left_to_sensor, stopped_schedules
 
         listings = source_refresh.last_listings(db.store.engine)
         queued = []
-        unscheduled = [p for p in db.catalog.projects() if p.name not in scheduled]
+        unscheduled = left_to_sensor(
+            db.catalog.projects(), scheduled, stopped_schedules(context.instance), prefix
+        )
         for project in due_projects(unscheduled, listings, datetime.now(UTC)):
             request = source_refresh.request_refresh(db.store, project.id, project.name)
             context.log.info(f"refresh of {project.name}: {request.reason}")

@@ -24,7 +24,7 @@ class SearchConfig(Section):
 class RefreshConfig(Section):
     cron: str = Field(
         description="When the project's sources are listed again, as a cron string "
-        "(e.g. '0 */6 * * *': every six hours): the project's refresh_<name> schedule."
+        "(e.g. '0 */6 * * *': every six hours): the project's refresh_project_<name> schedule."
     )
     timezone: str = Field("UTC", description="The cron's time zone (an IANA name).")
 
