@@ -3,8 +3,9 @@ the back-off of a source that fails.
 
 A refresh (`dataminer refresh`, the project's `refresh_project_<name>` schedule at a tick of
 its `inputs.refresh` cron, or the refresh_sources sensor for a project without that schedule
-yet) sets `projects.refresh_requested_at` and queues the project's catalog. That catalog run lists every source again and links only the videos the project has not seen, rejected and
-dead ones included; with nothing new it queues nothing, so a refresh that finds nothing makes no
+yet) sets `projects.refresh_requested_at` and queues the project's catalog. That catalog run
+lists every source again and links only the videos the project has not seen, rejected and dead
+ones included; with nothing new it queues nothing, so a refresh that finds nothing makes no
 download and no model call. A project whose catalog has not finished a first listing needs no
 refresh (the listing under way takes the newest entries), and neither does one whose listing
 runs now: the request is merged into it.

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.assets.catalog.config import RefreshConfig
 from dataminer_dagster.db.project_records import ProjectRow, followed_sources
-from dataminer_dagster.db.server import running_claims_database_url, with_driver
+from dataminer_dagster.db.server import running_claims_database_url
 from dataminer_dagster.engine.jobs import lanes_of, name_prefix
 from dataminer_dagster.engine.lanes import Lane
 from dataminer_dagster.engine.registry import CATALOG
@@ -51,9 +51,7 @@ def schedule_name(prefix: str, project: str) -> str:
     return f"{prefix}refresh_project_{_NOT_IN_A_NAME.sub('_', project)}"
 
 
-def followed_projects(
-    settings: Settings, database_url: str | None = None
-) -> dict[str, RefreshConfig]:
+def followed_projects(settings: Settings) -> dict[str, RefreshConfig]:
     """name -> refresh of every project with `inputs.refresh`, read now when a Dagster loader
     initialises the code location; nothing when it reconstructs it (a run worker), when no
     loader loads it (a test or a script importing the module) or when the embedded database
@@ -68,23 +66,21 @@ def followed_projects(
         return {}
     if DefinitionsLoadContext.get().load_type is not DefinitionsLoadType.INITIALIZATION:
         return {}
-    return read_followed_projects(settings, database_url)
+    return _read_followed_projects(settings)
 
 
-def read_followed_projects(
-    settings: Settings, database_url: str | None = None
-) -> dict[str, RefreshConfig]:
+def _read_followed_projects(settings: Settings) -> dict[str, RefreshConfig]:
     """name -> refresh of every project with `inputs.refresh`, read from the claim tables if
     their server runs (loading definitions starts no database: `dg check defs` does not need
     one)."""
     try:
-        url = database_url or running_claims_database_url(settings)
+        url = running_claims_database_url(settings)
         if url is None:
             return {}
         # Read only, and soon given up: a load neither upgrades the schema nor waits on a
         # server that does not answer.
         engine = sa.create_engine(
-            with_driver(url, "psycopg"),
+            url,
             poolclass=sa.pool.NullPool,
             connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
         )
