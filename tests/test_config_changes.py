@@ -16,7 +16,7 @@ import sqlalchemy as sa
 import yaml
 
 from dataminer_dagster.db.project_records import ProjectBusyError
-from dataminer_dagster.db.reports import stale_counts
+from dataminer_dagster.db.reports import work_summary
 from tests.conftest import ONE_SERVER
 from tests.helpers.project_runs import redone
 
@@ -37,7 +37,7 @@ def test_new_prompts_and_thresholds_filter_again_from_the_cache_and_redo_what_fo
     )
     assert result.changed_keys == ("filter.positive_prompts", "filter.positive_threshold")
     assert result.stale_stages == ("filter", "dedup", "detect", "dataset")
-    assert stale_counts(changing.engine, result.project.id) == {
+    assert work_summary(changing.engine, result.project.id, 15).stale == {
         "filter": 2,
         "dedup": 1,
         "detect": 1,
@@ -45,7 +45,7 @@ def test_new_prompts_and_thresholds_filter_again_from_the_cache_and_redo_what_fo
     }
     second = changing.run()
     assert redone(first, second) == {"filter": 2, "dedup": 1, "detect": 1, "dataset": 1}
-    assert stale_counts(changing.engine, result.project.id) == {}
+    assert work_summary(changing.engine, result.project.id, 15).stale == {}
     for key in members:  # from the cache: the model embedded no frame again
         outcome = changing.outcome("filter", key)
         assert outcome["embedded"] == 0 and outcome["frames"] > 0, outcome

@@ -43,16 +43,20 @@ def _board_video_stages() -> list[str]:
     return [stage for stage in REGISTRY.member_board if REGISTRY[stage].per_video]
 
 
-def _project_work(columns: str) -> str:
+def _project_work(columns: str, *, project_only: str = "", video_only: str = "") -> str:
     """`columns` of the work items that concern project :p: its own (`project_id`) and its
     videos' downloads and extractions (`:video_stages`, through `project_videos`). Two indexed
     reads joined by UNION ALL (a video's items have no project, so none is counted twice): the
     cost follows the project's size, never the catalog's (an `OR ... IN (subquery)` became a
-    plain SubPlan over the whole of project_videos past `work_mem`, issue 25)."""
+    plain SubPlan over the whole of project_videos past `work_mem`, issue 25). `project_only`
+    and `video_only` end the columns of each branch (one more column, its value in each)."""
     return f"""
-        SELECT {columns} FROM {S}.work_items w WHERE w.project_id = :p
+        SELECT {columns}{project_only} FROM {S}.work_items w
+          JOIN {S}.projects p ON p.id = w.project_id
+         WHERE w.project_id = :p
         UNION ALL
-        SELECT {columns} FROM {S}.project_videos pv JOIN {S}.work_items w ON w.video_id = pv.video_id
+        SELECT {columns}{video_only} FROM {S}.project_videos pv
+          JOIN {S}.work_items w ON w.video_id = pv.video_id
          WHERE pv.project_id = :p AND w.project_id IS NULL
            AND w.stage = ANY(CAST(:video_stages AS text[]))"""
 
@@ -69,6 +73,55 @@ def stage_counts(engine: sa.Engine, project_id: int) -> dict[str, dict[str, int]
         for row in c.execute(statement, {"p": project_id, "video_stages": _board_video_stages()}):
             counts[row.stage][row.status] = row.n
     return dict(counts)
+
+
+@dataclass(frozen=True)
+class WorkSummary:
+    """The work that concerns one project, read in one pass (at 1,000,000 videos each pass
+    over a project's items takes most of a second: bench/README.md, "Scale")."""
+
+    counts: dict[str, dict[str, int]]  # {stage: {status: items}}
+    finished: dict[str, int]  # {stage: items finished in the window}
+    stale: dict[str, int]  # {stage: items last claimed under an earlier config}
+
+
+def work_summary(engine: sa.Engine, project_id: int, window_minutes: float) -> WorkSummary:
+    """Items per stage and status, those that finished (done, dead or blocked) in the last
+    `window_minutes`, and those a config change made stale: done or queued, they run again (a
+    running one is queued again when it completes; only a project's own items have a config)."""
+    statement = sa.text(f"""
+        SELECT stage, status, count(*) AS n,
+               count(*) FILTER (WHERE status IN ('{DONE}', '{DEAD}', '{BLOCKED}')
+                                  AND finished_at > now() - make_interval(secs => :window_s))
+                 AS finished,
+               count(*) FILTER (WHERE stale) AS stale
+          FROM ({
+        _project_work(
+            "w.stage, w.status, w.finished_at",
+            project_only=f", {stale_sql('w', 'p.fingerprints ->> w.stage')} AS stale",
+            video_only=", false AS stale",
+        )
+    }) work
+         GROUP BY 1, 2
+    """)
+    params = {
+        "p": project_id,
+        "window_s": window_minutes * 60.0,
+        "video_stages": _board_video_stages(),
+    }
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(STATUSES, 0))
+    finished: dict[str, int] = defaultdict(int)
+    stale: dict[str, int] = defaultdict(int)
+    with engine.connect() as c:
+        for row in c.execute(statement, params):
+            counts[row.stage][row.status] = row.n
+            finished[row.stage] += row.finished
+            stale[row.stage] += row.stale
+    return WorkSummary(
+        counts=dict(counts),
+        finished={stage: n for stage, n in finished.items() if n},
+        stale={stage: stale[stage] for stage in REGISTRY.names if stale.get(stage)},
+    )
 
 
 def frame_counts(engine: sa.Engine, project_id: int) -> dict[str, int]:
@@ -92,19 +145,6 @@ def frame_counts(engine: sa.Engine, project_id: int) -> dict[str, int]:
         "kept_after_dedup": int((outcomes.get("dedup") or {}).get("kept", 0)),
         "in_dataset": int((outcomes.get("dataset") or {}).get("images", 0)),
     }
-
-
-def stale_counts(engine: sa.Engine, project_id: int) -> dict[str, int]:
-    """{stage: the project's items last claimed under an earlier config}: done or queued,
-    they run again (a running one is queued again when it completes)."""
-    statement = sa.text(f"""
-        SELECT w.stage, count(*) AS n FROM {S}.work_items w
-         WHERE w.project_id = :p AND {stale_sql("w")}
-         GROUP BY 1
-    """)
-    with engine.connect() as c:
-        found = dict(c.execute(statement, {"p": project_id}).all())
-    return {stage: found[stage] for stage in REGISTRY.names if stage in found}
 
 
 def recent_failures(engine: sa.Engine, project_id: int, limit: int = 10) -> list[sa.Row]:
@@ -136,42 +176,15 @@ class StageProgress:
         return sum(self.counts.get(s, 0) for s in REMAINING)
 
 
-def finished_in_window(engine: sa.Engine, project_id: int, window_minutes: float) -> dict[str, int]:
-    """{stage: items finished in the last `window_minutes`}, for the work that concerns one
-    project (the same items as stage_counts)."""
-    statement = sa.text(f"""
-        SELECT stage, count(*) AS n FROM ({_project_work("w.stage, w.status, w.finished_at")}) work
-         WHERE status IN ('{DONE}', '{DEAD}', '{BLOCKED}')
-           AND finished_at > now() - make_interval(secs => :window_s)
-         GROUP BY 1
-    """)
-    with engine.connect() as c:
-        rows = c.execute(
-            statement,
-            {
-                "p": project_id,
-                "window_s": window_minutes * 60.0,
-                "video_stages": _board_video_stages(),
-            },
-        ).all()
-    return {r.stage: r.n for r in rows}
-
-
 def stage_progress(
-    engine: sa.Engine,
-    project_id: int,
-    stages: tuple[str, ...],
-    window_minutes: float = DEFAULT_WINDOW_MINUTES,
+    summary: WorkSummary, stages: tuple[str, ...], window_minutes: float
 ) -> list[StageProgress]:
-    """Counts, throughput and ETA of each of `stages` (in that order) for one project."""
-    if window_minutes <= 0:
-        raise ValueError(f"the throughput window must be positive, got {window_minutes}")
-    counts = stage_counts(engine, project_id)
-    finished = finished_in_window(engine, project_id, window_minutes)
+    """Counts, throughput and ETA of each of `stages` (in that order), from a project's work
+    summary over `window_minutes`."""
     result = []
     for stage in stages:
-        statuses = counts.get(stage) or dict.fromkeys(STATUSES, 0)
-        recent = finished.get(stage, 0)
+        statuses = summary.counts.get(stage) or dict.fromkeys(STATUSES, 0)
+        recent = summary.finished.get(stage, 0)
         result.append(
             StageProgress(
                 stage=stage,
@@ -201,6 +214,9 @@ def project_status(
     per stage of the board, the work a config change made stale, frames kept at each stage, the
     videos that are copies of another (processed as it), latest failures, long-running items."""
     engine = catalog.engine
+    if window <= 0:
+        raise ValueError(f"the throughput window must be positive, got {window}")
+    summary = work_summary(engine, project.id, window)
     stages = [
         {
             "stage": p.stage,
@@ -209,7 +225,7 @@ def project_status(
             "per_minute": round(p.per_minute, 3),
             "eta_s": None if p.eta_s is None else round(p.eta_s, 1),
         }
-        for p in stage_progress(engine, project.id, REGISTRY.board, window)
+        for p in stage_progress(summary, REGISTRY.board, window)
     ]
     failures = [
         {
@@ -272,7 +288,7 @@ def project_status(
         "copies": copies,
         "window_minutes": window,
         "stages": stages,
-        "stale": stale_counts(engine, project.id),
+        "stale": summary.stale,
         "frames": frames,
         "failures": failures,
         "long_running": long_running,

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.reports import finished_in_window, recent_failures, stage_counts
+from dataminer_dagster.db.reports import recent_failures, stage_counts, work_summary
 from dataminer_dagster.paths import DataPaths
 from tests.helpers.catalog_seed import add_project, seed_videos
 from tests.helpers.statements import statements_sent
@@ -95,10 +95,10 @@ def test_the_plan_check_catches_the_statement_that_never_ended_at_a_million_vide
     "report",
     [
         lambda engine, p: stage_counts(engine, p),
-        lambda engine, p: finished_in_window(engine, p, 15),
+        lambda engine, p: work_summary(engine, p, 15),
         lambda engine, p: recent_failures(engine, p),
     ],
-    ids=["stage_counts", "finished_in_window", "recent_failures"],
+    ids=["stage_counts", "work_summary", "recent_failures"],
 )
 def test_a_projects_status_reads_only_its_own_rows(seeded, report):
     engine, _, small = seeded
@@ -116,7 +116,10 @@ def test_the_counts_are_each_projects_own(seeded):
             "filter": {"pending": n},
             "catalog": {"pending": 1},  # its inputs, not listed yet
         }
-        assert finished_in_window(engine, project, 15) == {"download": n, "frames": n}
+        summary = work_summary(engine, project, 15)
+        assert summary.counts == counts
+        assert summary.finished == {"download": n, "frames": n}
+        assert summary.stale == {}
 
 
 def test_linking_videos_reads_only_their_rows(seeded, tmp_path):
