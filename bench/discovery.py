@@ -33,7 +33,7 @@ def discover_all(url: str, videos: int, *, as_the_daemon: bool) -> tuple[int, fl
 
     from dataminer_dagster.db.engine import dispose_engines, get_engine
     from dataminer_dagster.definitions import defs
-    from dataminer_dagster.engine.planning import DiscoveryCursor, plan_discovery
+    from dataminer_dagster.engine.discovery import DiscoveryCursor, plan_discovery
     from dataminer_dagster.resources.db import DatabaseResource
 
     engine = get_engine(url)

@@ -65,7 +65,7 @@ def main() -> None:
         import dagster as dg
 
         from dataminer_dagster.db.engine import get_engine
-        from dataminer_dagster.engine.planning import (
+        from dataminer_dagster.engine.discovery import (
             COMPARE_EVERY_S,
             FULL_COMPARE_EVERY_S,
             DiscoveryCursor,
@@ -96,13 +96,13 @@ def main() -> None:
         not_due = median_ms(cursor(compared_at=time.time()))
 
         from dataminer_dagster.db.leases import LeaseStore
-        from dataminer_dagster.engine import planning
+        from dataminer_dagster.engine import discovery
         from dataminer_dagster.engine.lanes import configured_lanes
         from dataminer_dagster.engine.planning import plan_runs
         from dataminer_dagster.settings import load_settings
 
         store, lanes = LeaseStore(engine), configured_lanes(load_settings())
-        planning._KNOWN_ORDERS.clear()  # as in a new process: the first call reads it whole
+        discovery._KNOWN_ORDERS.clear()  # as in a new process: the first call reads it whole
         started = time.perf_counter()
         assert plan_runs(instance, store, lanes) == []
         whole_order_ms = (time.perf_counter() - started) * 1000

@@ -93,14 +93,9 @@ def measure(url: str, home: Path, size: int, repeats: int, chunk: int) -> dict[s
     from dataminer_dagster.db.leases import LeaseStore
     from dataminer_dagster.db.project_flow import advance_projects
     from dataminer_dagster.engine.assembly import stage_assets
+    from dataminer_dagster.engine.discovery import DiscoveryCursor, plan_discovery
     from dataminer_dagster.engine.lanes import configured_lanes
-    from dataminer_dagster.engine.planning import (
-        DiscoveryCursor,
-        RunLimits,
-        plan_cycle,
-        plan_discovery,
-        plan_runs,
-    )
+    from dataminer_dagster.engine.planning import RunLimits, plan_cycle, plan_runs
     from dataminer_dagster.paths import DataPaths
     from dataminer_dagster.settings import load_settings
 

@@ -60,7 +60,7 @@ def fill(url: str, home: Path, size: int) -> None:
     from dataminer_dagster.db.catalog import Catalog
     from dataminer_dagster.db.engine import get_engine
     from dataminer_dagster.db.leases import LeaseStore
-    from dataminer_dagster.engine.planning import DiscoveryCursor, plan_discovery
+    from dataminer_dagster.engine.discovery import DiscoveryCursor, plan_discovery
     from dataminer_dagster.paths import DataPaths
 
     engine = get_engine(url)

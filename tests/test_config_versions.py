@@ -10,7 +10,7 @@ from dagster._core.definitions.data_version import CachingStaleStatusResolver
 from dagster._core.loader import LoadingContextForTest
 
 from dataminer_dagster.engine.config_versions import config_observations, provenance_tags
-from dataminer_dagster.engine.planning import DiscoveryCursor
+from dataminer_dagster.engine.discovery import DiscoveryCursor
 
 PROJECTS = dg.DynamicPartitionsDefinition(name="projects")
 CONFIG = dg.AssetSpec("stage_config", partitions_def=PROJECTS)

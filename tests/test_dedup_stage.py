@@ -16,7 +16,7 @@ from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.engine.planning import DiscoveryCursor, plan_discovery
+from dataminer_dagster.engine.discovery import DiscoveryCursor, plan_discovery
 from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.resources.models import ModelsResource

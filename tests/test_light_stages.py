@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent(
     from dataminer_dagster.resources.models import ModelsResource
     from dataminer_dagster.paths import DataPaths
     from dataminer_dagster.resources.db import DatabaseResource
-    from dataminer_dagster.engine.planning import DiscoveryCursor, plan_discovery
+    from dataminer_dagster.engine.discovery import DiscoveryCursor, plan_discovery
 
     url, tmp = sys.argv[1], Path(sys.argv[2])
     video = write_opencv_video(tmp / "clip.mp4", SyntheticVideoSpec(width=96, height=64, fps=10, seconds=1.0))

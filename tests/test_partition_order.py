@@ -7,8 +7,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from dataminer_dagster.engine import planning
-from dataminer_dagster.engine.planning import Discovery, _PartitionOrders
+from dataminer_dagster.engine import discovery
+from dataminer_dagster.engine.discovery import Discovery, PartitionOrders
 from tests.helpers.statements import statements_sent
 
 NAME = "videos"
@@ -40,7 +40,7 @@ def instance():
 
 
 def order_of(instance, discovery: Discovery | None = None) -> dict[str, int]:
-    return dict(_PartitionOrders(instance, discovery or Discovery())[NAME])
+    return dict(PartitionOrders(instance, discovery or Discovery())[NAME])
 
 
 def ranked(order: dict[str, int]) -> list[str]:
@@ -78,7 +78,7 @@ def test_the_order_is_read_whole_again_now_and_then(instance, monkeypatch):
     assert ranked(order_of(instance)) == ["a", "b", "c"]
     instance.delete_dynamic_partition(NAME, "b")  # by hand, not by the planner's discovery
     assert "b" in order_of(instance), "kept until the next whole read"
-    monkeypatch.setattr(planning, "ORDER_REREAD_EVERY_S", 0.0)
+    monkeypatch.setattr(discovery, "ORDER_REREAD_EVERY_S", 0.0)
     assert ranked(order_of(instance)) == ["a", "c"]
 
 

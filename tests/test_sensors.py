@@ -32,16 +32,16 @@ from dataminer_dagster.db.partition_rows import all_keys, row_count
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import DEAD, DONE, FAILED, PENDING, RUNNING
 from dataminer_dagster.db.video_records import Candidate
-from dataminer_dagster.engine.jobs import lane_jobs
-from dataminer_dagster.engine.lanes import DEFAULT_LANES, LANES_BY_NAME, lane_of
-from dataminer_dagster.engine.planning import (
+from dataminer_dagster.engine.discovery import (
     COMPARE_EVERY_S,
     FULL_COMPARE_EVERY_S,
     MAX_PARTITION_ADDS_PER_TICK,
-    REREQUEST_UNCOVERED_S,
     DiscoveryCursor,
     plan_discovery,
 )
+from dataminer_dagster.engine.jobs import lane_jobs
+from dataminer_dagster.engine.lanes import DEFAULT_LANES, LANES_BY_NAME, lane_of
+from dataminer_dagster.engine.planning import REREQUEST_UNCOVERED_S
 from dataminer_dagster.engine.registry import (
     CATALOG,
     DATASET,

@@ -18,10 +18,10 @@ from dataminer_dagster.db.project_flow import COMPLETE, PROJECT_FAILED
 from dataminer_dagster.db.project_records import project_columns
 from dataminer_dagster.db.scheduling import next_due
 from dataminer_dagster.db.source_refresh import listings_under_way
+from dataminer_dagster.engine.discovery import DiscoveryCursor
 from dataminer_dagster.engine.jobs import lane_jobs, lanes_of
 from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
 from dataminer_dagster.engine.planning import (
-    DiscoveryCursor,
     RunLimits,
     acquisition_observation,
     plan_cycle,

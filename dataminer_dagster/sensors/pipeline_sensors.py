@@ -1,9 +1,9 @@
 """The sensors that replace the monitor worker.
 
-* work: one monitor cycle per tick (engine/planning.py): new catalog rows become dynamic
-  partitions (<= 25,000 per tick, cursor-chunked) and deleted rows' partitions go; projects move
-  through dedup -> detect -> dataset -> complete, or reopen; batched runs are requested per lane for
-  ready work, and ahead for work that runs in flight are producing
+* work: one monitor cycle per tick (engine/discovery.py, engine/planning.py): new catalog rows
+  become dynamic partitions (<= 25,000 per tick, cursor-chunked) and deleted rows' partitions go;
+  projects move through dedup -> detect -> dataset -> complete, or reopen; batched runs are
+  requested per lane for ready work, and ahead for work that runs in flight are producing
 * lease_reaper: runs that died (no heartbeat, or never started) are failed in Dagster with the
   reason; leases of dead or finished runs come back, counted as attempts; leases held far longer
   than their stage usually takes are reported
@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from dataminer_dagster.db.scheduling import clear_requested
+from dataminer_dagster.engine.discovery import DiscoveryCursor
 from dataminer_dagster.engine.jobs import lanes_of, name_prefix
 from dataminer_dagster.engine.lanes import Lane
 from dataminer_dagster.engine.planning import (
-    DiscoveryCursor,
     RunLimits,
     acquisition_observation,
     batch_range,
