@@ -11,14 +11,16 @@ repository's dagster.yaml, as `dagster dev` uses it):
   tick, until every row is a partition: partitions added per second;
 * **quiet tick**: a tick that finds nothing new, right after the fill (before PostgreSQL's
   statistics caught up) and after an ANALYZE (as autovacuum leaves them): its discovery when no
-  comparison is due, when the counts are compared and when the keys are; its run planning (`plan_runs`, every lane, the
-  partition order kept between ticks); `advance_projects`; and the whole tick as the work sensor
-  runs it (`plan_cycle`, with the stages' keys and config versions, no comparison due); each a
-  median of `--repeats`;
+  comparison is due and when the counts are compared; its run planning (`plan_runs`, every
+  lane, the partition order kept between ticks); `advance_projects`; and the whole tick as the
+  work sensor runs it (`plan_cycle`, with the stages' keys and config versions, no comparison
+  due); each a median of `--repeats`;
+* **a key-by-key comparison** of the catalog with Dagster, tick by tick until it is complete:
+  the median and longest step (COMPARE_STEP keys a tick), the steps, and their sum;
 * **1,000 new videos**: linked, then one tick's discovery, partitions and planning; and again
   with the whole tick (`plan_cycle`, then the partitions added);
-* **status**: `dataminer status` and `dataminer status --json` (subprocesses: Python's start
-  included).
+* **status**: `dataminer status`, `dataminer status --json` and `dataminer status scale` (the
+  project's own; subprocesses: Python's start included).
 
 The load average is printed before and after each size; a table at the end, and
 bench/results/scale.json.
@@ -163,12 +165,19 @@ def measure(url: str, home: Path, size: int, repeats: int, chunk: int) -> dict[s
         ),
         repeats,
     )
-    figures["quiet_keys_ms"] = median_ms(
-        lambda: plan_discovery(
-            engine, with_times(compared_at=0.0, full_compared_at=0.0), instance=instance
-        ),
-        repeats,
-    )
+    # A key-by-key comparison (every FULL_COMPARE_EVERY_S, or when the counts differ), made in
+    # steps of COMPARE_STEP keys, one a tick: each step's time, and the whole comparison's.
+    compare_cursor, steps = with_times(compared_at=0.0, full_compared_at=0.0), []
+    while not compare_cursor.full_compared_at:
+        started = time.perf_counter()
+        compared = plan_discovery(engine, compare_cursor, instance=instance)
+        steps.append((time.perf_counter() - started) * 1000)
+        assert not compared.count and not compared.removals, "the catalog is Dagster's"
+        compare_cursor = compared.cursor
+    figures["compare_step_median_ms"] = statistics.median(steps)
+    figures["compare_step_max_ms"] = max(steps)
+    figures["compare_steps"] = len(steps)
+    figures["compare_whole_s"] = sum(steps) / 1000
     figures["quiet_planning_ms"] = median_ms(plan, repeats)
     figures["advance_projects_ms"] = median_ms(lambda: advance_projects(store), repeats)
     figures["quiet_tick_ms"] = median_ms(tick, repeats)
@@ -188,6 +197,7 @@ def measure(url: str, home: Path, size: int, repeats: int, chunk: int) -> dict[s
     env = {**os.environ, "DATAMINER_DATABASE_URL": url, "DATAMINER_HOME": str(home)}
     figures["status_s"] = timed_command(env, "status")
     figures["status_json_s"] = timed_command(env, "status", "--json")
+    figures["project_status_s"] = timed_command(env, "status", project.name)
     return figures
 
 

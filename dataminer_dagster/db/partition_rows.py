@@ -36,13 +36,6 @@ def rows_after(conn: sa.Connection, partitions: str, after: int, limit: int) -> 
     ).all()
 
 
-def all_keys(conn: sa.Connection, partitions: str) -> list[str]:
-    """Every key of the set, in id order."""
-    return list(
-        conn.execute(sa.text(f"SELECT key FROM ({_KEYS[partitions]}) q ORDER BY id")).scalars()
-    )
-
-
 # Past this many deltas of one table, a reader folds them into one (row_counts, migration 0012).
 FOLD_COUNTS_PAST = 1000
 
