@@ -20,13 +20,16 @@ repository's dagster.yaml, as `dagster dev` uses it):
 * **1,000 new videos**: linked, then one tick's discovery, partitions and planning; and again
   with the whole tick (`plan_cycle`, then the partitions added);
 * **status**: `dataminer status`, `dataminer status --json` and `dataminer status scale` (the
-  project's own; subprocesses: Python's start included).
+  project's own; subprocesses: Python's start included);
+* with `--daemon-s S`, **under `dagster-daemon run`** (the repository's workspace, runs queued
+  but not launched): how long its work sensor takes to catch up (it starts without a cursor),
+  S seconds of its ticks, then the tick that finds 1,000 new videos, from Dagster's tick records.
 
 The load average is printed before and after each size; a table at the end, and
 bench/results/scale.json.
 
     python bench/scale.py                                  # 10,000 and 100,000 videos
-    python bench/scale.py --sizes 1000000 --repeats 3
+    python bench/scale.py --sizes 1000000 --repeats 3 --daemon-s 120
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -87,7 +92,9 @@ def scale_project(catalog, home: Path):
     ).project
 
 
-def measure(url: str, home: Path, size: int, repeats: int, chunk: int) -> dict[str, float]:
+def measure(
+    url: str, home: Path, size: int, repeats: int, chunk: int, daemon_s: float
+) -> dict[str, float]:
     import dagster as dg
 
     from dataminer_dagster.db.catalog import Catalog
@@ -198,7 +205,89 @@ def measure(url: str, home: Path, size: int, repeats: int, chunk: int) -> dict[s
     figures["status_s"] = timed_command(env, "status")
     figures["status_json_s"] = timed_command(env, "status", "--json")
     figures["project_status_s"] = timed_command(env, "status", project.name)
+    if daemon_s:
+        figures.update(daemon_ticks(url, home, catalog, project, size + 2 * NEW_VIDEOS, daemon_s))
     return figures
+
+
+def daemon_ticks(url: str, home: Path, catalog, project, first: int, quiet_s: float) -> dict:
+    """The work sensor's ticks under a real `dagster-daemon run` on the repository's workspace
+    and this catalog (its dagster.yaml with `max_concurrent_runs: 0`: the runs it requests are
+    queued, none is launched, so a tick costs what the sensor does, not what runs do). The
+    daemon's sensor starts without a cursor and first lists the catalog again (catching up);
+    then `quiet_s` seconds of ticks; then 1,000 new videos are linked and the tick that finds
+    them is recorded, from Dagster's own tick records."""
+    import dagster as dg
+    import yaml
+    from dagster._core.scheduler.instigation import TickStatus
+
+    config = yaml.safe_load((home / "dagster.yaml").read_text())
+    config["concurrency"]["runs"]["max_concurrent_runs"] = 0
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "DATAMINER_DATABASE_URL": url, "DAGSTER_HOME": str(home)}
+    env["DATAMINER_HOME"] = str(home)
+    log = (home / "daemon.log").open("w")
+    started = time.time()
+    daemon = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", "workspace.yaml"],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    instance = dg.DagsterInstance.get()
+
+    def ticks() -> list:
+        states = [s for s in instance.all_instigator_state() if s.instigator_name == "work"]
+        if not states:
+            return []
+        state = states[0]
+        found = instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=100_000)
+        return sorted((t for t in found if t.end_timestamp), key=lambda t: t.timestamp)
+
+    def wait_for(condition, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline or daemon.poll() is not None:
+                raise SystemExit(f"{what}: not in {timeout_s:.0f} s (see {home}/daemon.log)")
+            time.sleep(1)
+
+    try:
+        wait_for(
+            lambda: any(t.status == TickStatus.SKIPPED for t in ticks()),
+            1800,
+            "the daemon's work sensor catching up",
+        )
+        caught_up = next(t for t in ticks() if t.status == TickStatus.SKIPPED).timestamp
+        time.sleep(quiet_s)
+        link(catalog, project, first, NEW_VIDEOS, NEW_VIDEOS)
+        linked = time.time()
+        last = f"v{first + NEW_VIDEOS - 1:08d}"
+        wait_for(lambda: instance.has_dynamic_partition("videos", last), 300, "the new videos")
+        visible = time.time()
+        time.sleep(5)
+        recorded = ticks()
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        daemon.wait(60)
+        log.close()
+        instance.dispose()
+    quiet = [
+        (t.end_timestamp - t.timestamp) * 1000
+        for t in recorded
+        if caught_up <= t.timestamp and t.end_timestamp < linked
+    ]
+    finding = next(t for t in recorded if t.timestamp >= linked)  # the first to see them
+    return {
+        "daemon_first_tick_s": recorded[0].end_timestamp - recorded[0].timestamp,
+        "daemon_catch_up_s": caught_up - started,
+        "daemon_quiet_ticks": len(quiet),
+        "daemon_quiet_tick_median_ms": statistics.median(quiet),
+        "daemon_quiet_tick_max_ms": max(quiet),
+        "daemon_tick_finding_new_ms": (finding.end_timestamp - finding.timestamp) * 1000,
+        "daemon_new_videos_visible_s": visible - linked,
+    }
 
 
 def main() -> None:
@@ -207,12 +296,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--chunk", type=int, default=10_000, help="videos per transaction")
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument(
+        "--daemon-s",
+        type=float,
+        default=0,
+        help="then run dagster-daemon: this many seconds of its work sensor's quiet ticks",
+    )
     args = parser.parse_args()
     results = {}
     for size in args.sizes:
         with catalog_home(args.database_url, "bench_scale") as (url, home):
             before = os.getloadavg()
-            figures = measure(url, home, size, args.repeats, args.chunk)
+            figures = measure(url, home, size, args.repeats, args.chunk, args.daemon_s)
             figures["load_before"], figures["load_after"] = before[0], os.getloadavg()[0]
         results[size] = figures
         print(f"{size:,} videos: " + json.dumps({k: round(v, 1) for k, v in figures.items()}))
