@@ -101,6 +101,7 @@ def measure(
     from dataminer_dagster.db.engine import get_engine
     from dataminer_dagster.db.leases import LeaseStore
     from dataminer_dagster.db.project_flow import advance_projects
+    from dataminer_dagster.engine import discovery
     from dataminer_dagster.engine.assembly import stage_assets
     from dataminer_dagster.engine.discovery import DiscoveryCursor, plan_discovery
     from dataminer_dagster.engine.lanes import configured_lanes
@@ -130,6 +131,7 @@ def measure(
         found.apply(instance)
         added, ticks, cursor = added + found.count, ticks + 1, found.cursor
     figures["discover_s"] = time.perf_counter() - started
+    discovery._COMPARISONS.clear()  # were one begun by the last call, the quiet ticks step it
     figures["discover_keys_per_s"] = added / figures["discover_s"]
     figures["discover_ticks"] = ticks
 
@@ -206,11 +208,15 @@ def measure(
     figures["status_json_s"] = timed_command(env, "status", "--json")
     figures["project_status_s"] = timed_command(env, "status", project.name)
     if daemon_s:
-        figures.update(daemon_ticks(url, home, catalog, project, size + 2 * NEW_VIDEOS, daemon_s))
+        figures.update(
+            daemon_ticks(url, home, catalog, project, cursor, size + 2 * NEW_VIDEOS, daemon_s)
+        )
     return figures
 
 
-def daemon_ticks(url: str, home: Path, catalog, project, first: int, quiet_s: float) -> dict:
+def daemon_ticks(
+    url: str, home: Path, catalog, project, cursor, first: int, quiet_s: float
+) -> dict:
     """The work sensor's ticks under a real `dagster-daemon run` on the repository's workspace
     and this catalog (its dagster.yaml with `max_concurrent_runs: 0`: the runs it requests are
     queued, none is launched, so a tick costs what the sensor does, not what runs do). The
@@ -221,11 +227,27 @@ def daemon_ticks(url: str, home: Path, catalog, project, first: int, quiet_s: fl
     import yaml
     from dagster._core.scheduler.instigation import TickStatus
 
+    from dataminer_dagster.engine.discovery import DiscoveryCursor
+
     config = yaml.safe_load((home / "dagster.yaml").read_text())
     config["concurrency"]["runs"]["max_concurrent_runs"] = 0
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
     env = {**os.environ, "DATAMINER_DATABASE_URL": url, "DAGSTER_HOME": str(home)}
     env["DATAMINER_HOME"] = str(home)
+    # The sensor's cursor as the in-process ticks left it, as a deployment keeps it (without
+    # one, the sensor lists the whole catalog again, 25,000 keys a tick).
+    # (setting a cursor stores the sensor's state as stopped: it is started again)
+    dagster = str(Path(sys.executable).parent / "dagster")
+    for command in (["cursor", "work", "--set", cursor.dump()], ["start", "work"]):
+        subprocess.run(
+            [dagster, "sensor", *command, "-w", "workspace.yaml"],
+            cwd=REPO,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+    with catalog.engine.connect() as c:
+        last_id = c.exec_driver_sql("SELECT max(id) FROM dataminer.videos").scalar()
     log = (home / "daemon.log").open("w")
     started = time.time()
     daemon = subprocess.Popen(
@@ -270,7 +292,10 @@ def daemon_ticks(url: str, home: Path, catalog, project, first: int, quiet_s: fl
         recorded = ticks()
     finally:
         os.killpg(daemon.pid, signal.SIGTERM)
-        daemon.wait(60)
+        try:
+            daemon.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, signal.SIGKILL)
         log.close()
         instance.dispose()
     quiet = [
@@ -278,7 +303,11 @@ def daemon_ticks(url: str, home: Path, catalog, project, first: int, quiet_s: fl
         for t in recorded
         if caught_up <= t.timestamp and t.end_timestamp < linked
     ]
-    finding = next(t for t in recorded if t.timestamp >= linked)  # the first to see them
+    finding = next(  # the tick whose cursor passed the new videos
+        t for t in recorded if t.cursor and DiscoveryCursor.parse(t.cursor).video > last_id
+    )
+    if not quiet:
+        raise SystemExit(f"no quiet tick in {quiet_s:g} s (see {home}/daemon.log)")
     return {
         "daemon_first_tick_s": recorded[0].end_timestamp - recorded[0].timestamp,
         "daemon_catch_up_s": caught_up - started,

@@ -77,8 +77,8 @@ def stage_counts(engine: sa.Engine, project_id: int) -> dict[str, dict[str, int]
 
 @dataclass(frozen=True)
 class WorkSummary:
-    """The work that concerns one project, read in one pass (at 1,000,000 videos each pass
-    over a project's items takes most of a second: bench/README.md, "Scale")."""
+    """The work that concerns one project, read in one pass over its items (a pass costs what
+    the project is large: bench/README.md, "Scale")."""
 
     counts: dict[str, dict[str, int]]  # {stage: {status: items}}
     finished: dict[str, int]  # {stage: items finished in the window}
@@ -159,7 +159,6 @@ def recent_failures(engine: sa.Engine, project_id: int, limit: int = 10) -> list
         return c.execute(statement, params).all()
 
 
-DEFAULT_WINDOW_MINUTES = 15.0
 REMAINING = (PENDING, RUNNING, FAILED)
 
 

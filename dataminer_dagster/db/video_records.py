@@ -161,14 +161,16 @@ class VideoRecords(ProjectRecords):
 
     def project_copies(self, project_id: int) -> list[sa.Row]:
         """The project's videos that are copies of another (video_id, same_as, url, source_path,
-        and the original's url and source_path), in the order it linked them."""
+        and the original's url and source_path), in the order it linked them. Read from the
+        copies (a partial index), not from the project's videos (issue 25)."""
         with self.engine.connect() as c:
             return c.execute(
                 sa.text(f"""SELECT v.video_id, v.same_as, v.url, v.source_path,
                                    o.url AS original_url, o.source_path AS original_path
                               FROM {S}.project_videos pv JOIN {S}.videos v ON v.video_id = pv.video_id
                               JOIN {S}.videos o ON o.video_id = v.same_as
-                             WHERE pv.project_id = :p ORDER BY pv.id"""),
+                             WHERE pv.project_id = :p AND v.same_as IS NOT NULL
+                             ORDER BY pv.id"""),
                 {"p": project_id},
             ).all()
 

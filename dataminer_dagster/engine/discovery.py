@@ -15,7 +15,12 @@ from dataclasses import dataclass, field, fields, replace
 import dagster as dg
 import sqlalchemy as sa
 
-from dataminer_dagster.db.partition_rows import PARTITION_SETS, row_count, rows_after
+from dataminer_dagster.db.partition_rows import (
+    PARTITION_SETS,
+    keys_with_rows,
+    row_count,
+    rows_after,
+)
 from dataminer_dagster.engine.registry import PROJECT_VIDEOS, PROJECTS, VIDEOS
 
 MAX_PARTITION_ADDS_PER_TICK = 25_000
@@ -39,7 +44,7 @@ class DiscoveryCursor:
     video: int = 0
     project_video: int = 0
     compared_at: float = 0.0  # when the catalog was last compared with Dagster (epoch)
-    full_compared_at: float = 0.0  # ... key by key
+    full_compared_at: float = 0.0  # when the last key-by-key comparison ended
     # {project: digest of the config versions last reported} (engine/config_versions.py)
     configs: dict[str, str] = field(default_factory=dict)
 
@@ -132,8 +137,8 @@ def _compare(
     budget: int,
 ) -> None:
     """On a tick that found nothing new: a step of the key-by-key comparison under way, or, when
-    the counts are due and differ (or the last whole comparison is FULL_COMPARE_EVERY_S old), a
-    new comparison's first step. Rows without a partition go to `result.additions`, partitions
+    the counts are due and differ (or the last comparison ended FULL_COMPARE_EVERY_S ago), a new
+    comparison's first step. Rows without a partition go to `result.additions`, partitions
     whose row is gone to `result.removals`. An instance whose order is not kept (an ephemeral
     one) is compared whole at once."""
     now = time.time()
@@ -149,19 +154,29 @@ def _compare(
             if identity:
                 with _KNOWN_ORDERS_LOCK:
                     _COMPARISONS[identity] = comparison
-    if comparison is None:
-        return
-    with engine.connect() as c:  # COMPARE_STEP keys a tick where the order is kept; else all
-        handled = 0
-        while not comparison.done and (handled < COMPARE_STEP or not identity):
-            handled += comparison.step(instance, c, result, budget, COMPARE_STEP - handled)
-    if comparison.done:
-        result.cursor.full_compared_at = now
-        if identity:
-            with _KNOWN_ORDERS_LOCK:  # Dagster's order as just read replaces the kept one
-                del _COMPARISONS[identity]
-                for name, order in comparison.orders.items():
-                    _KNOWN_ORDERS[identity, name] = order
+    if comparison is None or not comparison.busy.acquire(blocking=False):
+        return  # none due, or a tick the daemon gave up on is still stepping it
+    try:
+        with engine.connect() as c:  # COMPARE_STEP keys a tick where the order is kept; else all
+            handled = 0
+            while not comparison.done:
+                limit = min(
+                    COMPARE_STEP - handled if identity else COMPARE_STEP, budget - result.count
+                )
+                if limit <= 0:
+                    break
+                kept = _KNOWN_ORDERS.get((identity, comparison.sets[0])) if identity else None
+                handled += comparison.step(instance, c, result, limit, kept)
+    finally:
+        comparison.busy.release()
+    with _KNOWN_ORDERS_LOCK:  # the sets compared: Dagster's order as just read is kept
+        for name, order in comparison.compared.items():
+            if identity:
+                _KNOWN_ORDERS[identity, name] = order
+        comparison.compared.clear()
+        if comparison.done:
+            result.cursor.full_compared_at = now
+            _COMPARISONS.pop(identity, None)
 
 
 def _counts_agree(instance: dg.DagsterInstance, engine: sa.Engine) -> bool:
@@ -180,20 +195,23 @@ READ_DAGSTER, READ_CATALOG, FIND_GONE = "read Dagster's keys", "read the catalog
 
 @dataclass
 class _Comparison:
-    """A key-by-key comparison of the catalog with Dagster, set by set, in steps of COMPARE_STEP
-    keys: Dagster's keys page by page (into a fresh order), then the catalog's rows in id order
-    (rows without a partition are added), then the fresh order from memory (partitions whose row
-    was not seen are removed). Dagster's keys are read before the catalog's, so every partition
-    found had its row committed before the catalog is read: a row created meanwhile can only be
-    missing from Dagster's keys (and is added: adding is idempotent), and no partition is wrongly
-    removed."""
+    """A key-by-key comparison of the catalog with Dagster, set by set, in steps: Dagster's keys
+    page by page (into a fresh order), then the catalog's rows in id order (rows without a
+    partition are added), then the fresh order from memory (partitions whose row was not seen
+    and has no row now are removed). Dagster's keys are read before the catalog's, so a row
+    created meanwhile can only be missing from Dagster's keys (and is added: adding is
+    idempotent, and keys the kept order gained since Dagster's were read are left out); a
+    partition is removed only if its row is gone when the removal is decided."""
 
     orders: dict[str, _KnownOrder] = field(default_factory=dict)  # Dagster's, read again
+    compared: dict[str, _KnownOrder] = field(default_factory=dict)  # ... of sets compared since
     sets: list[str] = field(default_factory=lambda: list(PARTITION_SETS))  # left to compare
     phase: str = READ_DAGSTER  # of the first set left
+    kept_since: int = 0  # the kept order's length when Dagster's keys were read
     after: int = 0  # the last catalog row read
     rows: set[str] = field(default_factory=set)  # the catalog keys read
     checked: int = 0  # Dagster keys checked against them
+    busy: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def done(self) -> bool:
@@ -204,23 +222,28 @@ class _Comparison:
         instance: dg.DagsterInstance,
         conn: sa.Connection,
         result: Discovery,
-        budget: int,
         limit: int,
+        kept: _KnownOrder | None,
     ) -> int:
-        """The next step, over at most `limit` keys; how many it handled (at least 1)."""
+        """The next step of the first set left, over at most `limit` keys (`limit` more
+        additions fit in this cycle); how many keys it handled (at least 1). `kept`: the set's
+        kept order, if any."""
         name = self.sets[0]
         order = self.orders.setdefault(name, _KnownOrder())
-        limit = max(limit, 1)
         if self.phase == READ_DAGSTER:
             before = len(order.keys)
             if not order.read_page(instance, name, limit):
-                self.phase = READ_CATALOG
+                self.phase, self.kept_since = READ_CATALOG, len(kept.keys) if kept else 0
             return max(len(order.keys) - before, 1)
         if self.phase == READ_CATALOG:
             rows = rows_after(conn, name, self.after, limit)
             self.rows.update(row.key for row in rows)
-            missed = [row.key for row in rows if row.key not in order.positions]
-            if missed := missed[: max(budget - result.count, 0)]:
+            since = kept.positions if kept else {}
+            if missed := [
+                row.key
+                for row in rows
+                if row.key not in order.positions and since.get(row.key, -1) < self.kept_since
+            ]:
                 result.additions.setdefault(name, []).extend(missed)
             if len(rows) < limit:
                 self.phase = FIND_GONE
@@ -228,12 +251,14 @@ class _Comparison:
                 self.after = rows[-1].id
             return max(len(rows), 1)
         end = min(self.checked + limit, len(order.keys))
-        window = order.keys[self.checked : end]
-        if gone := [k for k in window if k in order.positions and k not in self.rows]:
+        unseen = [k for k in order.keys[self.checked : end] if k in order.positions]
+        unseen = [k for k in unseen if k not in self.rows]
+        if gone := sorted(set(unseen) - keys_with_rows(conn, name, unseen)) if unseen else []:
             result.removals.setdefault(name, []).extend(gone)
             order.forget(gone)
         handled, self.checked = max(end - self.checked, 1), end
         if end == len(order.keys):
+            self.compared[name] = self.orders.pop(name)
             self.sets.pop(0)
             self.phase, self.after, self.rows, self.checked = READ_DAGSTER, 0, set(), 0
         return handled
@@ -296,10 +321,7 @@ def _identity(instance: dg.DagsterInstance) -> str | None:
     ephemeral instance, whose order is not kept."""
     from dagster._serdes import serialize_value
 
-    try:
-        return serialize_value(instance.get_ref())
-    except dg.DagsterInvariantViolationError:
-        return None
+    return None if instance.is_ephemeral else serialize_value(instance.get_ref())
 
 
 def _known_order(instance: dg.DagsterInstance, name: str, discovery: Discovery) -> _KnownOrder:

@@ -150,3 +150,11 @@ def test_a_schema_at_head_is_checked_without_taking_the_lock(database_url):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_head_read_from_the_scripts_is_alembics():
+    from alembic.script import ScriptDirectory
+
+    assert ScriptDirectory.from_config(migrate._alembic_config()).get_heads() == [
+        migrate.head_revision()
+    ]

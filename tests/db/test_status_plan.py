@@ -106,6 +106,16 @@ def test_a_projects_status_reads_only_its_own_rows(seeded, report):
         assert whole_table_reads(plan) == [], plan
 
 
+def test_a_projects_copies_are_read_from_the_copies_not_from_its_videos(seeded, tmp_path):
+    """`dataminer status NAME` lists the project's videos that are copies of another: read from
+    the few copies (a partial index), not from the project's million videos."""
+    engine, big, _ = seeded
+    catalog = Catalog(engine, LeaseStore(engine), DataPaths(tmp_path / "data"))
+    for plan in plans_of(engine, lambda: catalog.project_copies(big), analyze=True):
+        assert whole_table_reads(plan) == [], plan
+        assert catalog_rows_read(plan) < 100, plan
+
+
 def test_the_counts_are_each_projects_own(seeded):
     engine, big, small = seeded
     for project, n in ((big, BIG), (small, SMALL)):
