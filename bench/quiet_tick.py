@@ -95,11 +95,13 @@ def main() -> None:
 
         # key by key: a step of COMPARE_STEP keys a call (the comparison under way goes on)
         due = median_ms(cursor(compared_at=0.0, full_compared_at=0.0))
+        from dataminer_dagster.engine import discovery
+
+        discovery._COMPARISONS.clear()  # the one under way would be stepped by what follows
         counts_due = median_ms(cursor(compared_at=0.0, full_compared_at=time.time()))
         not_due = median_ms(cursor(compared_at=time.time()))
 
         from dataminer_dagster.db.leases import LeaseStore
-        from dataminer_dagster.engine import discovery
         from dataminer_dagster.engine.lanes import configured_lanes
         from dataminer_dagster.engine.planning import plan_runs
         from dataminer_dagster.settings import load_settings

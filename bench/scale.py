@@ -308,11 +308,24 @@ def daemon_ticks(
     )
     if not quiet:
         raise SystemExit(f"no quiet tick in {quiet_s:g} s (see {home}/daemon.log)")
+    slow = [t for t in recorded if caught_up <= t.timestamp < linked]
+    slow = sorted(slow, key=lambda t: t.timestamp - t.end_timestamp)[:3]
+    print(  # what the slowest took and said, to explain them
+        "slowest quiet ticks: "
+        + "; ".join(
+            f"{(t.end_timestamp - t.timestamp) * 1000:.0f} ms at +{t.timestamp - started:.0f} s, "
+            f"{t.status.value}: {t.skip_reason or f'{len(t.run_ids)} runs'}"
+            for t in slow
+        )
+    )
     return {
         "daemon_first_tick_s": recorded[0].end_timestamp - recorded[0].timestamp,
         "daemon_catch_up_s": caught_up - started,
         "daemon_quiet_ticks": len(quiet),
         "daemon_quiet_tick_median_ms": statistics.median(quiet),
+        "daemon_quiet_tick_p90_ms": statistics.quantiles(quiet, n=10)[-1]
+        if len(quiet) > 1
+        else quiet[0],
         "daemon_quiet_tick_max_ms": max(quiet),
         "daemon_tick_finding_new_ms": (finding.end_timestamp - finding.timestamp) * 1000,
         "daemon_new_videos_visible_s": visible - linked,
