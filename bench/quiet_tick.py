@@ -1,7 +1,6 @@
 """The work sensor's discovery on a tick that finds nothing new, against a large catalog: when the
-catalog is compared with Dagster by counts (every `COMPARE_EVERY_S`), when a step of the key-by-key
-comparison is made (`COMPARE_STEP` keys a tick, while the counts differ or every
-`FULL_COMPARE_EVERY_S`), and when it is not compared; and its
+catalog is compared with Dagster by counts (every `COMPARE_EVERY_S`), when it is compared key by
+key (the counts differ, or every `FULL_COMPARE_EVERY_S`), and when it is not compared; and its
 run planning (`plan_runs`, every lane) with nothing to request: the first call of a process, which
 reads Dagster's whole partition order (what every tick did before the order was kept between
 ticks), against the next ones, which read only the keys added since.
@@ -68,7 +67,6 @@ def main() -> None:
         from dataminer_dagster.db.engine import get_engine
         from dataminer_dagster.engine.discovery import (
             COMPARE_EVERY_S,
-            COMPARE_STEP,
             FULL_COMPARE_EVERY_S,
             DiscoveryCursor,
             plan_discovery,
@@ -93,15 +91,12 @@ def main() -> None:
             """The discovery cursor with these comparison times: due or not, from now."""
             return DiscoveryCursor(**{**found.cursor.__dict__, **times})
 
-        # key by key: a step of COMPARE_STEP keys a call (the comparison under way goes on)
-        due = median_ms(cursor(compared_at=0.0, full_compared_at=0.0))
-        from dataminer_dagster.engine import discovery
-
-        discovery._COMPARISONS.clear()  # the one under way would be stepped by what follows
+        due = median_ms(cursor(compared_at=0.0, full_compared_at=0.0))  # key by key every call
         counts_due = median_ms(cursor(compared_at=0.0, full_compared_at=time.time()))
         not_due = median_ms(cursor(compared_at=time.time()))
 
         from dataminer_dagster.db.leases import LeaseStore
+        from dataminer_dagster.engine import discovery
         from dataminer_dagster.engine.lanes import configured_lanes
         from dataminer_dagster.engine.planning import plan_runs
         from dataminer_dagster.settings import load_settings
@@ -120,10 +115,9 @@ def main() -> None:
         instance.dispose()
     print(
         f"{args.videos:,} videos and project videos, median of {args.repeats}: a quiet tick "
-        f"with a step of comparing the keys ({COMPARE_STEP:,} keys) {due:.0f} ms, comparing the "
-        f"counts {counts_due:.1f} ms, not due to compare {not_due:.1f} ms (counts at most every "
-        f"{COMPARE_EVERY_S:g} s, keys every {FULL_COMPARE_EVERY_S:g} s or when the counts "
-        f"differ); planning runs with the whole "
+        f"comparing the keys {due:.0f} ms, comparing the counts {counts_due:.1f} ms, not due to "
+        f"compare {not_due:.1f} ms (counts at most every {COMPARE_EVERY_S:g} s, keys every "
+        f"{FULL_COMPARE_EVERY_S:g} s or when the counts differ); planning runs with the whole "
         f"partition order read {whole_order_ms:.0f} ms, with the order kept between ticks "
         f"{kept_order_ms:.1f} ms; load average {os.getloadavg()}"
     )

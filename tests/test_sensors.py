@@ -28,18 +28,15 @@ from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.deletions import delete_orphan_videos, delete_project
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.partition_rows import row_count, rows_after
+from dataminer_dagster.db.partition_rows import all_keys, row_count
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import DEAD, DONE, FAILED, PENDING, RUNNING
 from dataminer_dagster.db.video_records import Candidate
-from dataminer_dagster.engine import discovery
 from dataminer_dagster.engine.discovery import (
     COMPARE_EVERY_S,
     FULL_COMPARE_EVERY_S,
     MAX_PARTITION_ADDS_PER_TICK,
-    Discovery,
     DiscoveryCursor,
-    PartitionOrders,
     plan_discovery,
 )
 from dataminer_dagster.engine.jobs import lane_jobs
@@ -424,7 +421,7 @@ def test_counts_that_agree_skip_the_key_by_key_comparison_until_it_is_due(instan
     passed.full_compared_at -= FULL_COMPARE_EVERY_S
     full = plan_discovery(db.store.engine, passed, instance=instance)
     with db.store.engine.connect() as c:  # the counts count what discovery compares
-        assert all(row_count(c, n) == len(rows_after(c, n, 0, 10**9)) for n in PARTITION_SETS)
+        assert all(row_count(c, n) == len(all_keys(c, n)) for n in PARTITION_SETS)
     assert full.additions == {"videos": ["v1"], "project_videos": ["alpha.v1"]}
     assert full.removals == {"videos": ["ghost"], "project_videos": ["alpha.ghost"]}
 
@@ -437,153 +434,6 @@ def test_counts_that_agree_skip_the_key_by_key_comparison_until_it_is_due(instan
         instance=instance,
     )
     assert found.additions == {"videos": ["v2"], "project_videos": ["alpha.v2"]}
-
-
-def test_a_key_by_key_comparison_is_made_in_steps_and_renews_the_kept_order(
-    instance, db, catalog, monkeypatch
-):
-    """Comparing every key took 18 s in one tick at 1,000,000 videos (issue 25): it is made
-    COMPARE_STEP keys a tick. It finds what one pass finds (a row the cursor passed, a
-    partition whose row is gone, a partition deleted by hand whose row is still there), does not
-    add again what was added while it is under way, and Dagster's order as it read it replaces
-    the kept one."""
-    monkeypatch.setattr(discovery, "COMPARE_STEP", 3)
-    project = add_project(catalog, "alpha", [f"v{i}" for i in range(6)])
-    Discovery(additions=partitions_of(db)).apply(instance)
-    plan_with_the_order(instance, Discovery())  # the order is kept from here on
-    instance.add_dynamic_partitions("videos", ["ghost"])  # its row is gone
-    instance.delete_dynamic_partition("videos", "v1")  # by hand; its row is still there
-    link(catalog, project, ["late"])  # a row the cursor passed
-    counting = CountingReads(instance, monkeypatch)
-    cursor = DiscoveryCursor(project=10**9, video=10**9, project_video=10**9)
-    added: dict[str, list[str]] = {}
-    removed: dict[str, list[str]] = {}
-    for step in range(1, 100):
-        counting.reads.clear()
-        found = plan_discovery(db.store.engine, cursor, instance=counting)
-        assert sum(counting.reads) <= 3, f"tick {step} read {counting.reads}"
-        for name, keys in found.additions.items():
-            added.setdefault(name, []).extend(keys)
-        for name, keys in found.removals.items():
-            removed.setdefault(name, []).extend(keys)
-        kept = plan_with_the_order(instance, found)
-        found.apply(instance)
-        cursor = found.cursor
-        if step == 2:
-            assert "v1" in kept, "the kept order stays as it is until the comparison of videos"
-        if step == 4:  # while the comparison is under way: a new row and its partition
-            link(catalog, project, ["meanwhile"])
-            instance.add_dynamic_partitions("videos", ["meanwhile"])
-            instance.add_dynamic_partitions("project_videos", ["alpha.meanwhile"])
-        if cursor.full_compared_at:
-            break
-    assert step > 5, "in steps"
-    assert added == {"videos": ["v1", "late"], "project_videos": ["alpha.late"]}
-    assert removed == {"videos": ["ghost"]}
-    kept = plan_with_the_order(instance, Discovery())
-    assert sorted(kept, key=kept.get) == instance.get_dynamic_partitions("videos"), (
-        "the kept order is Dagster's as read again: v1 is where it came back, ghost is gone"
-    )
-    cursor.compared_at -= COMPARE_EVERY_S  # the counts are due: they agree, no comparison
-    again = plan_discovery(db.store.engine, cursor, instance=instance)
-    assert again.additions == again.removals == {}
-    assert discovery._identity(instance) not in discovery._COMPARISONS
-
-
-def test_a_row_deleted_and_made_again_during_a_comparison_keeps_its_partition(
-    instance, db, catalog, monkeypatch
-):
-    """A video's row deleted after Dagster's keys were read and made again before the
-    comparison decides what is gone: its partition stays (the comparison did not see the row
-    when it read the catalog; it looks again before removing)."""
-    monkeypatch.setattr(discovery, "COMPARE_STEP", 3)
-    project = add_project(catalog, "alpha", [f"v{i}" for i in range(6)])
-    Discovery(additions=partitions_of(db)).apply(instance)
-    cursor = DiscoveryCursor(project=10**9, video=10**9, project_video=10**9)
-    removed: list[str] = []
-    for _ in range(100):
-        found = plan_discovery(db.store.engine, cursor, instance=instance)
-        removed += [k for keys in found.removals.values() for k in keys]
-        found.apply(instance)
-        cursor = found.cursor
-        under_way = discovery._COMPARISONS.get(discovery._identity(instance))
-        if under_way and under_way.sets[0] == "videos":
-            if under_way.phase == discovery.READ_CATALOG and not removed_row(db, "v3"):
-                with db.store.engine.begin() as c:
-                    c.execute(sa.text("DELETE FROM dataminer.videos WHERE video_id = 'v3'"))
-            elif under_way.phase == discovery.FIND_GONE and removed_row(db, "v3"):
-                link(catalog, project, ["v3"])
-        if cursor.full_compared_at:
-            break
-    assert not removed_row(db, "v3"), "made again"
-    assert removed == [] and "v3" in instance.get_dynamic_partitions("videos")
-
-
-def test_an_instance_whose_order_is_not_kept_is_compared_whole_in_one_call(
-    db, catalog, monkeypatch
-):
-    monkeypatch.setattr(discovery, "COMPARE_STEP", 3)
-    add_project(catalog, "alpha", [f"v{i}" for i in range(8)])
-    with dg.DagsterInstance.ephemeral() as ephemeral:
-        Discovery(additions=partitions_of(db)).apply(ephemeral)
-        ephemeral.add_dynamic_partitions("videos", ["ghost"])
-        counting = CountingReads(ephemeral, monkeypatch)
-        found = plan_discovery(
-            db.store.engine,
-            DiscoveryCursor(project=10**9, video=10**9, project_video=10**9),
-            instance=counting,
-        )
-    assert found.cursor.full_compared_at and found.removals == {"videos": ["ghost"]}
-    assert max(counting.reads) == 3, "in reads of COMPARE_STEP keys, not key by key"
-
-
-def removed_row(db: DatabaseResource, video_id: str) -> bool:
-    with db.store.engine.connect() as c:
-        return not c.execute(
-            sa.text("SELECT 1 FROM dataminer.videos WHERE video_id = :v"), {"v": video_id}
-        ).first()
-
-
-def plan_with_the_order(instance: dg.DagsterInstance, found: Discovery) -> dict[str, int]:
-    """What run planning does with the kept orders after a discovery: brings each up to date.
-    The order of videos, as it is then."""
-    orders = PartitionOrders(instance, found)
-    for name in PARTITION_SETS:
-        orders.known(name)
-    return dict(orders["videos"])
-
-
-class CountingReads:
-    """An instance whose reads of keys are counted, with the catalog's (`rows_after`)."""
-
-    def __init__(self, instance: dg.DagsterInstance, monkeypatch):
-        self.instance = instance
-        self.reads: list[int] = []
-        rows_after = discovery.rows_after
-
-        def counted_rows_after(*args):
-            rows = rows_after(*args)
-            self.reads.append(len(rows))
-            return rows
-
-        monkeypatch.setattr(discovery, "rows_after", counted_rows_after)
-
-    def __getattr__(self, name):
-        return getattr(self.instance, name)
-
-    def get_dynamic_partitions(self, name):
-        raise AssertionError("a comparison must not read a whole partition set at once")
-
-    def get_paginated_dynamic_partitions(self, *args, **kwargs):
-        page = self.instance.get_paginated_dynamic_partitions(*args, **kwargs)
-        self.reads.append(len(page.results))
-        return page
-
-
-def partitions_of(db: DatabaseResource) -> dict[str, list[str]]:
-    """Every catalog row's key, by partition set."""
-    with db.store.engine.connect() as c:
-        return {n: [r.key for r in rows_after(c, n, 0, 10**9)] for n in PARTITION_SETS}
 
 
 def later(cursor: str) -> str:

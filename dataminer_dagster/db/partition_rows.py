@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from dataminer_dagster.db.schema import SCHEMA, project_video_key_sql
-from dataminer_dagster.engine.registry import KEY_SEPARATOR, PROJECT_VIDEOS, PROJECTS, VIDEOS
+from dataminer_dagster.engine.registry import PROJECT_VIDEOS, PROJECTS, VIDEOS
 
 S = SCHEMA
 
@@ -36,25 +36,10 @@ def rows_after(conn: sa.Connection, partitions: str, after: int, limit: int) -> 
     ).all()
 
 
-# partitions name -> the column of its key's rows to look them up by, and that column's value
-# in a key (a project video's key is <project>.<video id>: looked up by its video).
-_LOOKUP = {
-    PROJECTS: ("name", lambda key: key),
-    VIDEOS: ("video_id", lambda key: key),
-    PROJECT_VIDEOS: ("pv.video_id", lambda key: key.rpartition(KEY_SEPARATOR)[2]),
-}
-
-
-def keys_with_rows(conn: sa.Connection, partitions: str, keys: Sequence[str]) -> set[str]:
-    """Those of `keys` that are a row's key in the set now (read through the key's index)."""
-    column, value = _LOOKUP[partitions]
-    return set(
-        conn.execute(
-            sa.text(f"""SELECT key FROM ({_KEYS[partitions]}
-                                       WHERE {column} = ANY(CAST(:values AS text[]))) q
-                         WHERE key = ANY(CAST(:keys AS text[]))"""),
-            {"values": sorted({value(k) for k in keys}), "keys": list(keys)},
-        ).scalars()
+def all_keys(conn: sa.Connection, partitions: str) -> list[str]:
+    """Every key of the set, in id order."""
+    return list(
+        conn.execute(sa.text(f"SELECT key FROM ({_KEYS[partitions]}) q ORDER BY id")).scalars()
     )
 
 

@@ -15,27 +15,19 @@ from dataclasses import dataclass, field, fields, replace
 import dagster as dg
 import sqlalchemy as sa
 
-from dataminer_dagster.db.partition_rows import (
-    PARTITION_SETS,
-    keys_with_rows,
-    row_count,
-    rows_after,
-)
+from dataminer_dagster.db.partition_rows import PARTITION_SETS, all_keys, row_count, rows_after
 from dataminer_dagster.engine.registry import PROJECT_VIDEOS, PROJECTS, VIDEOS
 
 MAX_PARTITION_ADDS_PER_TICK = 25_000
 # The catalog is compared with Dagster on a tick that finds nothing new, at most this often: the
 # number of rows of each set (kept by triggers, db/partition_rows.py) against the number of
 # partitions Dagster holds (the planner's kept order). Only where they differ are the keys
-# themselves compared; that comparison is also made FULL_COMPARE_EVERY_S apart whatever the counts
-# say, for the rare pair of changes that leaves them equal (a row the cursor passed and a
-# partition whose row was deleted, both within COMPARE_EVERY_S).
+# themselves compared, which reads them all (18 s at 1,000,000 videos: bench/README.md, "Scale");
+# that full pass is also made FULL_COMPARE_EVERY_S apart whatever the counts say, for the rare
+# pair of changes that leaves them equal (a row the cursor passed and a partition whose row was
+# deleted, both within COMPARE_EVERY_S).
 COMPARE_EVERY_S = 30.0
 FULL_COMPARE_EVERY_S = 3600.0
-# Comparing keys reads every key of both sides: 18 s at 1,000,000 videos in one go (bench/README.md,
-# "Scale"). Where the order is kept, it is made in steps of this many keys, one step per tick that
-# finds nothing new, so that no tick pays for the whole catalog.
-COMPARE_STEP = 25_000
 
 
 @dataclass
@@ -44,7 +36,7 @@ class DiscoveryCursor:
     video: int = 0
     project_video: int = 0
     compared_at: float = 0.0  # when the catalog was last compared with Dagster (epoch)
-    full_compared_at: float = 0.0  # when the last key-by-key comparison ended
+    full_compared_at: float = 0.0  # ... key by key
     # {project: digest of the config versions last reported} (engine/config_versions.py)
     configs: dict[str, str] = field(default_factory=dict)
 
@@ -111,8 +103,8 @@ def plan_discovery(
     inserted, not when their transactions commit: a row committed after a row with a higher id
     (two catalog runs, `add-video` during one) is passed by it. So, with the `instance`, once the
     cursor finds nothing new (and at most every `COMPARE_EVERY_S`), the catalog's keys are
-    compared with Dagster's (COMPARE_STEP keys a tick): rows the cursor passed are added, and
-    partitions whose row was deleted are to be removed."""
+    compared with Dagster's: rows the cursor passed are added, and partitions whose row was
+    deleted are to be removed."""
     result = Discovery(cursor=replace(cursor))
     with engine.connect() as c:
         for partitions_name in PARTITION_SETS:
@@ -124,59 +116,20 @@ def plan_discovery(
             if rows:
                 result.additions[partitions_name] = [r.key for r in rows]
                 setattr(result.cursor, field_name, rows[-1].id)
-    if instance is not None and not result.count:
-        _compare(instance, engine, cursor, result, budget)
-    return result
-
-
-def _compare(
-    instance: dg.DagsterInstance,
-    engine: sa.Engine,
-    cursor: DiscoveryCursor,
-    result: Discovery,
-    budget: int,
-) -> None:
-    """On a tick that found nothing new: a step of the key-by-key comparison under way, or, when
-    the counts are due and differ (or the last comparison ended FULL_COMPARE_EVERY_S ago), a new
-    comparison's first step. Rows without a partition go to `result.additions`, partitions
-    whose row is gone to `result.removals`. An instance whose order is not kept (an ephemeral
-    one) is compared whole at once."""
     now = time.time()
-    identity = _identity(instance)
-    with _KNOWN_ORDERS_LOCK:
-        comparison = _COMPARISONS.get(identity) if identity else None
-    if comparison is None and now - cursor.compared_at >= COMPARE_EVERY_S:
-        result.cursor.compared_at = now
-        if now - cursor.full_compared_at >= FULL_COMPARE_EVERY_S or not _counts_agree(
-            instance, engine
-        ):
-            comparison = _Comparison()
-            if identity:
-                with _KNOWN_ORDERS_LOCK:
-                    _COMPARISONS[identity] = comparison
-    if comparison is None or not comparison.busy.acquire(blocking=False):
-        return  # none due, or a tick the daemon gave up on is still stepping it
-    try:
-        with engine.connect() as c:  # COMPARE_STEP keys a tick where the order is kept; else all
-            handled = 0
-            while not comparison.done:
-                limit = min(
-                    COMPARE_STEP - handled if identity else COMPARE_STEP, budget - result.count
-                )
-                if limit <= 0:
-                    break
-                kept = _KNOWN_ORDERS.get((identity, comparison.sets[0])) if identity else None
-                handled += comparison.step(instance, c, result, limit, kept)
-    finally:
-        comparison.busy.release()
-    with _KNOWN_ORDERS_LOCK:  # the sets compared: Dagster's order as just read is kept
-        for name, order in comparison.compared.items():
-            if identity:
-                _KNOWN_ORDERS[identity, name] = order
-        comparison.compared.clear()
-        if comparison.done:
+    if instance is not None and not result.count and now - cursor.compared_at >= COMPARE_EVERY_S:
+        full_due = now - cursor.full_compared_at >= FULL_COMPARE_EVERY_S
+        if full_due or not _counts_agree(instance, engine):
+            listed, result.additions, result.removals = _compare_with_dagster(
+                instance, engine, budget
+            )
             result.cursor.full_compared_at = now
-            _COMPARISONS.pop(identity, None)
+            for name in PARTITION_SETS:  # the kept order: Dagster's keys and this cycle's
+                known = _known_order(instance, name, result)
+                with _KNOWN_ORDERS_LOCK:  # keys deleted by other hands (the UI) are forgotten
+                    known.keep_only({*listed[name], *result.additions.get(name, ())})
+        result.cursor.compared_at = now
+    return result
 
 
 def _counts_agree(instance: dg.DagsterInstance, engine: sa.Engine) -> bool:
@@ -189,79 +142,26 @@ def _counts_agree(instance: dg.DagsterInstance, engine: sa.Engine) -> bool:
         )
 
 
-# The steps of comparing one partition set (_Comparison).
-READ_DAGSTER, READ_CATALOG, FIND_GONE = "read Dagster's keys", "read the catalog's", "find gone"
-
-
-@dataclass
-class _Comparison:
-    """A key-by-key comparison of the catalog with Dagster, set by set, in steps: Dagster's keys
-    page by page (into a fresh order), then the catalog's rows in id order (rows without a
-    partition are added), then the fresh order from memory (partitions whose row was not seen
-    and has no row now are removed). Dagster's keys are read before the catalog's, so a row
-    created meanwhile can only be missing from Dagster's keys (and is added: adding is
-    idempotent, and keys the kept order gained since Dagster's were read are left out); a
-    partition is removed only if its row is gone when the removal is decided."""
-
-    orders: dict[str, _KnownOrder] = field(default_factory=dict)  # Dagster's, read again
-    compared: dict[str, _KnownOrder] = field(default_factory=dict)  # ... of sets compared since
-    sets: list[str] = field(default_factory=lambda: list(PARTITION_SETS))  # left to compare
-    phase: str = READ_DAGSTER  # of the first set left
-    kept_since: int = 0  # the kept order's length when Dagster's keys were read
-    after: int = 0  # the last catalog row read
-    rows: set[str] = field(default_factory=set)  # the catalog keys read
-    checked: int = 0  # Dagster keys checked against them
-    busy: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def done(self) -> bool:
-        return not self.sets
-
-    def step(
-        self,
-        instance: dg.DagsterInstance,
-        conn: sa.Connection,
-        result: Discovery,
-        limit: int,
-        kept: _KnownOrder | None,
-    ) -> int:
-        """The next step of the first set left, over at most `limit` keys (`limit` more
-        additions fit in this cycle); how many keys it handled (at least 1). `kept`: the set's
-        kept order, if any."""
-        name = self.sets[0]
-        order = self.orders.setdefault(name, _KnownOrder())
-        if self.phase == READ_DAGSTER:
-            before = len(order.keys)
-            if not order.read_page(instance, name, limit):
-                self.phase, self.kept_since = READ_CATALOG, len(kept.keys) if kept else 0
-            return max(len(order.keys) - before, 1)
-        if self.phase == READ_CATALOG:
-            rows = rows_after(conn, name, self.after, limit)
-            self.rows.update(row.key for row in rows)
-            since = kept.positions if kept else {}
-            if missed := [
-                row.key
-                for row in rows
-                if row.key not in order.positions and since.get(row.key, -1) < self.kept_since
-            ]:
-                result.additions.setdefault(name, []).extend(missed)
-            if len(rows) < limit:
-                self.phase = FIND_GONE
-            else:
-                self.after = rows[-1].id
-            return max(len(rows), 1)
-        end = min(self.checked + limit, len(order.keys))
-        unseen = [k for k in order.keys[self.checked : end] if k in order.positions]
-        unseen = [k for k in unseen if k not in self.rows]
-        if gone := sorted(set(unseen) - keys_with_rows(conn, name, unseen)) if unseen else []:
-            result.removals.setdefault(name, []).extend(gone)
-            order.forget(gone)
-        handled, self.checked = max(end - self.checked, 1), end
-        if end == len(order.keys):
-            self.compared[name] = self.orders.pop(name)
-            self.sets.pop(0)
-            self.phase, self.after, self.rows, self.checked = READ_DAGSTER, 0, set(), 0
-        return handled
+def _compare_with_dagster(
+    instance: dg.DagsterInstance, engine: sa.Engine, budget: int
+) -> tuple[dict[str, list[str]], dict[str, list[str]], dict[str, list[str]]]:
+    """(Dagster's keys; rows without a partition, at most `budget` in id order; partitions
+    whose row is gone), by partitions name. Dagster's keys are read before the catalog's, so
+    that a row created meanwhile can only be missing from the first list (and is added: adding
+    is idempotent), never wrongly pruned."""
+    listed = {name: instance.get_dynamic_partitions(name) for name in PARTITION_SETS}
+    missed: dict[str, list[str]] = {}
+    gone: dict[str, list[str]] = {}
+    with engine.connect() as c:
+        for name in PARTITION_SETS:
+            current = all_keys(c, name)
+            known, present = set(listed[name]), set(current)
+            left = budget - sum(len(keys) for keys in missed.values())
+            if left > 0 and (keys := [k for k in current if k not in known][:left]):
+                missed[name] = keys
+            if keys := [k for k in listed[name] if k not in present]:
+                gone[name] = keys
+    return listed, missed, gone
 
 
 # --- Dagster's order of each partition set -------------------------------------------------------
@@ -269,10 +169,10 @@ class _Comparison:
 
 # Dagster's order of each partition set is kept between ticks in the process that plans (the code
 # server under the daemon, `dataminer run`'s own): a tick reads only the keys added since the last
-# one (Dagster's storage-id cursor), so a quiet tick costs what changed, not the catalog's size.
-# Each key-by-key comparison with the catalog (_Comparison: at least every FULL_COMPARE_EVERY_S,
-# sooner when the counts differ, as when keys were deleted by other hands) reads it again whole,
-# in steps, and replaces it.
+# one (Dagster's storage-id cursor), so a quiet tick costs what changed, not the catalog's size. It
+# is read whole again at most this often; keys deleted by other hands are forgotten sooner, by
+# the comparison with the catalog that their missing count sets off (plan_discovery).
+ORDER_REREAD_EVERY_S = 3600.0
 _ORDER_PAGE = 50_000
 
 
@@ -284,6 +184,7 @@ class _KnownOrder:
     keys: list[str] = field(default_factory=list)
     positions: dict[str, int] = field(default_factory=dict)
     cursor: str | None = None
+    read_at: float = field(default_factory=time.monotonic)
 
     def append(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -292,45 +193,39 @@ class _KnownOrder:
                 self.keys.append(key)
 
     def read_new(self, instance: dg.DagsterInstance, name: str) -> None:
-        while self.read_page(instance, name, _ORDER_PAGE):
-            pass
-
-    def read_page(self, instance: dg.DagsterInstance, name: str, limit: int) -> bool:
-        """Read up to `limit` more keys; whether there are more to read."""
-        page = instance.get_paginated_dynamic_partitions(
-            name, limit=limit, ascending=True, cursor=self.cursor
-        )
-        self.append(page.results)
-        self.cursor = page.cursor
-        return page.has_more
+        while True:
+            page = instance.get_paginated_dynamic_partitions(
+                name, limit=_ORDER_PAGE, ascending=True, cursor=self.cursor
+            )
+            self.append(page.results)
+            self.cursor = page.cursor
+            if not page.has_more:
+                return
 
     def forget(self, keys: Sequence[str]) -> None:
         for key in keys:
             self.positions.pop(key, None)
 
+    def keep_only(self, present: set[str]) -> None:
+        self.forget([key for key in self.positions if key not in present])
 
-# By instance (its serialised ref): the kept orders, by partition set, and the comparison under
-# way.
+
 _KNOWN_ORDERS: dict[tuple[str, str], _KnownOrder] = {}
-_COMPARISONS: dict[str, _Comparison] = {}
 _KNOWN_ORDERS_LOCK = threading.Lock()
-
-
-def _identity(instance: dg.DagsterInstance) -> str | None:
-    """What identifies `instance` between ticks (each tick has a new instance object); None for an
-    ephemeral instance, whose order is not kept."""
-    from dagster._serdes import serialize_value
-
-    return None if instance.is_ephemeral else serialize_value(instance.get_ref())
 
 
 def _known_order(instance: dg.DagsterInstance, name: str, discovery: Discovery) -> _KnownOrder:
     """The order of partition set `name` on `instance`, brought up to date: the keys Dagster added
     since the last read, then this cycle's discovery (its keys added last, its removals gone)."""
-    identity = _identity(instance)
+    from dagster._serdes import serialize_value
+
+    try:
+        identity = serialize_value(instance.get_ref())  # a new instance object each tick
+    except dg.DagsterInvariantViolationError:  # an ephemeral instance: nothing to keep
+        identity = None
     with _KNOWN_ORDERS_LOCK:
         known = _KNOWN_ORDERS.get((identity, name)) if identity else None
-        if known is None:
+        if known is None or time.monotonic() - known.read_at > ORDER_REREAD_EVERY_S:
             known = _KnownOrder()
             if identity:
                 _KNOWN_ORDERS[identity, name] = known
