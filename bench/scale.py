@@ -313,7 +313,7 @@ def daemon_ticks(
         "daemon_catch_up_s": caught_up - started,
         "daemon_quiet_ticks": len(quiet),
         "daemon_quiet_tick_median_ms": statistics.median(quiet),
-        "daemon_quiet_tick_p90_ms": statistics.quantiles(quiet, n=10)[-1]
+        "daemon_quiet_tick_p90_ms": statistics.quantiles(quiet, n=10, method="inclusive")[-1]
         if len(quiet) > 1
         else quiet[0],
         "daemon_quiet_tick_max_ms": max(quiet),
