@@ -197,8 +197,8 @@ def measure(
     figures["status_json_s"] = timed_command(env, "status", "--json")
     figures["project_status_s"] = timed_command(env, "status", project.name)
     if daemon_s:
-        compared = DiscoveryCursor(**{**cursor.__dict__, "full_compared_at": time.time()})
-        figures.update(  # as a deployment's cursor: the keys compared a moment ago
+        compared = with_times(full_compared_at=time.time())  # a deployment's: keys just compared
+        figures.update(
             daemon_ticks(url, home, catalog, project, compared, size + 2 * NEW_VIDEOS, daemon_s)
         )
     return figures

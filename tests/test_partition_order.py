@@ -7,7 +7,6 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from dataminer_dagster.engine import discovery
 from dataminer_dagster.engine.discovery import Discovery, PartitionOrders
 from tests.helpers.statements import statements_sent
 
@@ -78,7 +77,7 @@ def test_the_order_is_read_whole_again_now_and_then(instance, monkeypatch):
     assert ranked(order_of(instance)) == ["a", "b", "c"]
     instance.delete_dynamic_partition(NAME, "b")  # by hand, not by the planner's discovery
     assert "b" in order_of(instance), "kept until the next whole read"
-    monkeypatch.setattr(discovery, "ORDER_REREAD_EVERY_S", 0.0)
+    monkeypatch.setattr("dataminer_dagster.engine.discovery.ORDER_REREAD_EVERY_S", 0.0)
     assert ranked(order_of(instance)) == ["a", "c"]
 
 
