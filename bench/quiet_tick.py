@@ -1,9 +1,9 @@
 """The work sensor's discovery on a tick that finds nothing new, against a large catalog: when the
-catalog is compared with Dagster by counts (every `COMPARE_EVERY_S`), when it is compared key by
-key (the counts differ, or every `FULL_COMPARE_EVERY_S`), and when it is not compared; and its
-run planning (`plan_runs`, every lane) with nothing to request: the first call of a process, which
-reads Dagster's whole partition order (what every tick did before the order was kept between
-ticks), against the next ones, which read only the keys added since.
+catalog is compared with Dagster by counts (every `COMPARE_EVERY_S`), when a step of the key by
+key pass is made (the counts differ, or every `FULL_COMPARE_EVERY_S`; `COMPARE_STEP_KEYS` keys a
+tick) and the whole pass, and when it is not compared; and its run planning (`plan_runs`, every
+lane) with nothing to request, which looks up Dagster's partition order by key: the first call
+of a process costs what the next ones do.
 
     python bench/quiet_tick.py                    # 100,000 videos, as many project videos
     python bench/quiet_tick.py --videos 10000
@@ -67,6 +67,7 @@ def main() -> None:
         from dataminer_dagster.db.engine import get_engine
         from dataminer_dagster.engine.discovery import (
             COMPARE_EVERY_S,
+            COMPARE_STEP_KEYS,
             FULL_COMPARE_EVERY_S,
             DiscoveryCursor,
             plan_discovery,
@@ -91,35 +92,37 @@ def main() -> None:
             """The discovery cursor with these comparison times: due or not, from now."""
             return DiscoveryCursor(**{**found.cursor.__dict__, **times})
 
-        due = median_ms(cursor(compared_at=0.0, full_compared_at=0.0))  # key by key every call
+        step = median_ms(cursor(compared_at=0.0, full_compared_at=0.0))  # a pass's first step
         counts_due = median_ms(cursor(compared_at=0.0, full_compared_at=time.time()))
         not_due = median_ms(cursor(compared_at=time.time()))
+        passing, steps, started = cursor(compared_at=0.0, full_compared_at=0.0), 0, time.time()
+        while True:  # the whole pass, step by step, as ticks make it
+            passing = plan_discovery(engine, passing, instance=instance).cursor
+            steps += 1
+            if passing.comparing is None:
+                break
+        whole_pass_s = time.time() - started
 
         from dataminer_dagster.db.leases import LeaseStore
-        from dataminer_dagster.engine import discovery
         from dataminer_dagster.engine.lanes import configured_lanes
         from dataminer_dagster.engine.planning import plan_runs
         from dataminer_dagster.settings import load_settings
 
         store, lanes = LeaseStore(engine), configured_lanes(load_settings())
-        discovery._KNOWN_ORDERS.clear()  # as in a new process: the first call reads it whole
-        started = time.perf_counter()
-        assert plan_runs(instance, store, lanes) == []
-        whole_order_ms = (time.perf_counter() - started) * 1000
         times = []
         for _ in range(args.repeats):
             started = time.perf_counter()
             assert plan_runs(instance, store, lanes) == []
             times.append(time.perf_counter() - started)
-        kept_order_ms = statistics.median(times) * 1000
+        planning_ms = statistics.median(times) * 1000
         instance.dispose()
     print(
         f"{args.videos:,} videos and project videos, median of {args.repeats}: a quiet tick "
-        f"comparing the keys {due:.0f} ms, comparing the counts {counts_due:.1f} ms, not due to "
-        f"compare {not_due:.1f} ms (counts at most every {COMPARE_EVERY_S:g} s, keys every "
-        f"{FULL_COMPARE_EVERY_S:g} s or when the counts differ); planning runs with the whole "
-        f"partition order read {whole_order_ms:.0f} ms, with the order kept between ticks "
-        f"{kept_order_ms:.1f} ms; load average {os.getloadavg()}"
+        f"making a step of the key-by-key pass ({COMPARE_STEP_KEYS:,} keys) {step:.1f} ms, "
+        f"comparing the counts {counts_due:.1f} ms, not due to compare {not_due:.1f} ms (counts at "
+        f"most every {COMPARE_EVERY_S:g} s, a pass every {FULL_COMPARE_EVERY_S:g} s or when the "
+        f"counts differ: {steps} steps, {whole_pass_s:.1f} s in all); planning runs "
+        f"{planning_ms:.1f} ms; load average {os.getloadavg()}"
     )
 
 

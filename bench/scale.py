@@ -11,10 +11,13 @@ repository's dagster.yaml, as `dagster dev` uses it):
   tick, until every row is a partition: partitions added per second;
 * **quiet tick**: a tick that finds nothing new, right after the fill (before PostgreSQL's
   statistics caught up) and after an ANALYZE (as autovacuum leaves them): its discovery when no
-  comparison is due, when the counts are compared and when the keys are; its run planning
-  (`plan_runs`, every lane, the partition order kept between ticks); `advance_projects`; and the
-  whole tick as the work sensor runs it (`plan_cycle`, with the stages' keys and config
-  versions, no comparison due); each a median of `--repeats`;
+  comparison is due, when the counts are compared and when a step of the key-by-key pass is
+  made; its run planning (`plan_runs`, every lane, Dagster's order looked up by key);
+  `advance_projects`; and the whole tick as the work sensor runs it (`plan_cycle`, with the
+  stages' keys and config versions, no comparison due); each a median of `--repeats`;
+* **comparisons**: the whole key-by-key pass, step by step as ticks make it (steps, seconds);
+  a row the cursor passed (committed after rows with higher ids): the ticks and time until its
+  comparison, set off by the counts, has made it a partition;
 * **1,000 new videos**: linked, then one tick's discovery, partitions and planning; and again
   with the whole tick (`plan_cycle`, then the partitions added);
 * **status**: `dataminer status`, `dataminer status --json` and `dataminer status scale` (the
@@ -135,7 +138,6 @@ def measure(
         return DiscoveryCursor(**{**cursor.__dict__, **times})
 
     plan = lambda: plan_runs(instance, store, lanes, limits=limits)  # noqa: E731
-    plan()  # a new process's first planning reads Dagster's whole order; the ticks after do not
     stages = stage_assets()
     tick_options = {
         "stage_keys": {stage: s.key for stage, s in stages.items()},
@@ -148,7 +150,6 @@ def measure(
         cycle = plan_cycle(
             instance, store, lanes, with_times(compared_at=time.time()), **tick_options
         )
-        cycle.discovery.add(instance)
         cursor = cycle.discovery.cursor
 
     tick()  # its first observes the projects' config versions
@@ -170,7 +171,7 @@ def measure(
         ),
         repeats,
     )
-    figures["quiet_keys_ms"] = median_ms(
+    figures["quiet_compare_step_ms"] = median_ms(
         lambda: plan_discovery(
             engine, with_times(compared_at=0.0, full_compared_at=0.0), instance=instance
         ),
@@ -179,8 +180,10 @@ def measure(
     figures["quiet_planning_ms"] = median_ms(plan, repeats)
     figures["advance_projects_ms"] = median_ms(lambda: advance_projects(store), repeats)
     figures["quiet_tick_ms"] = median_ms(tick, repeats)
+    compared, cursor = comparisons(engine, instance, catalog, project, with_times, size, chunk)
+    figures.update(compared)
 
-    link(catalog, project, size, NEW_VIDEOS, chunk)
+    link(catalog, project, size + 1, NEW_VIDEOS, chunk)
     started = time.perf_counter()
     found = plan_discovery(engine, with_times(compared_at=time.time()), instance=instance)
     found.add(instance)
@@ -188,7 +191,7 @@ def measure(
     cursor = found.cursor
     figures["tick_with_new_rows_ms"] = (time.perf_counter() - started) * 1000
     figures["new_rows_found"] = found.count
-    link(catalog, project, size + NEW_VIDEOS, NEW_VIDEOS, chunk)
+    link(catalog, project, size + 1 + NEW_VIDEOS, NEW_VIDEOS, chunk)
     figures["whole_tick_with_new_rows_ms"] = median_ms(tick, 1)
     instance.dispose()
 
@@ -199,9 +202,44 @@ def measure(
     if daemon_s:
         compared = with_times(full_compared_at=time.time())  # a deployment's: keys just compared
         figures.update(
-            daemon_ticks(url, home, catalog, project, compared, size + 2 * NEW_VIDEOS, daemon_s)
+            daemon_ticks(url, home, catalog, project, compared, size + 1 + 2 * NEW_VIDEOS, daemon_s)
         )
     return figures
+
+
+def comparisons(engine, instance, catalog, project, with_times, size: int, chunk: int):
+    """The whole key-by-key pass, tick by tick; then a row that the cursor passed (video `size`,
+    linked after the cursor moved past its id), found by the comparison its count sets off.
+    (The figures, the discovery cursor after them.)"""
+    from dataminer_dagster.engine.discovery import plan_discovery
+
+    figures: dict[str, float] = {}
+    cursor, steps, started = with_times(compared_at=0.0, full_compared_at=0.0), 0, time.time()
+    while True:
+        found = plan_discovery(engine, cursor, instance=instance)
+        found.apply(instance)
+        cursor, steps = found.cursor, steps + 1
+        if cursor.comparing is None:
+            break
+    figures["full_pass_s"], figures["full_pass_steps"] = time.time() - started, steps
+    link(catalog, project, size, 1, chunk)
+    with engine.connect() as c:  # as if a row with a higher id had been found first
+        ids = [
+            c.exec_driver_sql(f"SELECT max(id) FROM dataminer.{table}").scalar()
+            for table in ("videos", "project_videos")
+        ]
+    cursor = with_times(
+        video=ids[0], project_video=ids[1], compared_at=0.0, full_compared_at=time.time()
+    )
+    steps, started = 0, time.time()
+    while cursor.comparing is not None or steps == 0:
+        found = plan_discovery(engine, cursor, instance=instance)
+        found.apply(instance)
+        cursor, steps = found.cursor, steps + 1
+    assert instance.has_dynamic_partition("videos", f"v{size:08d}"), "the passed row is found"
+    figures["passed_row_found_ticks"] = steps
+    figures["passed_row_found_ms"] = (time.time() - started) * 1000
+    return figures, cursor
 
 
 def daemon_ticks(

@@ -1,93 +1,147 @@
-"""The planner's knowledge of Dagster's partition order is kept between ticks: a tick reads only
-the keys added since the last one (issue 25: reading every key of the partition sets on every
-tick cost 0.77 s of a 0.86 s tick at 100,000 videos), and reads them all again now and then."""
+"""The planner's view of Dagster's partition order: looked up by key in Dagster's storage, so that
+a tick costs what it plans, not the size of the sets (issue 25: reading every key of the partition
+sets on every tick cost 0.77 s of a 0.86 s tick at 100,000 videos), and nothing is kept between
+ticks (the daemon replaces the code server that plans every minute).
+
+Each test runs on a test instance (SQLite) and on the repository's dagster.yaml (PostgreSQL), and
+checks the lookups against Dagster's own order (`get_dynamic_partitions`, which is what a run's
+partition range is resolved with)."""
 
 from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from dataminer_dagster.engine.discovery import Discovery, PartitionOrders
+from dataminer_dagster.engine.stored_partitions import PartitionOrder, partition_count
 from tests.helpers.statements import statements_sent
 
 NAME = "videos"
 
 
-class Counting:
-    """An instance whose partition reads are counted (keys returned by each paginated read)."""
+class NoWholeReads:
+    """An instance whose whole-set read fails: the lookups must not need it."""
 
     def __init__(self, instance: dg.DagsterInstance):
         self.instance = instance
-        self.returned: list[int] = []
 
     def __getattr__(self, name):
         return getattr(self.instance, name)
 
     def get_dynamic_partitions(self, name):
-        raise AssertionError("the planner must not read a whole partition set on every tick")
-
-    def get_paginated_dynamic_partitions(self, *args, **kwargs):
-        page = self.instance.get_paginated_dynamic_partitions(*args, **kwargs)
-        self.returned.append(len(page.results))
-        return page
+        raise AssertionError("the planner must not read a whole partition set")
 
 
-@pytest.fixture
-def instance():
-    with dg.instance_for_test() as instance:
-        yield instance
+class ElsewhereKept(NoWholeReads):
+    """An instance whose event log is not one of Dagster's SQL storages (as on Dagster+)."""
+
+    event_log_storage = object()
+
+    def get_dynamic_partitions(self, name):
+        return self.instance.get_dynamic_partitions(name)
 
 
-def order_of(instance, discovery: Discovery | None = None) -> dict[str, int]:
-    return dict(PartitionOrders(instance, discovery or Discovery())[NAME])
+@pytest.fixture(params=["sqlite", "repository"])
+def instance(request, dataminer_env, tmp_path):
+    if request.param == "sqlite":
+        with dg.instance_for_test() as instance:
+            yield instance
+    else:
+        with _repository_instance(tmp_path) as instance:
+            yield instance
 
 
-def ranked(order: dict[str, int]) -> list[str]:
-    return sorted(order, key=order.get)
+def ranked(positions: dict[str, int]) -> list[str]:
+    return sorted(positions, key=positions.get)
 
 
-def test_a_tick_reads_only_the_keys_added_since_the_last(instance):
-    instance.add_dynamic_partitions(NAME, [f"v{i}" for i in range(1000)])
-    counting = Counting(instance)
-    assert ranked(order_of(counting)) == [f"v{i}" for i in range(1000)]
-    first = sum(counting.returned)
-    assert first == 1000
-    assert ranked(order_of(counting)) == [f"v{i}" for i in range(1000)]
-    assert sum(counting.returned) == first, "a quiet tick reads no key"
-    instance.add_dynamic_partitions(NAME, ["late"])
-    assert ranked(order_of(counting))[-1] == "late"
-    assert sum(counting.returned) == first + 1
+def shuffled_set(instance) -> list[str]:
+    """A set whose order is not its keys' order: added out of order, one key deleted and added
+    again (Dagster puts it last), keys of another set in between."""
+    instance.add_dynamic_partitions(NAME, ["m", "c", "x"])
+    instance.add_dynamic_partitions("project_videos", ["p.m", "p.c"])
+    instance.add_dynamic_partitions(NAME, ["a", "q"])
+    instance.delete_dynamic_partition(NAME, "c")
+    instance.add_dynamic_partitions(NAME, ["c", "b"])
+    order = list(instance.get_dynamic_partitions(NAME))
+    assert order == ["m", "x", "a", "q", "c", "b"]
+    return order
 
 
-def test_this_ticks_discovery_is_in_the_order_removals_gone_and_a_key_added_again_last(instance):
-    instance.add_dynamic_partitions(NAME, ["a", "b", "c"])
-    order = order_of(instance, Discovery(additions={NAME: ["d"]}, removals={NAME: ["b"]}))
-    assert ranked(order) == ["a", "c", "d"]
-    Discovery(additions={NAME: ["d"]}, removals={NAME: ["b"]}).apply(instance)
-    instance.add_dynamic_partitions(NAME, ["b"])  # its row came back: Dagster puts it last
-    assert (
-        ranked(order_of(instance))
-        == ["a", "c", "d", "b"]
-        == list(instance.get_dynamic_partitions(NAME))
-    )
+@pytest.mark.parametrize("view", [NoWholeReads, ElsewhereKept])
+def test_positions_rank_keys_in_dagsters_order(instance, view):
+    order = shuffled_set(instance)
+    positions = PartitionOrder(view(instance), NAME).positions(["b", "a", "nope", "m", "c"])
+    assert ranked(positions) == [k for k in order if k in {"b", "a", "m", "c"}]
+    assert PartitionOrder(view(instance), NAME).positions([]) == {}
 
 
-def test_the_order_is_read_whole_again_now_and_then(instance, monkeypatch):
-    instance.add_dynamic_partitions(NAME, ["a", "b", "c"])
-    assert ranked(order_of(instance)) == ["a", "b", "c"]
-    instance.delete_dynamic_partition(NAME, "b")  # by hand, not by the planner's discovery
-    assert "b" in order_of(instance), "kept until the next whole read"
-    monkeypatch.setattr("dataminer_dagster.engine.discovery.ORDER_REREAD_EVERY_S", 0.0)
-    assert ranked(order_of(instance)) == ["a", "c"]
+@pytest.mark.parametrize("view", [NoWholeReads, ElsewhereKept])
+def test_a_runs_range_covers_dagsters_keys_between_its_ends(instance, view):
+    order = shuffled_set(instance)
+    between = PartitionOrder(view(instance), NAME).between("x", "c")
+    assert ranked(between) == order[order.index("x") : order.index("c") + 1]
+    assert PartitionOrder(view(instance), NAME).between("x", "gone") == {}
+    assert ranked(PartitionOrder(view(instance), NAME).between("a", "a")) == ["a"]
+
+
+@pytest.mark.parametrize("view", [NoWholeReads, ElsewhereKept])
+def test_keys_being_removed_this_cycle_are_not_in_the_order(instance, view):
+    shuffled_set(instance)
+    order = PartitionOrder(view(instance), NAME, removed={"a", "q"})
+    assert ranked(order.positions(["m", "a", "q", "b"])) == ["m", "b"]
+    assert ranked(order.between("x", "c")) == ["x", "c"]
+    assert order.between("a", "c") == {}, "a range from a key being removed covers nothing"
+
+
+def test_a_sets_count_is_dagsters(instance):
+    shuffled_set(instance)
+    assert partition_count(NoWholeReads(instance), NAME) == 6
+    assert partition_count(ElsewhereKept(instance), NAME) == 6
+    assert partition_count(instance, "project_videos") == 2
+    assert partition_count(instance, "projects") == 0
+
+
+def test_lookups_cost_the_keys_asked_about_not_the_set(repository_instance):
+    """At 1,000,000 videos a tick asks for a few hundred keys: each statement reads the keys
+    asked about (Dagster's unique index on set and key) or a run's range (the storage's (set,
+    id) index), never the set."""
+    import sqlalchemy as sa
+
+    instance = repository_instance
+    instance.add_dynamic_partitions(NAME, [f"v{i:05}" for i in range(20_000)])
+    instance.add_dynamic_partitions("project_videos", [f"p.v{i:05}" for i in range(20_000)])
+    engine = instance.event_log_storage._engine
+    with engine.connect() as c:
+        c.execute(sa.text("ANALYZE dynamic_partitions"))
+    order = PartitionOrder(instance, NAME)
+    asked = [f"v{i:05}" for i in range(5000, 5100)]
+    sent = statements_sent(engine, lambda: order.positions(asked))
+    sent += statements_sent(engine, lambda: order.between("v10000", "v10063"))
+    assert len(sent) == 3
+    for statement, parameters in sent:
+        with engine.connect() as c:
+            plan = c.exec_driver_sql(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", parameters
+            ).scalar()[0]["Plan"]
+        scans = [n for n in _nodes(plan) if "Relation Name" in n]
+        read = sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in scans)
+        assert read <= 100, (statement, scans)
 
 
 @pytest.fixture
 def repository_instance(dataminer_env, tmp_path):
+    with _repository_instance(tmp_path) as instance:
+        yield instance
+
+
+@contextlib.contextmanager
+def _repository_instance(tmp_path):
     """An instance on the repository's dagster.yaml (its PostgreSQL storages), on this test's
     database."""
-    import shutil
-    from pathlib import Path
-
     shutil.copy(Path(__file__).resolve().parents[1] / "dagster.yaml", tmp_path / "dagster.yaml")
     instance = dg.DagsterInstance.from_config(str(tmp_path))
     yield instance
@@ -157,3 +211,53 @@ def _nodes(plan: dict):
     yield plan
     for child in plan.get("Plans", ()):
         yield from _nodes(child)
+
+
+def test_the_storage_counts_keys_added_before_it_and_every_change_after(
+    dataminer_env, tmp_path, monkeypatch
+):
+    """The counts are made where Dagster's table already holds keys (an instance that ran on
+    Dagster's own storage, or an upgrade), exactly once however many processes build an instance
+    at that moment; then every add, delete and wipe is counted."""
+    import concurrent.futures
+
+    import sqlalchemy as sa
+    from dagster_postgres import PostgresEventLogStorage
+
+    from dataminer_dagster.hosting import instance_storage
+
+    with _repository_instance(tmp_path) as instance:
+        engine = instance.event_log_storage._engine
+        with engine.connect() as c:  # as before the counts existed
+            c.execute(sa.text(f"DROP TABLE {instance_storage._PARTITION_COUNTS} CASCADE"))
+            for function in ("add", "reset"):
+                c.execute(
+                    sa.text(
+                        f"DROP FUNCTION {instance_storage._PARTITION_COUNTS}_{function} CASCADE"
+                    )
+                )
+        PostgresEventLogStorage.add_dynamic_partitions(
+            instance.event_log_storage, NAME, [f"v{i}" for i in range(50)]
+        )
+    monkeypatch.setattr(instance_storage, "_prepared_databases", set())
+
+    def build(n):
+        (home := tmp_path / f"process{n}").mkdir()
+        with _repository_instance(home) as instance:
+            return partition_count(instance, NAME)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(build, range(4))) == [50] * 4
+
+    with _repository_instance(tmp_path) as instance:
+        instance.add_dynamic_partitions(NAME, ["late", "v3"])
+        instance.delete_dynamic_partition(NAME, "v7")
+        instance.add_dynamic_partitions("project_videos", ["p.late"])
+        assert partition_count(instance, NAME) == 50 == len(instance.get_dynamic_partitions(NAME))
+        assert partition_count(instance, "project_videos") == 1
+        instance.wipe()
+        assert partition_count(instance, NAME) == partition_count(instance, "project_videos") == 0
+        instance.add_dynamic_partitions(NAME, ["again"])
+        with instance.event_log_storage.index_connection() as c:
+            c.execute(sa.text("TRUNCATE dynamic_partitions"))
+        assert partition_count(instance, NAME) == 0

@@ -28,7 +28,7 @@ from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.deletions import delete_orphan_videos, delete_project
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.partition_rows import all_keys, row_count
+from dataminer_dagster.db.partition_rows import row_count
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import DEAD, DONE, FAILED, PENDING, RUNNING
 from dataminer_dagster.db.video_records import Candidate
@@ -36,6 +36,7 @@ from dataminer_dagster.engine.discovery import (
     COMPARE_EVERY_S,
     FULL_COMPARE_EVERY_S,
     MAX_PARTITION_ADDS_PER_TICK,
+    ROWS,
     DiscoveryCursor,
     plan_discovery,
 )
@@ -66,6 +67,7 @@ from dataminer_dagster.tags import (
     REQUESTED_BY_TAG,
     STAGES_TAG,
 )
+from tests.helpers.catalog_seed import catalog_keys
 from tests.helpers.pipeline import work_items
 from tests.helpers.stages import STAGES
 
@@ -255,7 +257,8 @@ def test_discovery_adds_new_rows_in_discovery_order_and_moves_its_cursor(instanc
     assert added["project_videos"] == ["alpha.v2", "alpha.v0", "alpha.v1", "beta.v0", "beta.v3"]
     cursor = json.loads(result.cursor)
     ids = {k: cursor[k] for k in ("project", "video", "project_video")}
-    assert set(cursor) == {*ids, "compared_at", "full_compared_at", "configs"} and all(ids.values())
+    assert set(cursor) == {*ids, "compared_at", "full_compared_at", "comparing", "configs"}
+    assert all(ids.values())
     # The projects' config versions, observed for Dagster's stale partitions: each project-level
     # stage's fingerprint as the data version of its config asset's partition.
     assert sorted(cursor["configs"]) == ["alpha", "beta"]
@@ -421,7 +424,7 @@ def test_counts_that_agree_skip_the_key_by_key_comparison_until_it_is_due(instan
     passed.full_compared_at -= FULL_COMPARE_EVERY_S
     full = plan_discovery(db.store.engine, passed, instance=instance)
     with db.store.engine.connect() as c:  # the counts count what discovery compares
-        assert all(row_count(c, n) == len(all_keys(c, n)) for n in PARTITION_SETS)
+        assert all(row_count(c, n) == len(catalog_keys(c, n)) for n in PARTITION_SETS)
     assert full.additions == {"videos": ["v1"], "project_videos": ["alpha.v1"]}
     assert full.removals == {"videos": ["ghost"], "project_videos": ["alpha.ghost"]}
 
@@ -434,6 +437,88 @@ def test_counts_that_agree_skip_the_key_by_key_comparison_until_it_is_due(instan
         instance=instance,
     )
     assert found.additions == {"videos": ["v2"], "project_videos": ["alpha.v2"]}
+
+
+def test_the_key_by_key_pass_goes_in_steps_kept_in_the_cursor(instance, db, catalog, monkeypatch):
+    """The pass reads COMPARE_STEP_KEYS keys a tick, its progress in the cursor alone (the
+    daemon's code server, which evaluates the sensor, is replaced every minute): rows the cursor
+    passed and partitions whose row is gone are found in every set, a step at a time, and rows
+    that the cursor finds meanwhile come first."""
+    monkeypatch.setattr("dataminer_dagster.engine.discovery.COMPARE_STEP_KEYS", 3)
+    project = add_project(catalog, "alpha", [f"v{i}" for i in range(5)])
+    launch(instance, tick("work", instance, db))
+    instance.add_dynamic_partitions("videos", ["ghost"])
+    instance.add_dynamic_partitions("project_videos", ["alpha.ghost", "no-separator"])
+    link(catalog, project, ["v5"])  # a row the cursor passed:
+    passed = DiscoveryCursor(project=10**9, video=10**9, project_video=10**9)
+
+    raw, steps, added, removed = passed.dump(), 0, {}, {}
+    while True:
+        found = plan_discovery(db.store.engine, DiscoveryCursor.parse(raw), instance=instance)
+        steps += 1
+        for name, keys in found.additions.items():
+            added.setdefault(name, []).extend(keys)
+        for name, keys in found.removals.items():
+            removed.setdefault(name, []).extend(keys)
+        found.apply(instance)
+        raw = found.cursor.dump()
+        if found.cursor.comparing is None:
+            break
+        assert found.cursor.full_compared_at == 0, "a pass under way is not a pass made"
+        if steps == 4:  # a new row, which the cursor finds: the pass waits a tick
+            cursor = DiscoveryCursor.parse(raw)
+            with db.store.engine.connect() as c:
+                cursor.video, cursor.project_video = (
+                    c.execute(sa.text(f"SELECT max(id) FROM dataminer.{table}")).scalar()
+                    for table in ("videos", "project_videos")
+                )
+            link(catalog, project, ["v6"])
+            new = plan_discovery(db.store.engine, cursor, instance=instance)
+            assert new.additions == {"videos": ["v6"], "project_videos": ["alpha.v6"]}
+            assert new.removals == {} and new.cursor.comparing == cursor.comparing
+            new.apply(instance)
+            raw = new.cursor.dump()
+    assert found.cursor.full_compared_at > 0
+    # rows and partitions of each set (1 + 1, 7 + 7, 7 + 8 with the new row), 3 keys a step
+    assert steps >= (1 + 1 + 7 + 7 + 7 + 8) // 3
+    assert added == {"videos": ["v5"], "project_videos": ["alpha.v5"]}
+    assert removed == {"videos": ["ghost"], "project_videos": ["alpha.ghost", "no-separator"]}
+    with db.store.engine.connect() as c:
+        for name in ("projects", "videos", "project_videos"):
+            assert sorted(instance.get_dynamic_partitions(name)) == sorted(catalog_keys(c, name))
+    assert plan_discovery(db.store.engine, DiscoveryCursor.parse(raw), instance=instance).count == 0
+
+
+def test_counts_that_differ_set_off_a_comparison_of_that_side_newest_first(
+    instance, db, catalog, monkeypatch
+):
+    """A row the cursor passed is among the newest: the comparison reads the side whose count is
+    larger (the catalog's videos and project videos here), newest first, a step a tick, and ends
+    as soon as the counts agree, long before it has read the whole set."""
+    monkeypatch.setattr("dataminer_dagster.engine.discovery.COMPARE_STEP_KEYS", 3)
+    project = add_project(catalog, "alpha", [f"v{i:02}" for i in range(30)])
+    launch(instance, tick("work", instance, db))
+    early = [Candidate("late", "url", url="https://example.com/late.mp4")]
+    with catalog.engine.begin() as slow:
+        catalog.link_videos(slow, project, early)  # ids below the next ones, committed last
+        link(catalog, project, ["v30"])
+        cursor = DiscoveryCursor.parse(tick("work", instance, db).cursor)
+    cursor.full_compared_at = time.time()  # the pass over every key is not due
+    cursor.compared_at = 0.0
+
+    found = plan_discovery(db.store.engine, cursor, instance=instance)
+    assert found.cursor.comparing["sides"][0] == ["videos", ROWS]
+    assert not found.cursor.comparing["full"]
+    steps = 1
+    while found.cursor.comparing is not None:
+        found.apply(instance)
+        found = plan_discovery(db.store.engine, found.cursor, instance=instance)
+        steps += 1
+        assert found.removals == {}
+    assert instance.has_dynamic_partition("videos", "late")
+    assert instance.has_dynamic_partition("project_videos", "alpha.late")
+    assert steps <= 4, "ends when the counts agree, not after 60 keys"
+    assert found.cursor.full_compared_at == cursor.full_compared_at
 
 
 def later(cursor: str) -> str:

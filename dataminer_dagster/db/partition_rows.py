@@ -11,8 +11,14 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
+from dataminer_dagster.db.delta_counts import read_count
 from dataminer_dagster.db.schema import SCHEMA, project_video_key_sql
-from dataminer_dagster.engine.registry import PROJECT_VIDEOS, PROJECTS, VIDEOS
+from dataminer_dagster.engine.registry import (
+    PROJECT_VIDEOS,
+    PROJECTS,
+    VIDEOS,
+    split_project_video_key,
+)
 
 S = SCHEMA
 
@@ -36,42 +42,43 @@ def rows_after(conn: sa.Connection, partitions: str, after: int, limit: int) -> 
     ).all()
 
 
-def all_keys(conn: sa.Connection, partitions: str) -> list[str]:
-    """Every key of the set, in id order."""
-    return list(
-        conn.execute(sa.text(f"SELECT key FROM ({_KEYS[partitions]}) q ORDER BY id")).scalars()
-    )
+def rows_before(conn: sa.Connection, partitions: str, before: int, limit: int) -> list[sa.Row]:
+    """(id, key) of the set's rows with an id below `before`, newest first, at most `limit`."""
+    return conn.execute(
+        sa.text(
+            f"SELECT * FROM ({_KEYS[partitions]}) q WHERE id < :before ORDER BY id DESC LIMIT :n"
+        ),
+        {"before": before, "n": limit},
+    ).all()
 
 
-# Past this many deltas of one table, a reader folds them into one (row_counts, migration 0012).
-FOLD_COUNTS_PAST = 1000
+def existing_keys(conn: sa.Connection, partitions: str, keys: Sequence[str]) -> set[str]:
+    """Those of `keys` that the set's rows hold, each looked up by its table's key index."""
+    if partitions == PROJECT_VIDEOS:
+        pairs = [pair for pair in map(_split_or_none, keys) if pair]
+        names, videos = [name for name, _ in pairs], [video for _, video in pairs]
+        query = f"""SELECT {project_video_key_sql("p.name", "pv.video_id")}
+                      FROM unnest(CAST(:names AS text[]), CAST(:videos AS text[])) k(name, video)
+                      JOIN {S}.projects p ON p.name = k.name
+                      JOIN {S}.project_videos pv
+                        ON pv.project_id = p.id AND pv.video_id = k.video"""
+        return set(conn.execute(sa.text(query), {"names": names, "videos": videos}).scalars())
+    column = {PROJECTS: "name", VIDEOS: "video_id"}[partitions]
+    query = f"SELECT {column} FROM {S}.{_TABLES[partitions]} WHERE {column} = ANY(:keys)"
+    return set(conn.execute(sa.text(query), {"keys": list(keys)}).scalars())
+
+
+def _split_or_none(key: str) -> tuple[str, str] | None:
+    try:
+        return split_project_video_key(key)
+    except ValueError:  # not a key the catalog makes: no row holds it
+        return None
 
 
 def row_count(conn: sa.Connection, partitions: str) -> int:
-    """How many rows the set has: the sum of its table's deltas, which triggers append with each
-    statement that inserts or deletes rows (a count(*) read every row: 0.3-0.6 s at 1M)."""
-    table = _TABLES[partitions]
-    total, deltas = conn.execute(
-        sa.text(f"""SELECT coalesce(sum(delta), 0), count(*) FROM {S}.row_counts
-                     WHERE table_name = :t"""),
-        {"t": table},
-    ).one()
-    if deltas > FOLD_COUNTS_PAST:
-        _fold_counts(conn, table)
-    return int(total)
-
-
-def _fold_counts(conn: sa.Connection, table: str) -> None:
-    """The table's deltas folded into one row, in a transaction of its own. A delta committed
-    meanwhile is not seen by the delete, so it stays; two folds at once delete each row once."""
-    with conn.engine.begin() as fold:
-        fold.execute(
-            sa.text(f"""WITH gone AS (DELETE FROM {S}.row_counts WHERE table_name = :t
-                                      RETURNING delta)
-                        INSERT INTO {S}.row_counts (table_name, delta)
-                        SELECT :t, sum(delta) FROM gone HAVING count(*) > 0"""),
-            {"t": table},
-        )
+    """How many rows the set has, as the triggers of migration 0012 count them
+    (db/delta_counts.py)."""
+    return read_count(conn, f"{S}.row_counts", "table_name", _TABLES[partitions])
 
 
 def projects_of_videos(engine: sa.Engine, video_ids: Sequence[str]) -> set[str]:

@@ -28,12 +28,7 @@ from dataminer_dagster.db.scheduling import (
     requestable,
 )
 from dataminer_dagster.engine.config_versions import config_observations
-from dataminer_dagster.engine.discovery import (
-    Discovery,
-    DiscoveryCursor,
-    PartitionOrders,
-    plan_discovery,
-)
+from dataminer_dagster.engine.discovery import Discovery, DiscoveryCursor, plan_discovery
 from dataminer_dagster.engine.lanes import Lane
 from dataminer_dagster.engine.registry import (
     PROJECT_VIDEOS,
@@ -41,6 +36,7 @@ from dataminer_dagster.engine.registry import (
     split_project_video_key,
 )
 from dataminer_dagster.engine.run_health import dead_runs, unfinished_runs
+from dataminer_dagster.engine.stored_partitions import PartitionOrder
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.tags import (
     AHEAD_TAG,
@@ -86,11 +82,10 @@ class RunLimits:
     runs: RunPolicy
 
 
-def _covered(record: dg.RunRecord, order: Mapping[str, int]) -> range:
-    """Positions (in `order`) of the partitions a run's range covers."""
+def _covered(record: dg.RunRecord, order: PartitionOrder) -> dict[str, int]:
+    """The partitions a run's range covers, with their positions in `order`."""
     tags = record.dagster_run.tags
-    start, end = order.get(tags.get(RANGE_START, "")), order.get(tags.get(RANGE_END, ""))
-    return range(0) if start is None or end is None else range(start, end + 1)
+    return order.between(tags.get(RANGE_START, ""), tags.get(RANGE_END, ""))
 
 
 def plan_runs(
@@ -116,17 +111,17 @@ def plan_runs(
     past its lane's first stage selects only the stages it runs. With `projects` (ids) only work
     that concerns these projects is requested, and the runs claim nothing else (PROJECTS_TAG)."""
     engine = store.engine
-    orders = PartitionOrders(instance, discovery or Discovery())
+    removals = (discovery or Discovery()).removals
     in_flight = _live_runs_by_lane(instance, store, limits) if limits else {}
     planned: list[PlannedRun] = []
     for lane in lanes:
-        order = orders[lane.partitions]
+        order = PartitionOrder(instance, lane.partitions, removals.get(lane.partitions, ()))
         live = in_flight.get(lane.name, [])
         slots = lane.policy.max_runs - len(live)
         if slots <= 0:
             continue
-        covered = {position for record in live for position in _covered(record, order)}
-        busy = [orders.known(lane.partitions).keys[position] for position in sorted(covered)]
+        covered = {key: at for record in live for key, at in _covered(record, order).items()}
+        busy = sorted(covered, key=covered.get)
         again = min(rerequest_after_s, REREQUEST_UNCOVERED_S) if limits else rerequest_after_s
         ready = _ready_batches(engine, lane, order, busy, slots, again, projects)
         for keys, items in ready:
@@ -147,7 +142,7 @@ def plan_runs(
         slots -= len(ready)
         if not (ahead and lane.ahead and slots > 0):
             continue
-        taken = covered | {order[k] for keys, _ in ready for k in keys}
+        taken = covered.keys() | {k for keys, _ in ready for k in keys}
         keys = coming(
             engine,
             lane.stages[0],
@@ -155,7 +150,8 @@ def plan_runs(
             planned_ids=[i for p in planned for i in p.item_ids],
             limit=slots * lane.policy.batch,
         )
-        known = sorted((k for k in keys if k in order and order[k] not in taken), key=order.get)
+        positions = order.positions(k for k in keys if k not in taken)
+        known = sorted(positions, key=positions.get)
         for start in range(0, len(known), lane.policy.batch):
             chunk = known[start : start + lane.policy.batch]
             planned.append(
@@ -176,7 +172,7 @@ def plan_runs(
 def _ready_batches(
     engine: sa.Engine,
     lane: Lane,
-    order: Mapping[str, int],
+    order: PartitionOrder,
     busy: Sequence[str],
     slots: int,
     rerequest_after_s: float,
@@ -187,11 +183,12 @@ def _ready_batches(
     items = requestable(
         engine, lane.stages, slots * lane.policy.batch, rerequest_after_s, projects, busy
     )
+    positions = order.positions(item.key for item in items)
     by_key: dict[str, list] = {}
     for item in items:
-        if item.key in order:
+        if item.key in positions:
             by_key.setdefault(item.key, []).append(item)
-    keys = sorted(by_key, key=order.get)
+    keys = sorted(by_key, key=positions.get)
     batch = lane.policy.batch
     return [
         (chunk, [i for k in chunk for i in by_key[k]])
@@ -323,6 +320,7 @@ def plan_cycle(
     `config_keys` (stage -> its config asset): the projects' config versions that changed since
     the cursor's are observed, for Dagster's stale partitions."""
     found = plan_discovery(store.engine, cursor, instance=instance)
+    found.add(instance)  # before the runs over them are planned: in Dagster's order
     moved = advance_projects(store)
     acquired = continue_acquisition(store)
     runs = plan_runs(instance, store, lanes, discovery=found, **plan_options)

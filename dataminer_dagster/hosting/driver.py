@@ -114,7 +114,7 @@ def drive(
             rerequest_after_s=0,
             projects=project_ids,
         )
-        cycle.discovery.apply(instance)
+        cycle.discovery.remove(instance)
         cursor = cycle.discovery.cursor
         for t in cycle.transitions:
             log(f"project {t.project}: {t.old} -> {t.new} ({t.reason})")

@@ -130,7 +130,6 @@ def build_sensors(
         ):
             context.update_cursor(cycle.discovery.cursor.dump())  # when it last compared keys
             return dg.SkipReason("nothing new, no project can move, no work to request")
-        cycle.discovery.add(context.instance)  # in bulk, before the runs that use them
         record_requests(db.store.engine, cycle.runs)
         context.log.info(cycle.summary())
         return dg.SensorResult(

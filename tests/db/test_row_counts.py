@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from dataminer_dagster.db import partition_rows
+from dataminer_dagster.db import delta_counts
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.partition_rows import PARTITION_SETS, all_keys, row_count
+from dataminer_dagster.db.partition_rows import PARTITION_SETS, row_count
 from dataminer_dagster.paths import DataPaths
-from tests.helpers.catalog_seed import add_project, seed_videos
+from tests.helpers.catalog_seed import add_project, catalog_keys, seed_videos
 
 S = "dataminer"
 
@@ -23,7 +23,7 @@ def counts(engine: sa.Engine) -> dict[str, int]:
 
 def true_counts(engine: sa.Engine) -> dict[str, int]:
     with engine.connect() as c:
-        return {name: len(all_keys(c, name)) for name in PARTITION_SETS}
+        return {name: len(catalog_keys(c, name)) for name in PARTITION_SETS}
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_a_rolled_back_insert_counts_nothing_and_a_late_commit_counts_once(engin
 def test_many_deltas_are_folded_into_one_and_a_delta_committed_meanwhile_stays(
     engine, catalog, monkeypatch
 ):
-    monkeypatch.setattr(partition_rows, "FOLD_COUNTS_PAST", 3)
+    monkeypatch.setattr(delta_counts, "FOLD_COUNTS_PAST", 3)
     for n in range(6):  # six statements, six deltas
         with engine.begin() as c:
             c.execute(sa.text(f"INSERT INTO {S}.videos (video_id, url) VALUES ('v{n}', 'u')"))

@@ -49,3 +49,10 @@ def seed_videos(engine: sa.Engine, project_id: int, count: int, prefix: str) -> 
             c.execute(sa.text(statement), params)
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
         c.execute(sa.text(f"ANALYZE {S}.videos, {S}.project_videos, {S}.work_items"))
+
+
+def catalog_keys(conn: sa.Connection, partitions: str) -> list[str]:
+    """Every key of a partition set's catalog rows, in id order."""
+    from dataminer_dagster.db.partition_rows import rows_after
+
+    return [row.key for row in rows_after(conn, partitions, 0, 2**62)]
