@@ -261,3 +261,22 @@ def test_the_storage_counts_keys_added_before_it_and_every_change_after(
         with instance.event_log_storage.index_connection() as c:
             c.execute(sa.text("TRUNCATE dynamic_partitions"))
         assert partition_count(instance, NAME) == 0
+
+    # Triggers gone (Dagster's table made anew), or the counts' table dropped by hand: the next
+    # process to build an instance makes what is missing and counts again.
+    for broken in (
+        [
+            f"DROP TRIGGER {instance_storage._PARTITION_COUNTS}_{e} ON dynamic_partitions"
+            for e in ("insert", "delete")
+        ],
+        [f"DROP TABLE {instance_storage._PARTITION_COUNTS}"],
+    ):
+        with _repository_instance(tmp_path) as instance:
+            with instance.event_log_storage.index_connection() as c:
+                for statement in broken:
+                    c.execute(sa.text(statement))
+            instance.add_dynamic_partitions(NAME, [f"w{len(broken)}"])
+        monkeypatch.setattr(instance_storage, "_prepared_databases", set())
+        with _repository_instance(tmp_path) as instance:
+            instance.add_dynamic_partitions(NAME, [f"x{len(broken)}"])
+            assert partition_count(instance, NAME) == len(instance.get_dynamic_partitions(NAME))

@@ -257,7 +257,8 @@ def test_discovery_adds_new_rows_in_discovery_order_and_moves_its_cursor(instanc
     assert added["project_videos"] == ["alpha.v2", "alpha.v0", "alpha.v1", "beta.v0", "beta.v3"]
     cursor = json.loads(result.cursor)
     ids = {k: cursor[k] for k in ("project", "video", "project_video")}
-    assert set(cursor) == {*ids, "compared_at", "full_compared_at", "comparing", "configs"}
+    comparison = {"compared_at", "full_compared_at", "comparing", "full_pass", "unexplained"}
+    assert set(cursor) == {*ids, *comparison, "configs"}
     assert all(ids.values())
     # The projects' config versions, observed for Dagster's stale partitions: each project-level
     # stage's fingerprint as the data version of its config asset's partition.
@@ -440,16 +441,18 @@ def test_counts_that_agree_skip_the_key_by_key_comparison_until_it_is_due(instan
 
 
 def test_the_key_by_key_pass_goes_in_steps_kept_in_the_cursor(instance, db, catalog, monkeypatch):
-    """The pass reads COMPARE_STEP_KEYS keys a tick, its progress in the cursor alone (the
-    daemon's code server, which evaluates the sensor, is replaced every minute): rows the cursor
-    passed and partitions whose row is gone are found in every set, a step at a time, and rows
-    that the cursor finds meanwhile come first."""
+    """The pass over every key reads COMPARE_STEP_KEYS keys a tick, its progress in the cursor
+    alone (the daemon's code server, which evaluates the sensor, is replaced every minute): rows
+    the cursor passed and partitions whose row is gone, which leave the counts equal here, are
+    found in every set, a step at a time, and rows that the cursor finds meanwhile come first."""
     monkeypatch.setattr("dataminer_dagster.engine.discovery.COMPARE_STEP_KEYS", 3)
     project = add_project(catalog, "alpha", [f"v{i}" for i in range(5)])
     launch(instance, tick("work", instance, db))
     instance.add_dynamic_partitions("videos", ["ghost"])
     instance.add_dynamic_partitions("project_videos", ["alpha.ghost", "no-separator"])
-    link(catalog, project, ["v5"])  # a row the cursor passed:
+    link(catalog, project, ["v5"])  # rows the cursor passed:
+    link(catalog, add_project(catalog, "beta"), ["v5"])
+    instance.add_dynamic_partitions("projects", ["beta"])
     passed = DiscoveryCursor(project=10**9, video=10**9, project_video=10**9)
 
     raw, steps, added, removed = passed.dump(), 0, {}, {}
@@ -462,7 +465,7 @@ def test_the_key_by_key_pass_goes_in_steps_kept_in_the_cursor(instance, db, cata
             removed.setdefault(name, []).extend(keys)
         found.apply(instance)
         raw = found.cursor.dump()
-        if found.cursor.comparing is None:
+        if found.cursor.full_pass is None:
             break
         assert found.cursor.full_compared_at == 0, "a pass under way is not a pass made"
         if steps == 4:  # a new row, which the cursor finds: the pass waits a tick
@@ -475,13 +478,13 @@ def test_the_key_by_key_pass_goes_in_steps_kept_in_the_cursor(instance, db, cata
             link(catalog, project, ["v6"])
             new = plan_discovery(db.store.engine, cursor, instance=instance)
             assert new.additions == {"videos": ["v6"], "project_videos": ["alpha.v6"]}
-            assert new.removals == {} and new.cursor.comparing == cursor.comparing
+            assert new.removals == {} and new.cursor.full_pass == cursor.full_pass
             new.apply(instance)
             raw = new.cursor.dump()
     assert found.cursor.full_compared_at > 0
-    # rows and partitions of each set (1 + 1, 7 + 7, 7 + 8 with the new row), 3 keys a step
-    assert steps >= (1 + 1 + 7 + 7 + 7 + 8) // 3
-    assert added == {"videos": ["v5"], "project_videos": ["alpha.v5"]}
+    # rows and partitions of each set (2 + 2, 7 + 7, 8 + 9 with the new row), 3 keys a step
+    assert steps >= (2 + 2 + 7 + 7 + 8 + 9) // 3
+    assert added == {"videos": ["v5"], "project_videos": ["alpha.v5", "beta.v5"]}
     assert removed == {"videos": ["ghost"], "project_videos": ["alpha.ghost", "no-separator"]}
     with db.store.engine.connect() as c:
         for name in ("projects", "videos", "project_videos"):
@@ -508,7 +511,7 @@ def test_counts_that_differ_set_off_a_comparison_of_that_side_newest_first(
 
     found = plan_discovery(db.store.engine, cursor, instance=instance)
     assert found.cursor.comparing["sides"][0] == ["videos", ROWS]
-    assert not found.cursor.comparing["full"]
+    assert found.cursor.full_pass is None
     steps = 1
     while found.cursor.comparing is not None:
         found.apply(instance)
@@ -519,6 +522,61 @@ def test_counts_that_differ_set_off_a_comparison_of_that_side_newest_first(
     assert instance.has_dynamic_partition("project_videos", "alpha.late")
     assert steps <= 4, "ends when the counts agree, not after 60 keys"
     assert found.cursor.full_compared_at == cursor.full_compared_at
+
+
+def test_a_comparison_set_off_by_counts_goes_before_the_pass_over_every_key(
+    instance, db, catalog, monkeypatch
+):
+    """A row the cursor passed, while the hourly pass is under way: the counts, compared every
+    COMPARE_EVERY_S as always, set off a comparison of that side, which finds it before the
+    pass goes on from where it was."""
+    monkeypatch.setattr("dataminer_dagster.engine.discovery.COMPARE_STEP_KEYS", 3)
+    project = add_project(catalog, "alpha", [f"v{i:02}" for i in range(20)])
+    launch(instance, tick("work", instance, db))
+    cursor = DiscoveryCursor.parse(tick("work", instance, db).cursor)  # counts compared
+    cursor.full_compared_at = 0.0
+    for _ in range(3):
+        cursor = plan_discovery(db.store.engine, cursor, instance=instance).cursor
+    paused = cursor.full_pass
+    assert paused is not None and cursor.comparing is None
+
+    link(catalog, project, ["late"])
+    cursor.video, cursor.project_video = cursor.video + 1, cursor.project_video + 1  # passed
+    cursor.compared_at = 0.0
+    found = plan_discovery(db.store.engine, cursor, instance=instance)
+    assert found.additions == {"videos": ["late"]}, "the newest videos first"
+    while found.cursor.comparing is not None:
+        assert found.cursor.full_pass == paused
+        found.apply(instance)
+        found = plan_discovery(db.store.engine, found.cursor, instance=instance)
+    assert instance.has_dynamic_partition("project_videos", "alpha.late")
+    assert found.cursor.full_pass != paused, "once the counts agree, the pass goes on"
+
+
+def test_a_count_that_drifted_sets_off_one_comparison_not_one_a_tick(instance, db, catalog):
+    """A count that no key explains (a delta written by hand here): the comparison it sets off
+    reads its side to the end once; the same difference then sets off nothing, and a new one
+    (a row the cursor passed) does."""
+    project = add_project(catalog, "alpha", ["v0", "v1"])
+    launch(instance, tick("work", instance, db))
+    cursor = DiscoveryCursor.parse(tick("work", instance, db).cursor)
+    with db.store.engine.begin() as c:
+        c.execute(
+            sa.text("INSERT INTO dataminer.row_counts (table_name, delta) VALUES ('videos', 1)")
+        )
+    cursor.compared_at = 0.0
+    found = plan_discovery(db.store.engine, cursor, instance=instance)
+    assert found.additions == found.removals == {}
+    assert found.cursor.comparing is None and found.cursor.unexplained == {"videos": 1}
+    found.cursor.compared_at = 0.0
+    again = plan_discovery(db.store.engine, found.cursor, instance=instance)
+    assert again.cursor.comparing is None and again.cursor.compared_at > 0
+
+    link(catalog, project, ["late"])
+    again.cursor.video, again.cursor.project_video = 10**9, 10**9  # passed
+    again.cursor.compared_at = 0.0
+    late = plan_discovery(db.store.engine, again.cursor, instance=instance)
+    assert late.additions == {"videos": ["late"], "project_videos": ["alpha.late"]}
 
 
 def later(cursor: str) -> str:

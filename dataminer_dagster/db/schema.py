@@ -281,7 +281,7 @@ project_changes = sa.Table(
 )
 
 # How many rows projects, videos and project_videos hold, as deltas: triggers append one per
-# statement that inserts or deletes their rows (migration 0012); db/partition_rows.py sums them.
+# statement that inserts or deletes their rows (migration 0012); db/delta_counts.py sums them.
 row_counts = sa.Table(
     "row_counts",
     metadata,

@@ -26,19 +26,20 @@ from dataminer_dagster.engine.stored_partitions import partition_count
 
 MAX_PARTITION_ADDS_PER_TICK = 25_000
 # The catalog is compared with Dagster on a tick that finds nothing new, at most this often: the
-# number of rows of each set (kept by triggers, db/partition_rows.py) against the number of
+# number of rows of each set (kept by triggers, db/delta_counts.py) against the number of
 # partitions Dagster holds (kept by the instance storage's triggers where it is ours). Where they
 # differ, the keys of that set are compared on the side that has more (its rows, or Dagster's
 # partitions), newest first, until the counts agree: a row the cursor passed (ids are taken at
-# insert, not at commit) is among the newest. A pass over every key of both sides is made
-# FULL_COMPARE_EVERY_S apart whatever the counts say, for the rare pair of changes that leaves
-# them equal (a row the cursor passed and a partition whose row was deleted, both within
-# COMPARE_EVERY_S).
+# insert, not at commit) is among the newest. A difference that such a comparison read to its end
+# without explaining (a count that drifted) sets off no other until it changes. A pass over every
+# key of both sides is made FULL_COMPARE_EVERY_S apart whatever the counts say, for the rare pair
+# of changes that leaves them equal (a row the cursor passed and a partition whose row was
+# deleted, both within COMPARE_EVERY_S); a comparison set off by counts goes before it.
 COMPARE_EVERY_S = 30.0
 FULL_COMPARE_EVERY_S = 3600.0
 # A comparison reads this many keys a tick (each looked up on the other side by its index), its
-# progress kept in the cursor: the whole pass over 1,000,000 videos is some 400 short steps, and
-# survives whatever process runs the next tick (bench/README.md, "Scale").
+# progress kept in the cursor, so that it survives whatever process runs the next tick: the pass
+# over every key of 1,000,000 videos is about 400 steps (bench/README.md, "Scale").
 COMPARE_STEP_KEYS = 10_000
 # The sides of a set: its catalog rows (has each a partition?), Dagster's partitions (has each
 # still its row?).
@@ -51,12 +52,14 @@ class DiscoveryCursor:
     project: int = 0
     video: int = 0
     project_video: int = 0
-    compared_at: float = 0.0  # when the catalog was last compared with Dagster (epoch)
-    full_compared_at: float = 0.0  # ... key by key, to the end of a pass
-    # The comparison under way, else None: {"sides": [[partitions name, ROWS or PARTITIONS],
-    # ...] left to read, "before": where the first goes on (a catalog id, or Dagster's page
-    # cursor), "full": whether it is the pass over every key}.
-    comparing: dict | None = None
+    compared_at: float = 0.0  # when the counts were last compared (epoch)
+    full_compared_at: float = 0.0  # when the last pass over every key ended
+    # A comparison under way, else None: {"sides": [[partitions name, ROWS or PARTITIONS], ...]
+    # left to read, "before": where the first goes on (a catalog id, or Dagster's page cursor)}.
+    comparing: dict | None = None  # ... of the sides whose counts differ
+    full_pass: dict | None = None  # ... of every key
+    # {partitions name: rows - partitions} that a comparison read to its end without explaining
+    unexplained: dict[str, int] = field(default_factory=dict)
     # {project: digest of the config versions last reported} (engine/config_versions.py)
     configs: dict[str, str] = field(default_factory=dict)
 
@@ -142,46 +145,72 @@ def plan_discovery(
                 setattr(result.cursor, field_name, rows[-1].id)
     if instance is None or result.count:
         return result
-    now = time.time()
-    progress = cursor.comparing
-    if progress is None and now - cursor.compared_at >= COMPARE_EVERY_S:
-        result.cursor.compared_at = now
-        if now - cursor.full_compared_at >= FULL_COMPARE_EVERY_S:
-            sides = [[name, side] for name in PARTITION_SETS for side in (ROWS, PARTITIONS)]
-            progress = {"sides": sides, "before": None, "full": True}
-        elif sides := _sides_that_differ(instance, engine):
-            progress = {"sides": sides, "before": None, "full": False}
-    elif progress is not None and not progress["full"]:
-        progress = _still_differing(progress, _sides_that_differ(instance, engine))
-    if progress is not None:
-        result.additions, result.removals, result.cursor.comparing = _compare_step(
-            instance, engine, progress
+    now, found = time.time(), result.cursor
+    differences = None
+    if found.comparing is not None:
+        differences = _count_differences(instance, engine)
+        found.comparing = _still_differing(found.comparing, differences)
+        if found.comparing is None:
+            found.unexplained = {}  # the counts agree: what differed was found
+    elif now - found.compared_at >= COMPARE_EVERY_S:
+        found.compared_at = now
+        differences = _count_differences(instance, engine)
+        if differences and differences != found.unexplained:
+            found.comparing = {"sides": _sides(differences), "before": None}
+        elif not differences:
+            found.unexplained = {}
+        full_due = now - found.full_compared_at >= FULL_COMPARE_EVERY_S
+        if found.comparing is None and found.full_pass is None and full_due:
+            found.full_pass = {"sides": _sides(), "before": None}
+    if found.comparing is not None:
+        result.additions, result.removals, found.comparing = _compare_step(
+            instance, engine, found.comparing
         )
-        if result.cursor.comparing is None and progress["full"]:
-            result.cursor.full_compared_at = now
-    else:
-        result.cursor.comparing = None
+        if found.comparing is None:  # read to its end: what its findings leave unexplained
+            found.unexplained = _left_over(differences, result)
+    elif found.full_pass is not None:
+        result.additions, result.removals, found.full_pass = _compare_step(
+            instance, engine, found.full_pass
+        )
+        if found.full_pass is None:
+            found.full_compared_at = now
     return result
 
 
-def _sides_that_differ(instance: dg.DagsterInstance, engine: sa.Engine) -> list[list[str]]:
-    """The side of each set whose count is the larger: [name, ROWS] where the catalog has more
-    rows than Dagster partitions, [name, PARTITIONS] where it has fewer."""
+def _count_differences(instance: dg.DagsterInstance, engine: sa.Engine) -> dict[str, int]:
+    """{partitions name: rows in the catalog - partitions in Dagster} where they differ."""
     with engine.connect() as c:
         counts = {
             name: row_count(c, name) - partition_count(instance, name) for name in PARTITION_SETS
         }
-    return [[name, ROWS if more > 0 else PARTITIONS] for name, more in counts.items() if more]
+    return {name: more for name, more in counts.items() if more}
 
 
-def _still_differing(progress: dict, differ: list[list[str]]) -> dict | None:
+def _sides(differences: Mapping[str, int] | None = None) -> list[list[str]]:
+    """The sides to compare: of each set that differs, the one with more keys (its rows, where
+    the catalog has more rows than Dagster partitions); without `differences`, every side."""
+    if differences is None:
+        return [[name, side] for name in PARTITION_SETS for side in (ROWS, PARTITIONS)]
+    return [[name, ROWS if more > 0 else PARTITIONS] for name, more in differences.items()]
+
+
+def _still_differing(progress: dict, differences: Mapping[str, int]) -> dict | None:
     """A comparison of the sides that differed, without those whose counts agree now (what
     differed there was found); None when none is left."""
-    sides = [side for side in progress["sides"] if side in differ]
+    sides = [side for side in progress["sides"] if side in _sides(differences)]
     if not sides:
         return None
     before = progress["before"] if sides[0] == progress["sides"][0] else None
     return {**progress, "sides": sides, "before": before}
+
+
+def _left_over(differences: Mapping[str, int], found: Discovery) -> dict[str, int]:
+    """The differences once `found`'s additions and removals are made."""
+    left = {
+        name: more - len(found.additions.get(name, ())) + len(found.removals.get(name, ()))
+        for name, more in differences.items()
+    }
+    return {name: more for name, more in left.items() if more}
 
 
 def _compare_step(

@@ -8,7 +8,7 @@ Dagster orders a dynamic partition set by the storage id each key was given when
 its two ends in that order), so the id is the position. Dagster's public interface reads a set
 whole or page by page from its start; the lookups by key below are made on its storage's table,
 as Dagster's own SQL storages (SQLite, PostgreSQL) define it. An instance whose event log is kept
-elsewhere (Dagster+) is read whole, once per planning cycle.
+elsewhere (Dagster+) is read whole, once per lane and planning cycle, and counted whole.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class PartitionOrder:
 
 def partition_count(instance: dg.DagsterInstance, name: str) -> int:
     """How many keys the set holds: from the storage's kept count where it keeps one
-    (hosting/instance_storage.py), else counted."""
+    (hosting/instance_storage.py, `dynamic_partition_count`), else counted."""
     storage = instance.event_log_storage
     kept = getattr(storage, "dynamic_partition_count", None)
     if kept is not None:
