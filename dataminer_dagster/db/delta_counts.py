@@ -4,7 +4,7 @@ which a reader folds into one row now and then. Appending instead of updating on
 keeps concurrent writers from waiting for each other, and reading a count costs its few deltas,
 not a count(*) of the rows (0.3-0.6 s at 1,000,000 videos).
 
-Two such counters: the catalog's rows of each partition set (`dataminer.row_counts`, migration
+Two such counters: the catalog's rows of each partition set (`row_counts`, migration
 0012) and Dagster's partitions of each set (hosting/instance_storage.py).
 """
 
