@@ -1,6 +1,6 @@
 """The work sensor's discovery on a tick that finds nothing new, against a large catalog: when the
 catalog is compared with Dagster by counts (every `COMPARE_EVERY_S`), when a step of the key by
-key pass is made (the counts differ, or every `FULL_COMPARE_EVERY_S`; `COMPARE_STEP_KEYS` keys a
+key pass is made (the counts differ, or every `FULL_COMPARE_EVERY_S`; about `COMPARE_STEP_S` a
 tick) and the whole pass, and when it is not compared; and its run planning (`plan_runs`, every
 lane) with nothing to request, which looks up Dagster's partition order by key: the first call
 of a process costs what the next ones do.
@@ -67,7 +67,7 @@ def main() -> None:
         from dataminer_dagster.db.engine import get_engine
         from dataminer_dagster.engine.discovery import (
             COMPARE_EVERY_S,
-            COMPARE_STEP_KEYS,
+            COMPARE_STEP_S,
             FULL_COMPARE_EVERY_S,
             DiscoveryCursor,
             plan_discovery,
@@ -99,7 +99,7 @@ def main() -> None:
         while True:  # the whole pass, step by step, as ticks make it
             passing = plan_discovery(engine, passing, instance=instance).cursor
             steps += 1
-            if passing.comparing is None:
+            if passing.full_pass is None and passing.comparing is None:
                 break
         whole_pass_s = time.time() - started
 
@@ -118,7 +118,7 @@ def main() -> None:
         instance.dispose()
     print(
         f"{args.videos:,} videos and project videos, median of {args.repeats}: a quiet tick "
-        f"making a step of the key-by-key pass ({COMPARE_STEP_KEYS:,} keys) {step:.1f} ms, "
+        f"making a step of the key-by-key pass ({COMPARE_STEP_S:g} s) {step:.1f} ms, "
         f"comparing the counts {counts_due:.1f} ms, not due to compare {not_due:.1f} ms (counts at "
         f"most every {COMPARE_EVERY_S:g} s, a pass every {FULL_COMPARE_EVERY_S:g} s or when the "
         f"counts differ: {steps} steps, {whole_pass_s:.1f} s in all); planning runs "

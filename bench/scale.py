@@ -219,7 +219,7 @@ def comparisons(engine, instance, catalog, project, with_times, size: int, chunk
         found = plan_discovery(engine, cursor, instance=instance)
         found.apply(instance)
         cursor, steps = found.cursor, steps + 1
-        if cursor.comparing is None:
+        if cursor.full_pass is None and cursor.comparing is None:
             break
     figures["full_pass_s"], figures["full_pass_steps"] = time.time() - started, steps
     link(catalog, project, size, 1, chunk)

@@ -441,11 +441,11 @@ def test_counts_that_agree_skip_the_key_by_key_comparison_until_it_is_due(instan
 
 
 def test_the_key_by_key_pass_goes_in_steps_kept_in_the_cursor(instance, db, catalog, monkeypatch):
-    """The pass over every key reads COMPARE_STEP_KEYS keys a tick, its progress in the cursor
+    """The pass over every key reads a step's keys a tick, its progress in the cursor
     alone (the daemon's code server, which evaluates the sensor, is replaced every minute): rows
     the cursor passed and partitions whose row is gone, which leave the counts equal here, are
     found in every set, a step at a time, and rows that the cursor finds meanwhile come first."""
-    monkeypatch.setattr("dataminer_dagster.engine.discovery.COMPARE_STEP_KEYS", 3)
+    one_chunk_a_step(monkeypatch, keys=3)
     project = add_project(catalog, "alpha", [f"v{i}" for i in range(5)])
     launch(instance, tick("work", instance, db))
     instance.add_dynamic_partitions("videos", ["ghost"])
@@ -498,7 +498,7 @@ def test_counts_that_differ_set_off_a_comparison_of_that_side_newest_first(
     """A row the cursor passed is among the newest: the comparison reads the side whose count is
     larger (the catalog's videos and project videos here), newest first, a step a tick, and ends
     as soon as the counts agree, long before it has read the whole set."""
-    monkeypatch.setattr("dataminer_dagster.engine.discovery.COMPARE_STEP_KEYS", 3)
+    one_chunk_a_step(monkeypatch, keys=3)
     project = add_project(catalog, "alpha", [f"v{i:02}" for i in range(30)])
     launch(instance, tick("work", instance, db))
     early = [Candidate("late", "url", url="https://example.com/late.mp4")]
@@ -530,7 +530,7 @@ def test_a_comparison_set_off_by_counts_goes_before_the_pass_over_every_key(
     """A row the cursor passed, while the hourly pass is under way: the counts, compared every
     COMPARE_EVERY_S as always, set off a comparison of that side, which finds it before the
     pass goes on from where it was."""
-    monkeypatch.setattr("dataminer_dagster.engine.discovery.COMPARE_STEP_KEYS", 3)
+    one_chunk_a_step(monkeypatch, keys=3)
     project = add_project(catalog, "alpha", [f"v{i:02}" for i in range(20)])
     launch(instance, tick("work", instance, db))
     cursor = DiscoveryCursor.parse(tick("work", instance, db).cursor)  # counts compared
@@ -577,6 +577,12 @@ def test_a_count_that_drifted_sets_off_one_comparison_not_one_a_tick(instance, d
     again.cursor.compared_at = 0.0
     late = plan_discovery(db.store.engine, again.cursor, instance=instance)
     assert late.additions == {"videos": ["late"], "project_videos": ["alpha.late"]}
+
+
+def one_chunk_a_step(monkeypatch, keys: int) -> None:
+    """Comparisons that read one chunk of `keys` keys a tick, so that a test sees their steps."""
+    monkeypatch.setattr("dataminer_dagster.engine.discovery.COMPARE_CHUNK_KEYS", keys)
+    monkeypatch.setattr("dataminer_dagster.engine.discovery.COMPARE_STEP_S", 0.0)
 
 
 def later(cursor: str) -> str:

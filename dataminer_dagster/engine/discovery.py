@@ -37,10 +37,12 @@ MAX_PARTITION_ADDS_PER_TICK = 25_000
 # deleted, both within COMPARE_EVERY_S); a comparison set off by counts goes before it.
 COMPARE_EVERY_S = 30.0
 FULL_COMPARE_EVERY_S = 3600.0
-# A comparison reads this many keys a tick (each looked up on the other side by its index), its
-# progress kept in the cursor, so that it survives whatever process runs the next tick: the pass
-# over every key of 1,000,000 videos is about 400 steps (bench/README.md, "Scale").
-COMPARE_STEP_KEYS = 10_000
+# A comparison reads the keys in chunks for about COMPARE_STEP_S a tick (at least one chunk), each
+# key looked up on the other side by its index, its progress kept in the cursor, so that it
+# survives whatever process runs the next tick (bench/README.md, "Scale": the pass over every key
+# of 1,000,000 videos).
+COMPARE_STEP_S = 0.1
+COMPARE_CHUNK_KEYS = 2_500
 # The sides of a set: its catalog rows (has each a partition?), Dagster's partitions (has each
 # still its row?).
 ROWS, PARTITIONS = "rows", "partitions"
@@ -216,9 +218,9 @@ def _left_over(differences: Mapping[str, int], found: Discovery) -> dict[str, in
 def _compare_step(
     instance: dg.DagsterInstance, engine: sa.Engine, progress: dict
 ) -> tuple[dict[str, list[str]], dict[str, list[str]], dict | None]:
-    """One step of a comparison, about COMPARE_STEP_KEYS keys from where `progress` left off,
-    each side newest first: (rows without a partition, partitions whose row is gone, by
-    partitions name, oldest first; the progress after it, None at the end).
+    """One step of a comparison from where `progress` left off, each side newest first, chunks
+    of COMPARE_CHUNK_KEYS for about COMPARE_STEP_S: (rows without a partition, partitions whose
+    row is gone, by partitions name, oldest first; the progress after it, None at the end).
 
     Each side is read first and looked up on the other after it, so that a change made
     meanwhile is never taken for a difference: a row is read before Dagster is asked for its
@@ -228,21 +230,25 @@ def _compare_step(
     missing: dict[str, list[str]] = {}
     gone: dict[str, list[str]] = {}
     sides, before = [list(side) for side in progress["sides"]], progress["before"]
-    left = COMPARE_STEP_KEYS
+    started, chunks = time.monotonic(), 0
     with engine.connect() as c:
-        while left > 0 and sides:
+        while sides and (not chunks or time.monotonic() - started < COMPARE_STEP_S):
             name, side = sides[0]
             if side == ROWS:
-                rows = rows_before(c, name, _NO_ID_ABOVE if before is None else before, left)
+                rows = rows_before(
+                    c, name, _NO_ID_ABOVE if before is None else before, COMPARE_CHUNK_KEYS
+                )
                 keys = [row.key for row in rows]
                 held = instance.get_existing_dynamic_partitions(name, keys) if keys else set()
-                more, before = len(rows) == left, rows[-1].id if rows else before
+                more, before = len(rows) == COMPARE_CHUNK_KEYS, rows[-1].id if rows else before
             else:
-                page = instance.get_paginated_dynamic_partitions(name, left, False, cursor=before)
+                page = instance.get_paginated_dynamic_partitions(
+                    name, COMPARE_CHUNK_KEYS, False, cursor=before
+                )
                 keys = list(page.results)
                 held = existing_keys(c, name, keys) if keys else set()
                 more, before = page.has_more, page.cursor
-            left -= len(keys)
+            chunks += 1
             if differ := [key for key in keys if key not in held]:
                 (missing if side == ROWS else gone).setdefault(name, []).extend(differ)
             if not more:

@@ -70,7 +70,7 @@ class DataminerEventLogStorage(_UrlFromEnvironment, PostgresEventLogStorage):
       know that the set's keys there are few. Here the read asks for the keys between two (set,
       id) pairs: a range of this index. The same keys, pages and cursors;
     * the membership query in one statement per 20,000 keys (Dagster's sends an IN list per
-      1,000 keys: 200 ms for the comparison's 10,000 keys a step, against 40 ms here).
+      1,000 keys: 10,000 keys took 200 ms that way, 40 ms this way, at 100,000 videos).
     """
 
     @classmethod
