@@ -33,6 +33,8 @@ class PartitionOrder:
     def positions(self, keys: Iterable[str]) -> dict[str, int]:
         """The position of each of `keys` that the set holds."""
         wanted = [k for k in dict.fromkeys(keys) if k not in self.removed]
+        if not wanted:
+            return {}
         storage = _sql_storage(self.instance)
         if storage is None:
             listed = self._listed_positions()
