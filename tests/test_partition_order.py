@@ -175,6 +175,22 @@ def test_the_storages_read_of_new_keys_gives_dagsters_pages_and_cursors(reposito
     assert (empty.results, empty.has_more) == ([], False)
 
 
+def test_the_storages_membership_query_is_dagsters(repository_instance, monkeypatch):
+    from dagster_postgres import PostgresEventLogStorage
+
+    from dataminer_dagster.hosting import instance_storage
+
+    monkeypatch.setattr(instance_storage, "_MEMBERSHIP_CHUNK", 3)  # several statements
+    storage = repository_instance.event_log_storage
+    storage.add_dynamic_partitions(NAME, [f"v{i}" for i in range(10)])
+    storage.add_dynamic_partitions("project_videos", ["v1", "p.v2"])
+    asked = ["v3", "nope", "v9", "v3", "p.v2", "v0", "", "v5", "also-not"]
+    ours = storage.get_existing_dynamic_partitions(NAME, asked)
+    assert ours == PostgresEventLogStorage.get_existing_dynamic_partitions(storage, NAME, asked)
+    assert ours == {"v3", "v9", "v0", "v5"}
+    assert storage.get_existing_dynamic_partitions(NAME, []) == set()
+
+
 def test_a_sets_new_keys_are_read_as_a_range_whatever_other_sets_hold_after_them(
     repository_instance,
 ):
