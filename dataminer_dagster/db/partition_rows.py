@@ -64,7 +64,7 @@ def existing_keys(conn: sa.Connection, partitions: str, keys: Sequence[str]) -> 
                         ON pv.project_id = p.id AND pv.video_id = k.video"""
         return set(conn.execute(sa.text(query), {"names": names, "videos": videos}).scalars())
     column = {PROJECTS: "name", VIDEOS: "video_id"}[partitions]
-    query = f"SELECT {column} FROM {S}.{_TABLES[partitions]} WHERE {column} = ANY(:keys)"
+    query = f"SELECT {column} FROM {S}.{_TABLES[partitions]} WHERE {column} = ANY(CAST(:keys AS text[]))"
     return set(conn.execute(sa.text(query), {"keys": list(keys)}).scalars())
 
 
