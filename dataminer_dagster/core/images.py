@@ -9,9 +9,10 @@ channel order unless `order="rgb"` is asked for.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where an image is decoded: the CLI reads the formats only
+    import numpy as np
 
 ImageFormat = Literal["jpg", "png", "webp"]
 ChannelOrder = Literal["rgb", "bgr"]
@@ -110,6 +111,7 @@ def write_image(
 def decode_image(data: bytes, *, order: ChannelOrder = "rgb") -> np.ndarray | None:
     """Decode JPEG, PNG or WebP bytes to a height x width x 3 array; None if they are not an image."""
     import cv2
+    import numpy as np
 
     image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
     if image is None:
