@@ -148,15 +148,28 @@ def frame_counts(engine: sa.Engine, project_id: int) -> dict[str, int]:
 
 
 def recent_failures(engine: sa.Engine, project_id: int, limit: int = 10) -> list[sa.Row]:
-    columns = "w.stage, w.item_key, w.status, w.attempts, w.last_error, w.updated_at"
+    """The project's latest items that failed, died or were blocked, with their errors: its own
+    and its videos'. Each side walks the failures newest first (`work_items_troubled`) and stops
+    at `limit`, so a project of a million videos costs its ten failures, not its videos."""
+    troubled = f"""w.status IN ('{FAILED}', '{DEAD}', '{BLOCKED}') AND w.last_error IS NOT NULL"""
     statement = sa.text(f"""
-        SELECT * FROM ({_project_work(columns)}) work
-         WHERE status IN ('{FAILED}', '{DEAD}', '{BLOCKED}') AND last_error IS NOT NULL
-         ORDER BY updated_at DESC LIMIT :n
+        SELECT * FROM (
+            (SELECT {_FAILURE_COLUMNS} FROM {S}.work_items w
+              WHERE w.project_id = :p AND {troubled}
+              ORDER BY w.updated_at DESC LIMIT :n)
+            UNION ALL
+            (SELECT {_FAILURE_COLUMNS} FROM {S}.work_items w
+              WHERE w.project_id IS NULL AND {troubled}
+                AND EXISTS (SELECT FROM {S}.project_videos pv
+                             WHERE pv.project_id = :p AND pv.video_id = w.video_id)
+              ORDER BY w.updated_at DESC LIMIT :n)
+        ) failures ORDER BY updated_at DESC LIMIT :n
     """)
-    params = {"p": project_id, "n": limit, "video_stages": list(REGISTRY.names)}
     with engine.connect() as c:
-        return c.execute(statement, params).all()
+        return c.execute(statement, {"p": project_id, "n": limit}).all()
+
+
+_FAILURE_COLUMNS = "w.stage, w.item_key, w.status, w.attempts, w.last_error, w.updated_at"
 
 
 REMAINING = (PENDING, RUNNING, FAILED)

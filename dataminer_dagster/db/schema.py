@@ -206,6 +206,8 @@ project_videos = sa.Table(
     sa.Index("project_videos_video", "video_id"),
 )
 
+_TROUBLED = "status IN ('failed', 'dead', 'blocked') AND last_error IS NOT NULL"
+
 work_items = sa.Table(
     "work_items",
     metadata,
@@ -267,6 +269,18 @@ work_items = sa.Table(
         "stage",
         sa.text("finished_at DESC"),
         postgresql_where=sa.text("status = 'done'"),
+    ),
+    # A project's latest failures, newest first (`dataminer status NAME`): its own, its videos'.
+    sa.Index(
+        "work_items_troubled_own",
+        "project_id",
+        sa.text("updated_at DESC"),
+        postgresql_where=sa.text(f"{_TROUBLED} AND project_id IS NOT NULL"),
+    ),
+    sa.Index(
+        "work_items_troubled_videos",
+        sa.text("updated_at DESC"),
+        postgresql_where=sa.text(f"{_TROUBLED} AND project_id IS NULL"),
     ),
 )
 
