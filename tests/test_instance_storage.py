@@ -153,3 +153,50 @@ def test_dagster_storages_share_one_pool_that_survives_a_restart_and_a_fork(embe
         assert len(instance.get_runs()) == 4
     finally:
         instance.dispose()
+
+
+def _statements_while(call) -> list[str]:
+    """Every statement any engine of this process sends while `call` runs."""
+    sent: list[str] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        sent.append(statement)
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", capture)
+    try:
+        call()
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", capture)
+    return sent
+
+
+def _looks_for_tables(statements: list[str]) -> list[str]:
+    """The statements that list the database's tables (SQLAlchemy's `get_table_names`)."""
+    return [s for s in statements if "pg_catalog.pg_class" in s and "relkind" in s]
+
+
+def test_an_instance_built_again_in_a_process_does_not_look_for_dagsters_tables(
+    dataminer_env, tmp_path, database_url
+):
+    """Dagster's storages list the database's tables, each on a new connection, whenever one is
+    built (50-200 ms of each tick under dagster-daemon). The first instance of a process on a
+    database makes Dagster's tables; later ones neither look for them nor miss them."""
+    shutil.copy(REPO / "dagster.yaml", tmp_path / "dagster.yaml")
+    instances: list[dg.DagsterInstance] = []
+
+    def build() -> None:
+        instances.append(dg.DagsterInstance.from_config(str(tmp_path)))
+
+    first = _statements_while(build)
+    assert _looks_for_tables(first), "the first instance looked for Dagster's tables, and made them"
+    with sa.create_engine(database_url).connect() as c:
+        assert {"runs", "event_logs", "jobs"} <= set(sa.inspect(c).get_table_names())
+
+    again = _statements_while(build)
+    assert _looks_for_tables(again) == []
+    instance = instances[-1]
+    instance.add_dynamic_partitions("videos", ["v1"])
+    assert instance.get_dynamic_partitions("videos") == ["v1"]
+    assert instance.get_runs() == []
+    for built in instances:
+        built.dispose()

@@ -40,7 +40,13 @@ class _UrlFromEnvironment:
 
     @classmethod
     def from_config_value(cls, inst_data, config_value):
-        storage = cls(postgres_url=_url(config_value), inst_data=inst_data)
+        url = _url(config_value)
+        # Dagster's storages look for their tables on a new connection whenever one is built, and
+        # the code server builds an instance for every sensor evaluation: 50-200 ms of each work
+        # tick under dagster-daemon (bench/README.md, "Scale"). Looked for once per process here.
+        checked = (cls, url) in _storages_checked
+        storage = cls(postgres_url=url, should_autocreate_tables=not checked, inst_data=inst_data)
+        _storages_checked.add((cls, url))
         # dagster-postgres opens a new connection for every operation (a NullPool), so that no
         # DagsterInstance holds connections. Here the three storages share the process's pooled
         # autocommit engine for the URL instead (pre-pinged: a database restart costs no failed
@@ -49,6 +55,10 @@ class _UrlFromEnvironment:
         # dagster-webserver swaps in its own pool the same way (optimize_for_webserver).
         storage._engine = get_engine(storage.postgres_url, autocommit=True)
         return storage
+
+
+# (storage class, URL) whose tables this process has looked for (and made, where missing).
+_storages_checked: set[tuple[type, str]] = set()
 
 
 class DataminerRunStorage(_UrlFromEnvironment, PostgresRunStorage):
