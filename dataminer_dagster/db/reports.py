@@ -147,10 +147,14 @@ def frame_counts(engine: sa.Engine, project_id: int) -> dict[str, int]:
     }
 
 
+_FAILURE_COLUMNS = "w.stage, w.item_key, w.status, w.attempts, w.last_error, w.updated_at"
+
+
 def recent_failures(engine: sa.Engine, project_id: int, limit: int = 10) -> list[sa.Row]:
     """The project's latest items that failed, died or were blocked, with their errors: its own
-    and its videos'. Each side walks the failures newest first (`work_items_troubled`) and stops
-    at `limit`, so a project of a million videos costs its ten failures, not its videos."""
+    and its videos'. Each side walks its failures newest first (`work_items_troubled_own`,
+    `work_items_troubled_videos`, migration 0013) and stops at `limit`, so a project of a million
+    videos costs its ten failures, not its videos."""
     troubled = f"""w.status IN ('{FAILED}', '{DEAD}', '{BLOCKED}') AND w.last_error IS NOT NULL"""
     statement = sa.text(f"""
         SELECT * FROM (
@@ -167,9 +171,6 @@ def recent_failures(engine: sa.Engine, project_id: int, limit: int = 10) -> list
     """)
     with engine.connect() as c:
         return c.execute(statement, {"p": project_id, "n": limit}).all()
-
-
-_FAILURE_COLUMNS = "w.stage, w.item_key, w.status, w.attempts, w.last_error, w.updated_at"
 
 
 REMAINING = (PENDING, RUNNING, FAILED)
