@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from dataminer_dagster.db import migrate
 from dataminer_dagster.db.server import stop_embedded, with_driver
 from dataminer_dagster.settings import load_settings
+from tests.helpers.statements import statements_sent
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -155,24 +156,11 @@ def test_dagster_storages_share_one_pool_that_survives_a_restart_and_a_fork(embe
         instance.dispose()
 
 
-def _statements_while(call) -> list[str]:
-    """Every statement any engine of this process sends while `call` runs."""
-    sent: list[str] = []
-
-    def capture(conn, cursor, statement, parameters, context, executemany):
-        sent.append(statement)
-
-    sa.event.listen(sa.engine.Engine, "before_cursor_execute", capture)
-    try:
-        call()
-    finally:
-        sa.event.remove(sa.engine.Engine, "before_cursor_execute", capture)
-    return sent
-
-
-def _looks_for_tables(statements: list[str]) -> list[str]:
-    """The statements that list the database's tables (SQLAlchemy's `get_table_names`)."""
-    return [s for s in statements if "pg_catalog.pg_class" in s and "relkind" in s]
+def _looks_for_tables(call) -> list[str]:
+    """The statements that list the database's tables (SQLAlchemy's `get_table_names`), sent by
+    any engine of this process while `call` runs."""
+    sent = statements_sent(sa.engine.Engine, call)
+    return [s for s, _ in sent if "pg_catalog.pg_class" in s and "relkind" in s]
 
 
 def test_an_instance_built_again_in_a_process_does_not_look_for_dagsters_tables(
@@ -187,13 +175,11 @@ def test_an_instance_built_again_in_a_process_does_not_look_for_dagsters_tables(
     def build() -> None:
         instances.append(dg.DagsterInstance.from_config(str(tmp_path)))
 
-    first = _statements_while(build)
-    assert _looks_for_tables(first), "the first instance looked for Dagster's tables, and made them"
+    assert _looks_for_tables(build), "the first instance looked for Dagster's tables, and made them"
     with sa.create_engine(database_url).connect() as c:
         assert {"runs", "event_logs", "jobs"} <= set(sa.inspect(c).get_table_names())
 
-    again = _statements_while(build)
-    assert _looks_for_tables(again) == []
+    assert _looks_for_tables(build) == []
     instance = instances[-1]
     instance.add_dynamic_partitions("videos", ["v1"])
     assert instance.get_dynamic_partitions("videos") == ["v1"]

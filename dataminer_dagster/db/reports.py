@@ -30,6 +30,7 @@ from dataminer_dagster.db.schema import (
     SCHEMA,
     STATUSES,
     stale_sql,
+    troubled_sql,
 )
 from dataminer_dagster.db.source_refresh import last_listings, source_states
 from dataminer_dagster.engine.registry import DOWNLOAD
@@ -155,7 +156,7 @@ def recent_failures(engine: sa.Engine, project_id: int, limit: int = 10) -> list
     and its videos'. Each side walks its failures newest first (`work_items_troubled_own`,
     `work_items_troubled_videos`, migration 0013) and stops at `limit`, so a project of a million
     videos costs its ten failures, not its videos."""
-    troubled = f"""w.status IN ('{FAILED}', '{DEAD}', '{BLOCKED}') AND w.last_error IS NOT NULL"""
+    troubled = troubled_sql("w.")
     statement = sa.text(f"""
         SELECT * FROM (
             (SELECT {_FAILURE_COLUMNS} FROM {S}.work_items w

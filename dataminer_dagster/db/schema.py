@@ -37,6 +37,15 @@ def stale_sql(item: str, current: str | None = None) -> str:
                AND NOT coalesce({item}.outcome ? 'same_as', false))"""
 
 
+def troubled_sql(prefix: str = "") -> str:
+    """SQL: a work item failed, died or was blocked, with an error to show (`prefix`: the item's
+    alias and a dot; none in an index's predicate). The latest failures are read with it and the
+    `work_items_troubled_*` indexes hold the rows it is true of, so both say it the same way."""
+    return (
+        f"{prefix}status IN ('{FAILED}', '{DEAD}', '{BLOCKED}') AND {prefix}last_error IS NOT NULL"
+    )
+
+
 # The fingerprint of finished work whose input was made again since (frames extracted again, a
 # project stage done again): never a project's current one, so the work is stale and runs again.
 INPUT_REDONE = "input made again"
@@ -206,8 +215,6 @@ project_videos = sa.Table(
     sa.Index("project_videos_video", "video_id"),
 )
 
-_TROUBLED = "status IN ('failed', 'dead', 'blocked') AND last_error IS NOT NULL"
-
 work_items = sa.Table(
     "work_items",
     metadata,
@@ -275,12 +282,12 @@ work_items = sa.Table(
         "work_items_troubled_own",
         "project_id",
         sa.text("updated_at DESC"),
-        postgresql_where=sa.text(f"{_TROUBLED} AND project_id IS NOT NULL"),
+        postgresql_where=sa.text(f"{troubled_sql()} AND project_id IS NOT NULL"),
     ),
     sa.Index(
         "work_items_troubled_videos",
         sa.text("updated_at DESC"),
-        postgresql_where=sa.text(f"{_TROUBLED} AND project_id IS NULL"),
+        postgresql_where=sa.text(f"{troubled_sql()} AND project_id IS NULL"),
     ),
 )
 

@@ -134,7 +134,7 @@ def test_the_counts_are_each_projects_own(seeded):
 
 def test_a_projects_latest_failures_are_read_from_the_failures(seeded):
     """`dataminer status NAME` lists the project's ten latest failures, its own and its videos':
-    read newest first from the failures (`work_items_troubled`), not from its videos' items (a
+    read newest first from the failures (`work_items_troubled_own`, `_videos`), not from its videos' items (a
     scan of every item without a project: 0.2 s at 1,000,000 videos)."""
     engine, big, small = seeded
     troubled = [  # (video, stage, status, project's own, minutes ago)

@@ -8,8 +8,11 @@ from collections.abc import Callable
 import sqlalchemy as sa
 
 
-def statements_sent(engine: sa.Engine, call: Callable[[], object]) -> list[tuple[str, object]]:
-    """(statement, parameters) of each statement `call` sends through `engine`, in order."""
+def statements_sent(
+    engine: sa.Engine | type[sa.Engine], call: Callable[[], object]
+) -> list[tuple[str, object]]:
+    """(statement, parameters) of each statement `call` sends through `engine`, in order (given
+    the `sa.Engine` class: through any engine of the process, those `call` makes included)."""
     sent: list[tuple[str, object]] = []
 
     def capture(conn, cursor, statement, parameters, context, executemany):
