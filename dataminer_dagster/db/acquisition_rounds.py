@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.schema import DONE, LINKED_THROUGH_COPY, SCHEMA
+from dataminer_dagster.db.schema import DONE, SCHEMA
 from dataminer_dagster.db.source_refresh import request_refresh
-from dataminer_dagster.engine.registry import DATASET, DOWNLOAD
+from dataminer_dagster.db.video_totals import VideoTotals, video_totals
+from dataminer_dagster.engine.registry import DATASET
 
 S = SCHEMA
 ACQUIRING, REACHED, BUDGET, EXHAUSTED = "acquiring", "reached", "budget spent", "exhausted"
@@ -40,18 +41,19 @@ def acquisition_state(conn: sa.Connection, project_id: int) -> dict:
 
 
 def spent(conn: sa.Connection, project_id: int) -> Spent:
-    row = conn.execute(
-        sa.text(f"""
-            SELECT count(*) AS videos, count(*) FILTER (WHERE d.status = '{DONE}') AS downloaded,
-                   coalesce(sum(v.duration_s) FILTER (WHERE d.status = '{DONE}'), 0) / 3600.0 AS hours,
-                   coalesce(sum(v.size_bytes) FILTER (WHERE d.status = '{DONE}'), 0) / 1e9 AS gb
-              FROM {S}.project_videos pv JOIN {S}.videos v ON v.video_id = pv.video_id
-              LEFT JOIN {S}.work_items d ON d.stage = '{DOWNLOAD}' AND d.item_key = pv.video_id
-             WHERE pv.project_id = :p AND pv.source <> '{LINKED_THROUGH_COPY}'
-        """),
-        {"p": project_id},
-    ).one()
-    return Spent(row.videos, row.downloaded, float(row.hours), float(row.gb))
+    return spent_of(video_totals(conn, project_id, ()))
+
+
+def spent_of(videos: VideoTotals) -> Spent:
+    """What the project's sources have spent: videos linked (copies count once, as their
+    original), downloaded, hours and gigabytes downloaded."""
+    found = videos.found
+    return Spent(
+        videos=sum(s.videos for s in found),
+        downloaded=sum(s.downloaded for s in found),
+        hours=sum(s.downloaded_s for s in found) / 3600.0,
+        gigabytes=sum(s.downloaded_bytes for s in found) / 1e9,
+    )
 
 
 def budget_left(target: dict, used: Spent) -> tuple[int | None, str | None]:
@@ -156,15 +158,14 @@ def _save(
 
 
 def target_report(
-    engine: sa.Engine, project_id: int, target: dict | None, images: int
+    engine: sa.Engine, project_id: int, target: dict | None, images: int, used: Spent
 ) -> dict | None:
     """Where the project stands against its target (None without one): `images` in its dataset,
-    the round, the state and why, and what it has spent."""
+    the round, the state and why, and what it has spent (`used`)."""
     if target is None:
         return None
     with engine.connect() as conn:
         state = acquisition_state(conn, project_id)
-        used = spent(conn, project_id)
     return {
         "images": target["images"],
         "dataset_images": images,

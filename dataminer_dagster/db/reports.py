@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.core.redact import redact, redact_url
-from dataminer_dagster.db.acquisition_rounds import target_report
+from dataminer_dagster.db.acquisition_rounds import spent_of, target_report
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import (
@@ -24,7 +24,6 @@ from dataminer_dagster.db.schema import (
     DEAD,
     DONE,
     FAILED,
-    LINKED_THROUGH_COPY,
     PENDING,
     RUNNING,
     SCHEMA,
@@ -33,7 +32,7 @@ from dataminer_dagster.db.schema import (
     troubled_sql,
 )
 from dataminer_dagster.db.source_refresh import last_listings, source_states
-from dataminer_dagster.engine.registry import DOWNLOAD
+from dataminer_dagster.db.video_totals import VideoTotals, video_totals
 from dataminer_dagster.settings import LongRunningPolicy
 
 S = SCHEMA
@@ -44,19 +43,17 @@ def _board_video_stages() -> list[str]:
     return [stage for stage in REGISTRY.member_board if REGISTRY[stage].per_video]
 
 
-def _project_work(columns: str, *, project_only: str = "", video_only: str = "") -> str:
+def _project_work(columns: str) -> str:
     """`columns` of the work items that concern project :p: its own (`project_id`) and its
     videos' downloads and extractions (`:video_stages`, through `project_videos`). Two indexed
     reads joined by UNION ALL (a video's items have no project, so none is counted twice): the
     cost follows the project's size, never the catalog's (an `OR ... IN (subquery)` became a
-    plain SubPlan over the whole of project_videos past `work_mem`, issue 25). `project_only`
-    and `video_only` end the columns of each branch (one more column, its value in each)."""
+    plain SubPlan over the whole of project_videos past `work_mem`, issue 25)."""
     return f"""
-        SELECT {columns}{project_only} FROM {S}.work_items w
-          JOIN {S}.projects p ON p.id = w.project_id
+        SELECT {columns} FROM {S}.work_items w
          WHERE w.project_id = :p
         UNION ALL
-        SELECT {columns}{video_only} FROM {S}.project_videos pv
+        SELECT {columns} FROM {S}.project_videos pv
           JOIN {S}.work_items w ON w.video_id = pv.video_id
          WHERE pv.project_id = :p AND w.project_id IS NULL
            AND w.stage = ANY(CAST(:video_stages AS text[]))"""
@@ -64,7 +61,10 @@ def _project_work(columns: str, *, project_only: str = "", video_only: str = "")
 
 def stage_counts(engine: sa.Engine, project_id: int) -> dict[str, dict[str, int]]:
     """{stage: {status: count}} of the work that concerns one project (its videos' downloads and
-    extractions, its filters, its project stages)."""
+    extractions, its filters, its project stages): what `dataminer status` and the progress
+    bars show of each project. Its status (`work_summary`) reads the same from the pass over the
+    project's videos, which costs more (it joins the videos and each stage's items for the
+    yield); tests/db/test_status_plan.py keeps the two equal."""
     statement = sa.text(f"""
         SELECT stage, status, count(*) AS n FROM ({_project_work("w.stage, w.status")}) work
          GROUP BY 1, 2
@@ -78,8 +78,8 @@ def stage_counts(engine: sa.Engine, project_id: int) -> dict[str, dict[str, int]
 
 @dataclass(frozen=True)
 class WorkSummary:
-    """The work that concerns one project, read in one pass over its items (a pass costs what
-    the project is large: bench/README.md, "Scale")."""
+    """The work that concerns one project: its own items, and its videos' items of the board's
+    per-video stages (read in the pass over its videos, db/video_totals.py)."""
 
     counts: dict[str, dict[str, int]]  # {stage: {status: items}}
     finished: dict[str, int]  # {stage: items finished in the window}
@@ -88,51 +88,49 @@ class WorkSummary:
 
 def work_summary(engine: sa.Engine, project_id: int, window_minutes: float) -> WorkSummary:
     """Items per stage and status, those that finished (done, dead or blocked) in the last
-    `window_minutes`, and those a config change made stale: done or queued, they run again (a
-    running one is queued again when it completes; only a project's own items have a config)."""
+    `window_minutes`, and those a config change made stale."""
+    with engine.connect() as c:
+        videos = video_totals(c, project_id, _board_video_stages(), window_minutes)
+        return project_work(c, project_id, window_minutes, videos)
+
+
+def project_work(
+    conn: sa.Connection, project_id: int, window_minutes: float, videos: VideoTotals
+) -> WorkSummary:
+    """`work_summary` from the project's `videos` (read over the same window) and its own items:
+    those a config change made stale run again, done or queued (a running one is queued again
+    when it completes; only a project's own items have a config)."""
     statement = sa.text(f"""
-        SELECT stage, status, count(*) AS n,
-               count(*) FILTER (WHERE status IN ('{DONE}', '{DEAD}', '{BLOCKED}')
-                                  AND finished_at > now() - make_interval(secs => :window_s))
+        SELECT w.stage, w.status, count(*) AS n,
+               count(*) FILTER (WHERE w.status IN ('{DONE}', '{DEAD}', '{BLOCKED}')
+                                  AND w.finished_at > now() - make_interval(secs => :window_s))
                  AS finished,
-               count(*) FILTER (WHERE stale) AS stale
-          FROM ({
-        _project_work(
-            "w.stage, w.status, w.finished_at",
-            project_only=f", {stale_sql('w', 'p.fingerprints ->> w.stage')} AS stale",
-            video_only=", false AS stale",
-        )
-    }) work
+               count(*) FILTER (WHERE {stale_sql("w", "p.fingerprints ->> w.stage")}) AS stale
+          FROM {S}.work_items w JOIN {S}.projects p ON p.id = w.project_id
+         WHERE w.project_id = :p
          GROUP BY 1, 2
     """)
-    params = {
-        "p": project_id,
-        "window_s": window_minutes * 60.0,
-        "video_stages": _board_video_stages(),
-    }
     counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(STATUSES, 0))
     finished: dict[str, int] = defaultdict(int)
     stale: dict[str, int] = defaultdict(int)
-    with engine.connect() as c:
-        for row in c.execute(statement, params):
-            counts[row.stage][row.status] = row.n
-            finished[row.stage] += row.finished
-            stale[row.stage] += row.stale
+    for stage, statuses in videos.counts.items():
+        counts[stage].update(statuses)
+        finished[stage] += videos.finished[stage]
+    for row in conn.execute(statement, {"p": project_id, "window_s": window_minutes * 60.0}):
+        counts[row.stage][row.status] += row.n
+        finished[row.stage] += row.finished
+        stale[row.stage] += row.stale
     return WorkSummary(
-        counts=dict(counts),
+        counts={stage: statuses for stage, statuses in counts.items() if any(statuses.values())},
         finished={stage: n for stage, n in finished.items() if n},
         stale={stage: stale[stage] for stage in REGISTRY.names if stale.get(stage)},
     )
 
 
-def frame_counts(engine: sa.Engine, project_id: int) -> dict[str, int]:
-    """Frames the project's filter looked at and kept, and what dedup and the dataset kept."""
+def frame_counts(engine: sa.Engine, project_id: int, videos: VideoTotals) -> dict[str, int]:
+    """Frames the project's filter looked at and kept (from its `videos`), and what dedup and
+    the dataset kept."""
     with engine.connect() as c:
-        filtered = c.execute(
-            sa.text(f"""SELECT coalesce(sum(frames_total), 0) AS total, coalesce(sum(frames_passed), 0) AS passed
-                          FROM {S}.project_videos WHERE project_id = :p"""),
-            {"p": project_id},
-        ).one()
         outcomes = dict(
             c.execute(
                 sa.text(f"""SELECT stage, outcome FROM {S}.work_items WHERE project_id = :p
@@ -141,8 +139,8 @@ def frame_counts(engine: sa.Engine, project_id: int) -> dict[str, int]:
             ).all()
         )
     return {
-        "extracted": int(filtered.total),
-        "passed_filter": int(filtered.passed),
+        "extracted": sum(s.extracted for s in videos.sources),
+        "passed_filter": sum(s.passed for s in videos.sources),
         "kept_after_dedup": int((outcomes.get("dedup") or {}).get("kept", 0)),
         "in_dataset": int((outcomes.get("dataset") or {}).get("images", 0)),
     }
@@ -230,7 +228,9 @@ def project_status(
     engine = catalog.engine
     if window <= 0:
         raise ValueError(f"the throughput window must be positive, got {window}")
-    summary = work_summary(engine, project.id, window)
+    with engine.connect() as c:  # the project's videos read once (db/video_totals.py)
+        videos = video_totals(c, project.id, _board_video_stages(), window)
+        summary = project_work(c, project.id, window, videos)
     stages = [
         {
             "stage": p.stage,
@@ -272,19 +272,20 @@ def project_status(
         }
         for r in catalog.project_copies(project.id)
     ]
-    frames = frame_counts(engine, project.id)
+    frames = frame_counts(engine, project.id, videos)
     return {
         "project": project.name,
         "stage": project.stage,
         "error": project.error,
         "output_dir": str(project.output_dir),
-        "videos": catalog.member_counts().get(project.id, 0),
+        "videos": videos.videos,
         "refresh": refresh_report(engine, project),
         "target": target_report(
             engine,
             project.id,
             project.config.target.model_dump() if project.config.target else None,
             frames["in_dataset"],
+            spent_of(videos),
         ),
         "sources": [
             {
@@ -298,7 +299,7 @@ def project_status(
             }
             for state in source_states(engine, project.id)
         ],
-        "yield": source_yield(engine, project.id),
+        "yield": yield_per_source(videos),
         "copies": copies,
         "window_minutes": window,
         "stages": stages,
@@ -358,39 +359,33 @@ def _iso(moment) -> str | None:
     return None if moment is None else moment.isoformat(timespec="seconds")
 
 
-def source_yield(engine: sa.Engine, project_id: int, *, redacted: bool = True) -> list[dict]:
-    """Per source of the project's videos (a search, a listing, a URL file, the config's URLs,
+def source_yield(engine: sa.Engine, project_id: int) -> list[dict]:
+    """`yield_per_source` of the project, read now."""
+    with engine.connect() as c:
+        return yield_per_source(video_totals(c, project_id, ()))
+
+
+def yield_per_source(videos: VideoTotals) -> list[dict]:
+    """Per source of the project's `videos` (a search, a listing, a URL file, the config's URLs,
     a files pattern, add-video): videos linked and downloaded, minutes downloaded, frames
     extracted, passed by the filter and kept by dedup, and kept frames per downloaded video and
-    per downloaded minute; the best yield per video first. A video found by two sources counts for the first."""
-    statement = sa.text(f"""
-        SELECT pv.source, pv.source_info, count(*) AS videos,
-               count(*) FILTER (WHERE d.status = '{DONE}') AS downloaded,
-               coalesce(sum(v.duration_s) FILTER (WHERE d.status = '{DONE}'), 0) / 60.0 AS minutes,
-               coalesce(sum(pv.frames_total), 0) AS extracted,
-               coalesce(sum(pv.frames_passed), 0) AS passed,
-               coalesce(sum(pv.frames_kept), 0) AS kept
-          FROM {S}.project_videos pv
-          JOIN {S}.videos v ON v.video_id = pv.video_id
-          LEFT JOIN {S}.work_items d ON d.stage = '{DOWNLOAD}' AND d.item_key = pv.video_id
-         WHERE pv.project_id = :p AND pv.source <> '{LINKED_THROUGH_COPY}'
-         GROUP BY 1, 2
-    """)
-    with engine.connect() as c:
-        rows = c.execute(statement, {"p": project_id}).all()
-    found = [
-        {
-            "source": (redact if redacted else str)(f"{r.source}: {r.source_info}"),
-            "videos": r.videos,
-            "downloaded": r.downloaded,
-            "downloaded_minutes": round(float(r.minutes), 2),
-            "frames_extracted": int(r.extracted),
-            "frames_passed": int(r.passed),
-            "frames_kept": int(r.kept),
-            "kept_per_video": round(int(r.kept) / r.downloaded, 2) if r.downloaded else None,
-            "kept_per_minute": round(int(r.kept) / float(r.minutes), 2) if r.minutes else None,
-        }
-        for r in rows
-    ]
+    per downloaded minute; the best yield per video first. A video found by two sources counts
+    for the first."""
+    found = []
+    for s in videos.found:
+        minutes = s.downloaded_s / 60.0
+        found.append(
+            {
+                "source": redact(s.name),
+                "videos": s.videos,
+                "downloaded": s.downloaded,
+                "downloaded_minutes": round(minutes, 2),
+                "frames_extracted": s.extracted,
+                "frames_passed": s.passed,
+                "frames_kept": s.kept,
+                "kept_per_video": round(s.kept / s.downloaded, 2) if s.downloaded else None,
+                "kept_per_minute": round(s.kept / minutes, 2) if minutes else None,
+            }
+        )
     # Downloads are what acquisition spends (core/acquisition.py): the best kept per video first.
     return sorted(found, key=lambda y: (-(y["kept_per_video"] or 0), y["source"]))

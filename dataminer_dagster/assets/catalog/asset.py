@@ -19,9 +19,9 @@ from dataminer_dagster.db.acquisition_rounds import (
     acquisition_state,
     budget_left,
     record_round,
-    spent,
+    spent_of,
 )
-from dataminer_dagster.db.reports import source_yield
+from dataminer_dagster.db.video_totals import video_totals
 from dataminer_dagster.engine.outcomes import ItemResult, Postponed
 from dataminer_dagster.engine.registry import CATALOG
 from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
@@ -158,13 +158,10 @@ def _toward_target(catalog, project, candidates, new: set[str]) -> set[str]:
     """The new videos this round takes: as many as the target still needs by the yield so far,
     within the budget, from the sources with the best yield (core/acquisition.py)."""
     target = project.config.target
-    yields = {
-        y["source"]: SourceYield(y["downloaded"], y["frames_kept"])
-        for y in source_yield(catalog.engine, project.id, redacted=False)
-    }
     with catalog.engine.connect() as conn:
-        used = spent(conn, project.id)
-    remaining, _ = budget_left(target.model_dump(), used)
+        videos = video_totals(conn, project.id, ())
+    yields = {s.name: SourceYield(s.downloaded, s.kept) for s in videos.found}
+    remaining, _ = budget_left(target.model_dump(), spent_of(videos))
     by_source: dict[str, list[str]] = {}
     for c in candidates:
         if c.video_id in new:
