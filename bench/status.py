@@ -4,7 +4,9 @@ Each size is a fresh database on the given PostgreSQL, holding one project whose
 their download and extraction done and their filter queued, beside a second project of 20 videos
 (tests/helpers/catalog_seed.py: `generate_series`, not the catalog stage). Measured: the real
 `dataminer status` and `dataminer status --json` commands (subprocesses, wall time, Python start
-included), and in the same run the per-project count statement as the product sends it against
+included), `dataminer status big` and `status small` (a project's own: its work, yield,
+frames, failures; the big project's videos read in one pass, db/video_totals.py, timed alone
+too), and in the same run the per-project count statement as the product sends it against
 the statement it replaced (an `OR ... IN (subquery)`), with a statement timeout.
 
     python bench/status.py --database-url postgresql://postgres@127.0.0.1:5432/postgres \
@@ -67,6 +69,7 @@ def measure(admin_url: str, size: int, old_timeout_s: float) -> dict[str, str]:
     from dataminer_dagster.db.engine import get_engine
     from dataminer_dagster.db.leases import LeaseStore
     from dataminer_dagster.db.reports import stage_counts
+    from dataminer_dagster.db.video_totals import video_totals
     from dataminer_dagster.paths import DataPaths
     from dataminer_dagster.testing import ScratchPostgres, environment_for
 
@@ -87,6 +90,12 @@ def measure(admin_url: str, size: int, old_timeout_s: float) -> dict[str, str]:
         figures = {"seeded in": f"{seeded_s:.0f} s"}
         figures["status"] = f"{timed_command(env, 'status'):.2f} s"
         figures["status --json"] = f"{timed_command(env, 'status', '--json'):.2f} s"
+        for project in ("big", "small"):
+            figures[f"status {project}"] = f"{timed_command(env, 'status', project):.2f} s"
+        with engine.connect() as c:
+            started = time.perf_counter()
+            video_totals(c, big, ("download", "frames"), 15)
+        figures["videos' pass (big)"] = f"{time.perf_counter() - started:.3f} s"
         started = time.perf_counter()
         stage_counts(engine, big)
         figures["stage counts (big)"] = f"{time.perf_counter() - started:.3f} s"
