@@ -67,6 +67,10 @@ FINISHED = (DONE, DEAD, BLOCKED)
 
 # How a project came to a video; `copy`: through a copy of it (the link is the catalog's own).
 LINKED_THROUGH_COPY = "copy"
+
+# Above every id of a bigint column (the catalog's ids, Dagster's): where a read from the end starts.
+LARGEST_ID = 2**63 - 1
+
 PROJECT_VIDEO_SOURCES = (
     "search",
     "url",

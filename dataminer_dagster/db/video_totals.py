@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, LINKED_THROUGH_COPY, SCHEMA
+from dataminer_dagster.db.schema import DONE, FINISHED, LINKED_THROUGH_COPY, SCHEMA
 from dataminer_dagster.engine.registry import DOWNLOAD
 
 S = SCHEMA
@@ -78,7 +78,7 @@ def video_totals(
                                        AND s{i}.project_id IS NULL"""
         for i in range(len(joined))
     )
-    ended = f"('{DONE}', '{DEAD}', '{BLOCKED}')"
+    ended = "(" + ", ".join(f"'{status}'" for status in FINISHED) + ")"
     per_stage = "".join(
         f""",
                s{i}.status AS status_{i},

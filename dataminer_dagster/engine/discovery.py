@@ -21,6 +21,7 @@ from dataminer_dagster.db.partition_rows import (
     rows_after,
     rows_before,
 )
+from dataminer_dagster.db.schema import LARGEST_ID
 from dataminer_dagster.engine.registry import PROJECT_VIDEOS, PROJECTS, VIDEOS
 from dataminer_dagster.engine.stored_partitions import partition_count
 
@@ -46,7 +47,6 @@ COMPARE_CHUNK_KEYS = 2_500
 # The sides of a set: its catalog rows (has each a partition?), Dagster's partitions (has each
 # still its row?).
 ROWS, PARTITIONS = "rows", "partitions"
-_NO_ID_ABOVE = 2**63 - 1
 
 
 @dataclass
@@ -236,7 +236,7 @@ def _compare_step(
             name, side = sides[0]
             if side == ROWS:
                 rows = rows_before(
-                    c, name, _NO_ID_ABOVE if before is None else before, COMPARE_CHUNK_KEYS
+                    c, name, LARGEST_ID if before is None else before, COMPARE_CHUNK_KEYS
                 )
                 keys = [row.key for row in rows]
                 held = instance.get_existing_dynamic_partitions(name, keys) if keys else set()

@@ -17,6 +17,7 @@ from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, Postgr
 
 from dataminer_dagster.db.delta_counts import read_count
 from dataminer_dagster.db.engine import get_engine
+from dataminer_dagster.db.schema import LARGEST_ID
 from dataminer_dagster.db.server import dagster_database_url
 from dataminer_dagster.settings import load_settings
 
@@ -127,7 +128,7 @@ class DataminerEventLogStorage(_UrlFromEnvironment, PostgresEventLogStorage):
         # set's first key instead).
         stored = StorageIdCursor.from_cursor(cursor).storage_id if cursor else None
         low = stored if ascending and stored is not None else -1
-        high = stored if not ascending and stored is not None else _NO_ID_ABOVE
+        high = stored if not ascending and stored is not None else LARGEST_ID
         direction = "ASC" if ascending else "DESC"
         with self.index_connection() as conn:
             rows = conn.execute(
@@ -150,7 +151,6 @@ class DataminerEventLogStorage(_UrlFromEnvironment, PostgresEventLogStorage):
 
 _PARTITIONS_BY_SET = "dataminer_dynamic_partitions_by_set"
 _PARTITION_COUNTS = "dataminer_dynamic_partition_counts"
-_NO_ID_ABOVE = 2**63 - 1
 _MEMBERSHIP_CHUNK = 20_000
 _prepared_databases: set[str] = set()
 
