@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,7 @@ def measure(admin_url: str, size: int, old_timeout_s: float) -> dict[str, str]:
     finally:
         server.drop(name)
         server.close()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def main() -> None:
