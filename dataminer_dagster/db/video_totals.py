@@ -19,6 +19,16 @@ from dataminer_dagster.db.schema import DONE, FINISHED, LINKED_THROUGH_COPY, SCH
 from dataminer_dagster.engine.registry import DOWNLOAD
 
 S = SCHEMA
+# SourceTotals' numbers: the statement's columns of the same names, summed over its rows.
+_SUMMED = (
+    "videos",
+    "downloaded",
+    "downloaded_s",
+    "downloaded_bytes",
+    "extracted",
+    "passed",
+    "kept",
+)
 
 
 @dataclass(frozen=True)
@@ -89,9 +99,12 @@ def video_totals(
     )
     statuses = ", ".join(f"s{i}.status" for i in range(len(joined)))
     statement = sa.text(f"""
-        SELECT pv.source, pv.source_info, count(*) AS videos{per_stage},
-               coalesce(sum(v.duration_s) FILTER (WHERE s0.status = '{DONE}'), 0) AS seconds,
-               coalesce(sum(v.size_bytes) FILTER (WHERE s0.status = '{DONE}'), 0) AS bytes,
+        SELECT pv.source, pv.source_info{per_stage},
+               count(*) AS videos,
+               count(*) FILTER (WHERE s0.status = '{DONE}') AS downloaded,
+               coalesce(sum(v.duration_s) FILTER (WHERE s0.status = '{DONE}'), 0) AS downloaded_s,
+               CAST(coalesce(sum(v.size_bytes) FILTER (WHERE s0.status = '{DONE}'), 0) AS bigint)
+                 AS downloaded_bytes,
                coalesce(sum(pv.frames_total), 0) AS extracted,
                coalesce(sum(pv.frames_passed), 0) AS passed,
                coalesce(sum(pv.frames_kept), 0) AS kept
@@ -105,36 +118,22 @@ def video_totals(
         "window_s": window_minutes * 60.0,
         **{f"stage_{i}": stage for i, stage in enumerate(joined)},
     }
-    sources: dict[tuple[str, str | None], list[float]] = defaultdict(lambda: [0] * 7)
+    sources: dict[tuple[str, str | None], dict[str, float]] = defaultdict(
+        lambda: dict.fromkeys(_SUMMED, 0)
+    )
     counts: dict[str, dict[str, int]] = {stage: {} for stage in stages}
     finished: dict[str, int] = dict.fromkeys(stages, 0)
     for row in conn.execute(statement, params):
         totals = sources[row.source, row.source_info]
-        downloaded = row.videos if row.status_0 == DONE else 0
-        for k, n in enumerate(
-            (row.videos, downloaded, row.seconds, row.bytes, row.extracted, row.passed, row.kept)
-        ):
-            totals[k] += n
+        for name in totals:
+            totals[name] += getattr(row, name)
         for i, stage in enumerate(joined):
             status = getattr(row, f"status_{i}")
             if stage in counts and status is not None:
                 counts[stage][status] = counts[stage].get(status, 0) + row.videos
                 finished[stage] += getattr(row, f"finished_{i}")
     return VideoTotals(
-        sources=[
-            SourceTotals(
-                source,
-                info,
-                videos=int(t[0]),
-                downloaded=int(t[1]),
-                downloaded_s=float(t[2]),
-                downloaded_bytes=int(t[3]),
-                extracted=int(t[4]),
-                passed=int(t[5]),
-                kept=int(t[6]),
-            )
-            for (source, info), t in sources.items()
-        ],
+        sources=[SourceTotals(source, info, **t) for (source, info), t in sources.items()],
         counts=counts,
         finished=finished,
     )
