@@ -64,7 +64,7 @@ def stage_counts(engine: sa.Engine, project_id: int) -> dict[str, dict[str, int]
     extractions, its filters, its project stages): what `dataminer status` and the progress
     bars show of each project. Its status (`work_summary`) reads the same from the pass over the
     project's videos, which costs more (it joins the videos and each stage's items for the
-    yield); tests/db/test_status_plan.py keeps the two equal."""
+    yield); tests/db/test_video_totals.py keeps the two equal."""
     statement = sa.text(f"""
         SELECT stage, status, count(*) AS n FROM ({_project_work("w.stage, w.status")}) work
          GROUP BY 1, 2
