@@ -20,14 +20,12 @@ from dataminer_dagster.db.acquisition_rounds import spent_of, target_report
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import (
-    BLOCKED,
-    DEAD,
-    DONE,
     FAILED,
     PENDING,
     RUNNING,
     SCHEMA,
     STATUSES,
+    finished_since_sql,
     stale_sql,
     troubled_sql,
 )
@@ -79,35 +77,24 @@ def stage_counts(engine: sa.Engine, project_id: int) -> dict[str, dict[str, int]
 @dataclass(frozen=True)
 class WorkSummary:
     """The work that concerns one project: its own items, and its videos' items of the board's
-    per-video stages (read in the pass over its videos, db/video_totals.py)."""
+    per-video stages (read in the pass over its videos, kept here for the rest of its status)."""
 
     counts: dict[str, dict[str, int]]  # {stage: {status: items}}
     finished: dict[str, int]  # {stage: items finished in the window}
     stale: dict[str, int]  # {stage: items last claimed under an earlier config}
+    videos: VideoTotals
 
 
 def work_summary(engine: sa.Engine, project_id: int, window_minutes: float) -> WorkSummary:
     """Items per stage and status, those that finished (done, dead or blocked) in the last
-    `window_minutes`, and those a config change made stale."""
-    with engine.connect() as c:
-        videos = video_totals(c, project_id, _board_video_stages(), window_minutes)
-        return project_work(c, project_id, window_minutes, videos)
-
-
-def project_work(
-    conn: sa.Connection, project_id: int, window_minutes: float, videos: VideoTotals
-) -> WorkSummary:
-    """`work_summary` from the project's `videos` (read over the same window) and its own items:
-    those a config change made stale run again, done or queued (a running one is queued again
-    when it completes; only a project's own items have a config)."""
-    # Read once (an InitPlan), not joined per item: a join kept the read of a project's million
-    # filter items on one core (0.47 s against 0.2 s at 1M, bench/status.py).
+    `window_minutes`, and those a config change made stale: done or queued, they run again (a
+    running one is queued again when it completes; only a project's own items have a config)."""
+    # The fingerprints read once (an InitPlan), not joined per item: a join kept the read of a
+    # project's million filter items on one core (0.47 s against 0.2 s at 1M, bench/status.py).
     fingerprints = f"SELECT fingerprints FROM {S}.projects WHERE id = :p"
-    statement = sa.text(f"""
+    own = sa.text(f"""
         SELECT w.stage, w.status, count(*) AS n,
-               count(*) FILTER (WHERE w.status IN ('{DONE}', '{DEAD}', '{BLOCKED}')
-                                  AND w.finished_at > now() - make_interval(secs => :window_s))
-                 AS finished,
+               count(*) FILTER (WHERE {finished_since_sql("w")}) AS finished,
                count(*) FILTER (WHERE {stale_sql("w", f"({fingerprints}) ->> w.stage")}) AS stale
           FROM {S}.work_items w
          WHERE w.project_id = :p
@@ -116,10 +103,13 @@ def project_work(
     counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(STATUSES, 0))
     finished: dict[str, int] = defaultdict(int)
     stale: dict[str, int] = defaultdict(int)
+    with engine.connect() as c:
+        videos = video_totals(c, project_id, _board_video_stages(), window_minutes)
+        rows = c.execute(own, {"p": project_id, "window_s": window_minutes * 60.0}).all()
     for stage, statuses in videos.counts.items():
         counts[stage].update(statuses)
         finished[stage] += videos.finished[stage]
-    for row in conn.execute(statement, {"p": project_id, "window_s": window_minutes * 60.0}):
+    for row in rows:
         counts[row.stage][row.status] += row.n
         finished[row.stage] += row.finished
         stale[row.stage] += row.stale
@@ -127,6 +117,7 @@ def project_work(
         counts={stage: statuses for stage, statuses in counts.items() if any(statuses.values())},
         finished={stage: n for stage, n in finished.items() if n},
         stale={stage: stale[stage] for stage in REGISTRY.names if stale.get(stage)},
+        videos=videos,
     )
 
 
@@ -231,9 +222,8 @@ def project_status(
     engine = catalog.engine
     if window <= 0:
         raise ValueError(f"the throughput window must be positive, got {window}")
-    with engine.connect() as c:  # the project's videos read once (db/video_totals.py)
-        videos = video_totals(c, project.id, _board_video_stages(), window)
-        summary = project_work(c, project.id, window, videos)
+    summary = work_summary(engine, project.id, window)
+    videos = summary.videos  # read once for its work, yield, frames and budget
     stages = [
         {
             "stage": p.stage,

@@ -46,6 +46,14 @@ def troubled_sql(prefix: str = "") -> str:
     )
 
 
+def finished_since_sql(item: str) -> str:
+    """SQL: work item `item` (an alias) finished (done, dead or blocked) within the last
+    `:window_s` seconds (a parameter the statement binds): a stage's throughput."""
+    statuses = ", ".join(f"'{status}'" for status in FINISHED)
+    return f"""({item}.status IN ({statuses})
+               AND {item}.finished_at > now() - make_interval(secs => :window_s))"""
+
+
 # The fingerprint of finished work whose input was made again since (frames extracted again, a
 # project stage done again): never a project's current one, so the work is stale and runs again.
 INPUT_REDONE = "input made again"

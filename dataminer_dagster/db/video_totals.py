@@ -11,24 +11,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import sqlalchemy as sa
 
-from dataminer_dagster.db.schema import DONE, FINISHED, LINKED_THROUGH_COPY, SCHEMA
+from dataminer_dagster.db.schema import DONE, LINKED_THROUGH_COPY, SCHEMA, finished_since_sql
 from dataminer_dagster.engine.registry import DOWNLOAD
 
 S = SCHEMA
-# SourceTotals' numbers: the statement's columns of the same names, summed over its rows.
-_SUMMED = (
-    "videos",
-    "downloaded",
-    "downloaded_s",
-    "downloaded_bytes",
-    "extracted",
-    "passed",
-    "kept",
-)
 
 
 @dataclass(frozen=True)
@@ -55,6 +45,10 @@ class SourceTotals:
         """Linked because another of the project's videos has the same content: not found by a
         source, so it counts for no source's yield or budget."""
         return self.source == LINKED_THROUGH_COPY
+
+
+# SourceTotals' numbers: the statement's columns of the same names, summed over its rows.
+_SUMMED = tuple(f.name for f in fields(SourceTotals) if f.name not in ("source", "source_info"))
 
 
 @dataclass(frozen=True)
@@ -88,13 +82,10 @@ def video_totals(
                                        AND s{i}.project_id IS NULL"""
         for i in range(len(joined))
     )
-    ended = "(" + ", ".join(f"'{status}'" for status in FINISHED) + ")"
     per_stage = "".join(
         f""",
                s{i}.status AS status_{i},
-               count(*) FILTER (WHERE s{i}.status IN {ended}
-                                  AND s{i}.finished_at > now() - make_interval(secs => :window_s))
-                 AS finished_{i}"""
+               count(*) FILTER (WHERE {finished_since_sql(f"s{i}")}) AS finished_{i}"""
         for i in range(len(joined))
     )
     statuses = ", ".join(f"s{i}.status" for i in range(len(joined)))
