@@ -191,6 +191,40 @@ def test_the_storages_membership_query_is_dagsters(repository_instance, monkeypa
     assert storage.get_existing_dynamic_partitions(NAME, []) == set()
 
 
+def test_the_storages_add_is_dagsters_in_one_statement_whatever_the_number_of_keys(
+    repository_instance,
+):
+    """Keys added in the order given (Dagster's order), those already there or given twice
+    skipped, the kept count right; sent as one statement whose text does not grow with the keys
+    (Dagster's VALUES row per key was compiled anew on every call: most of a discovering tick)."""
+    from dagster_postgres import PostgresEventLogStorage
+
+    storage = repository_instance.event_log_storage
+    calls = [
+        (NAME, ["m", "c", "x"]),
+        ("project_videos", ["p.m"]),
+        (NAME, ["a", "c", "q", "a", "m", "b"]),
+        (NAME, []),
+    ]
+    for name, keys in calls:
+        storage.add_dynamic_partitions(name, keys)
+    ours = {name: storage.get_dynamic_partitions(name) for name in (NAME, "project_videos")}
+    assert ours == {NAME: ["m", "c", "x", "a", "q", "b"], "project_videos": ["p.m"]}
+    assert partition_count(repository_instance, NAME) == 6
+
+    storage.wipe()
+    for name, keys in calls:
+        PostgresEventLogStorage.add_dynamic_partitions(storage, name, keys)
+    assert {name: storage.get_dynamic_partitions(name) for name in ours} == ours
+
+    engine = storage._engine
+    for keys in ([f"k{i}" for i in range(3)], [f"k{i}" for i in range(5_000)]):
+        sent = statements_sent(engine, lambda keys=keys: storage.add_dynamic_partitions(NAME, keys))
+        [(statement, parameters)] = [s for s in sent if "INSERT" in s[0]]
+        assert len(statement) < 500 and list(parameters.values()).count(keys) == 1
+    assert partition_count(repository_instance, NAME) == 6 + 5_000
+
+
 def test_a_sets_new_keys_are_read_as_a_range_whatever_other_sets_hold_after_them(
     repository_instance,
 ):
