@@ -25,8 +25,6 @@ class VideoProbe:
     fps: float | None
     width: int  # as shown: upright (a phone's portrait video is taller than wide)
     height: int
-    codec: str
-    frame_count: int | None  # from the container header; None when unknown (e.g. WebM)
     size_bytes: int
 
 
@@ -62,8 +60,6 @@ def probe_video(path: Path, *, video_id: str | None = None) -> VideoProbe:
                 fps=float(rate) if rate else None,
                 width=width,
                 height=height,
-                codec=stream.codec_context.name,
-                frame_count=stream.frames or None,
                 size_bytes=size,
             )
     except VideoDecodeError:

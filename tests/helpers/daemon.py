@@ -40,7 +40,7 @@ FAST_RECOVERY = {
 
 
 def demo_project(name: str, urls: list[str], siglip: Path, yolo: Path) -> dict:
-    """The demo-size project of shared/tools/daemon_time.sh (permissive: tiny random models)."""
+    """The demo-size project of bench/demo_daemon.py (permissive: tiny random models)."""
     return {
         "name": name,
         "inputs": {"urls": urls},

@@ -103,7 +103,6 @@ class DownloadProgress:
     status: str  # "downloading" or "finished"
     downloaded_bytes: int | None
     total_bytes: int | None  # exact or estimated; None when unknown
-    speed: float | None  # bytes per second
     eta: float | None  # seconds
 
 
@@ -341,7 +340,6 @@ class _ProgressForwarder:
                     status=status["status"],
                     downloaded_bytes=status.get("downloaded_bytes"),
                     total_bytes=status.get("total_bytes") or status.get("total_bytes_estimate"),
-                    speed=status.get("speed"),
                     eta=status.get("eta"),
                 )
             )
