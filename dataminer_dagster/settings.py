@@ -92,6 +92,19 @@ class LongRunningPolicy(_Section):
     without_history_s: float = Field(1800.0, gt=0)
 
 
+class UiPolicy(_Section):
+    """Where a browser reaches the Dagster UI, for the links `dataminer status` prints to the
+    partitions of failed and long-running items (at a million videos, the way to a video's page:
+    its set's Partitions tab is too large to use there, docs/architecture.md)."""
+
+    url: str = Field(
+        "http://127.0.0.1:3000", description="the webserver's address (dataminer services, dg dev)"
+    )
+    asset_prefix: str | None = Field(
+        None, description="the Component's `prefix` where the pipeline is part of another project"
+    )
+
+
 class LanePolicy(_Section):
     batch: int = Field(ge=1, description="partitions per run")
     max_runs: int = Field(ge=1, description="runs of this lane queued or running at once")
@@ -110,6 +123,7 @@ class SettingsFile(_Section):
     runs: RunPolicy = RunPolicy()
     sensors: SensorPolicy = SensorPolicy()
     long_running: LongRunningPolicy = LongRunningPolicy()
+    ui: UiPolicy = UiPolicy()
     lanes: dict[str, LanePolicyOverride] = {}
 
 
@@ -126,6 +140,7 @@ class Settings(BaseModel):
     runs: RunPolicy
     sensors: SensorPolicy
     long_running: LongRunningPolicy
+    ui: UiPolicy
     lanes: dict[str, LanePolicyOverride]
 
     @property
@@ -159,6 +174,7 @@ ENV_OVERRIDES = (
     ("DATAMINER_RETRY_MAX_SECONDS", "retry", "max_delay_s"),
     ("DATAMINER_HEARTBEAT_SECONDS", "leases", "heartbeat_s"),
     ("DATAMINER_LEASE_STALE_SECONDS", "leases", "stale_after_s"),
+    ("DATAMINER_UI_URL", "ui", "url"),
 )
 
 
@@ -240,5 +256,6 @@ def load_settings(file: str | os.PathLike | None = None) -> Settings:
         runs=parsed.runs,
         sensors=parsed.sensors,
         long_running=parsed.long_running,
+        ui=parsed.ui,
         lanes=parsed.lanes,
     )

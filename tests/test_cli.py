@@ -315,7 +315,7 @@ def test_status_of_an_unknown_project(world):
     assert json.loads(invoke("status", "--json").output) == {"projects": [], "host_pauses": []}
 
 
-def test_status_tables_throughput_eta_and_failures(world):
+def test_status_tables_throughput_eta_and_failures(world, tmp_path):
     project = world.project("p1", [f"v{i}" for i in range(6)])
     world.project("p2", ["v0"])
     for v in ("v0", "v1", "v2"):
@@ -359,6 +359,22 @@ def test_status_tables_throughput_eta_and_failures(world):
         "latest failures:" in text
         and "download v4: dead (0 attempts): dead because of a test" in text
     )
+    # each failure with its partition's page in the UI, the partition key being the item's
+    lines = text.splitlines()
+    after = lines[next(i for i, line in enumerate(lines) if "download v4: dead" in line) + 1]
+    assert after.strip() == "http://127.0.0.1:3000/assets/downloads?view=partitions&partition=v4"
+    links = {(f["stage"], f["item"]): f["ui"] for f in data["failures"]}
+    assert links[FILTER, "p1.v0"] == (
+        "http://127.0.0.1:3000/assets/filtered_frames?view=partitions&partition=p1.v0"
+    )
+    settings = tmp_path / "ui.yaml"
+    settings.write_text("ui: {url: 'https://ui.example.org/dagster/', asset_prefix: mine}\n")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DATAMINER_SETTINGS", str(settings))
+        failures = json.loads(invoke("status", "p1", "--json").output)["failures"]
+    assert {f["ui"] for f in failures if f["item"] == "v4"} == {
+        "https://ui.example.org/dagster/assets/mine/downloads?view=partitions&partition=v4"
+    }
 
     overview = invoke("status").output.splitlines()
     assert overview[0].split()[:3] == ["project", "stage", "videos"]
@@ -395,6 +411,8 @@ def test_status_shows_leases_held_far_longer_than_their_stage_usually_takes(worl
     assert "download v2: running for 10m00s in run run-v2; its stage's items usually take 3s" in (
         text
     )
+    link = "http://127.0.0.1:3000/assets/downloads?view=partitions&partition=v2"
+    assert held["ui"] == link and f"\n    {link}\n" in text
 
 
 # --- deleting -----------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ def _print_project_status(data: dict) -> None:
         click.echo("long-running (held far longer than their stage usually takes):")
         for held in data["long_running"]:
             click.echo(f"  {held['message']}")
+            click.echo(f"    {held['ui']}")
     if data["failures"]:
         click.echo("")
         click.echo("latest failures:")
@@ -70,6 +71,7 @@ def _print_project_status(data: dict) -> None:
                 f"  {f['at']}  {f['stage']} {f['item']}: {f['status']} "
                 f"({f['attempts']} attempts): {f['error']}"
             )
+            click.echo(f"    {f['ui']}")
 
 
 def _print_sources(refresh: dict | None, sources: list[dict]) -> None:
@@ -170,9 +172,11 @@ def _show_status(project_name: str | None, as_json: bool, window: float) -> None
             _print_overview(projects)
             _print_host_pauses(paused)
         return
+    settings = load_settings()
     data = project_status(
-        catalog, project_or_fail(catalog, project_name), window, load_settings().long_running
+        catalog, project_or_fail(catalog, project_name), window, settings.long_running
     )
+    _link_items(data, settings.ui)
     if data["refresh"]:
         from datetime import datetime
 
@@ -188,6 +192,17 @@ def _show_status(project_name: str | None, as_json: bool, window: float) -> None
     else:
         _print_project_status(data)
         _print_host_pauses(paused)
+
+
+def _link_items(data: dict, ui) -> None:
+    """Each failed and long-running item with the UI's page of its partition (`ui`: the
+    settings' UiPolicy): item keys are their stage's partition keys (engine/registry.py)."""
+    from dataminer_dagster.core.ui_links import partition_link
+
+    prefix = [ui.asset_prefix] if ui.asset_prefix else []
+    for item in [*data["failures"], *data["long_running"]]:
+        asset = REGISTRY[item["stage"]].asset
+        item["ui"] = partition_link(ui.url, [*prefix, asset], item["item"])
 
 
 def _print_host_pauses(paused) -> None:
@@ -222,7 +237,8 @@ def status(project_name: str | None, as_json: bool, window: float) -> None:
     per-video stages, problems). With PROJECT: its work items per stage and status, throughput
     (items finished per minute over the last --window minutes) and ETA per stage (queued items
     only), the items a config change made stale, frames kept at each stage, the videos that are copies of another (the same content,
-    processed once), and the latest failures with their reasons.
+    processed once), and the latest failures with their reasons; each failed or long-running
+    item with the link to its partition in the Dagster UI (settings: ui.url, ui.asset_prefix).
     """
     _show_status(project_name, as_json, window)
 

@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataminer_dagster.core.ui_links import partition_link
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN_DIR = Path(sys.executable).parent
 
@@ -159,9 +161,10 @@ def pages(video_partition: str) -> list[Page]:
     """The main pages, for a demo whose first project-video partition is `video_partition`."""
     return [
         Page("asset-graph", f"/asset-groups?expanded={EXPANDED_GROUPS}", 0),
+        # the page `dataminer status NAME` links a failed item to (core/ui_links.py)
         Page(
             "filtered-frames-partition",
-            f"/assets/filtered_frames?view=partitions&partition={video_partition}",
+            partition_link("", ["filtered_frames"], video_partition),
             2,
             2,
         ),
