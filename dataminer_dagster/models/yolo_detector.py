@@ -13,7 +13,7 @@ import numpy as np
 
 from dataminer_dagster.core.coco import Detection
 from dataminer_dagster.models.batched_detector import BatchedDetector
-from dataminer_dagster.models.detection_boxes import to_detections, to_host
+from dataminer_dagster.models.detection_boxes import to_detections
 from dataminer_dagster.models.device import DevicePlan, to_device
 from dataminer_dagster.models.loading import ModelUnavailableError, load_once
 
@@ -101,8 +101,9 @@ class UltralyticsDetector(BatchedDetector):
 
     The network, its letterbox size and its suppression settings come from ultralytics' own
     predictor, set up once by a `predict` on a blank frame; the frames then go through `Letterbox`
-    on the device, the network, ultralytics' `non_max_suppression` and `scale_boxes`, as in
-    `predict`, without its per-frame work on the CPU.
+    on the device, the network, the suppression of a whole batch at once (`suppress`: what
+    ultralytics' `non_max_suppression` keeps) and one `scale_boxes`, without `predict`'s
+    per-frame work on the CPU.
     """
 
     def __init__(
@@ -197,35 +198,92 @@ class UltralyticsDetector(BatchedDetector):
 
     def run(self, prepared: _YoloInput) -> list[list[Detection]]:
         import torch
-        from ultralytics.utils.nms import non_max_suppression
         from ultralytics.utils.ops import scale_boxes
 
         network = self.network
         with torch.inference_mode():
-            kept = non_max_suppression(
-                network.backend(prepared.pixels),
-                self.confidence,
-                network.iou,
-                self.class_ids,
-                network.agnostic,
-                max_det=network.max_det,
-                nc=0,  # a detection model: every channel after the box is a class
-                end2end=network.end2end,
+            rows, counts = suppress(
+                network.backend(prepared.pixels), self.confidence, self.class_ids, network
             )
-            # float32 before scaling: half-precision pixel coordinates lose up to 2 px at 4K
-            kept = [rows[:, :6].float() for rows in kept]
-            for rows in kept:
-                scale_boxes(prepared.pixels.shape[2:], rows[:, :4], prepared.frame_shape)
-            found = to_host(kept)
+            # every frame of a batch has one size: their boxes are scaled back in one call
+            scale_boxes(prepared.pixels.shape[2:], rows[:, :4], prepared.frame_shape)
+            found = rows.cpu().split(counts)  # the one copy back of the batch
         results = []
-        for rows in found:
-            labels = [self.names[int(c)] for c in rows[:, 5].tolist()]
+        for frame_rows in found:
+            labels = [self.names[int(c)] for c in frame_rows[:, 5].tolist()]
             results.append(
                 to_detections(
-                    rows[:, :4], rows[:, 4], labels, prepared.frame_shape, self.confidence
+                    frame_rows[:, :4],
+                    frame_rows[:, 4],
+                    labels,
+                    prepared.frame_shape,
+                    self.confidence,
                 )
             )
         return results
+
+
+# ultralytics' per-image limit on the boxes suppression looks at (`max_nms`) and its offset
+# between classes (`max_wh`), as its non_max_suppression has them.
+ULTRALYTICS_MAX_NMS = 30_000
+ULTRALYTICS_CLASS_OFFSET = 7680
+
+
+def suppress(
+    prediction: Any, confidence: float, class_ids: Sequence[int] | None, network: _YoloNetwork
+) -> tuple[torch.Tensor, list[int]]:
+    """ultralytics' `non_max_suppression` of a batch, for all its frames at once: (the kept rows,
+    float32 (x0, y0, x1, y1, score, class id) in the network's input pixels, frame after frame,
+    each frame's best first; the number of rows of each frame).
+
+    ultralytics suppresses frame by frame, and each frame's boolean indexing waits for the device:
+    on an H200 that kept the device idle for a third of a YOLO11m batch (bench/gpu.md). Here the
+    candidates of every frame are found with one such wait, and torchvision's `batched_nms`
+    suppresses each (frame, class) group, as ultralytics does within a frame with its class
+    offset; then at most `max_det` per frame. Best class only (ultralytics' default), the same
+    threshold, IoU, classes and agnostic setting. An end-to-end model, and a frame with more
+    candidates than ultralytics looks at (`max_nms`), go through ultralytics' own function.
+    """
+    import torch
+    import torchvision
+    from ultralytics.utils.nms import non_max_suppression
+    from ultralytics.utils.ops import xywh2xyxy
+
+    if isinstance(prediction, (list, tuple)):  # (inference output, loss output)
+        prediction = prediction[0]
+    frames = prediction.shape[0]
+    if not network.end2end and prediction.shape[-1] != 6:
+        scores, labels = prediction[:, 4:].amax(1), prediction[:, 4:].argmax(1)  # (frames, boxes)
+        wanted = scores > confidence
+        if class_ids is not None:
+            wanted &= torch.isin(labels, torch.tensor(class_ids, device=labels.device))
+        frame, box = wanted.nonzero(as_tuple=True)
+        counts = torch.bincount(frame, minlength=frames)
+        if counts.max() <= ULTRALYTICS_MAX_NMS:
+            xyxy = xywh2xyxy(prediction[frame, :4, box]).float()  # in its precision, as there
+            score, label = scores[frame, box].float(), labels[frame, box]
+            group = frame if network.agnostic else frame * prediction.shape[1] + label
+            kept = torchvision.ops.batched_nms(xyxy, score, group, network.iou)  # best first
+            kept = kept[torch.sort(frame[kept], stable=True).indices]  # frame by frame
+            kept_frames = frame[kept]
+            per_frame = torch.bincount(kept_frames, minlength=frames)
+            first = torch.cumsum(per_frame, 0) - per_frame
+            rank = torch.arange(len(kept), device=kept.device) - first[kept_frames]
+            kept = kept[rank < network.max_det]
+            rows = torch.column_stack((xyxy[kept], score[kept], label[kept].float()))
+            return rows, per_frame.clamp(max=network.max_det).tolist()
+    per_frame = non_max_suppression(
+        prediction,
+        confidence,
+        network.iou,
+        class_ids,
+        network.agnostic,
+        max_det=network.max_det,
+        nc=0,  # a detection model: every channel after the box is a class
+        end2end=network.end2end,
+    )
+    rows = [frame_rows[:, :6].float() for frame_rows in per_frame]
+    return torch.cat(rows), [len(frame_rows) for frame_rows in rows]
 
 
 SAFE_LOAD_VARIABLE = "ULTRALYTICS_SAFE_LOAD"

@@ -322,3 +322,48 @@ def test_half_precision_finds_the_float32_boxes(kind, dtype, tiny_models, frames
         assert abs(len(ours) - len(theirs)) <= 1
     assert matched_share(got, expected) >= 0.9
     assert matched_share(expected, got) >= 0.9
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    frames=st.integers(1, 5),
+    agnostic=st.booleans(),
+    classes=st.sampled_from([None, [0], [1, 3]]),
+    max_det=st.sampled_from([3, 300]),
+)
+def test_batched_suppression_keeps_what_ultralytics_keeps_frame_by_frame(
+    seed, frames, agnostic, classes, max_det
+):
+    """`suppress` (all frames at once) against ultralytics' `non_max_suppression` (frame by frame)
+    on raw network outputs with many overlapping boxes of several classes: the same rows, in the
+    same order, per frame."""
+    from ultralytics.utils.nms import non_max_suppression
+
+    from dataminer_dagster.models.yolo_detector import _YoloNetwork, suppress
+
+    generator = torch.Generator().manual_seed(seed)
+    boxes, classes_count = 300, 4
+    centres = torch.rand((frames, 2, boxes), generator=generator) * 200
+    sizes = 20 + torch.rand((frames, 2, boxes), generator=generator) * 60
+    scores = torch.rand((frames, classes_count, boxes), generator=generator)
+    prediction = torch.cat((centres, sizes, scores), 1)
+    network = _YoloNetwork(
+        backend=None,
+        imgsz=(256, 256),
+        stride=32,
+        rect=True,
+        dtype=torch.float32,
+        iou=0.5,
+        max_det=max_det,
+        agnostic=agnostic,
+        end2end=False,
+    )
+    rows, counts = suppress(prediction, 0.3, classes, network)
+    theirs = non_max_suppression(
+        prediction, 0.3, 0.5, classes, agnostic, max_det=max_det, nc=classes_count
+    )
+    assert counts == [len(frame) for frame in theirs]
+    assert sum(counts) > 0
+    for ours, their in zip(rows.split(counts), theirs, strict=True):
+        assert torch.equal(ours, their[:, :6].float())
