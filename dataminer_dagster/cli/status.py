@@ -8,6 +8,7 @@ from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.cli.app import context, main, project_or_fail
 from dataminer_dagster.cli.projects import project
 from dataminer_dagster.db.schema import BLOCKED, DEAD, FAILED, FINISHED
+from dataminer_dagster.settings import UiPolicy
 
 
 def _print_project_status(data: dict) -> None:
@@ -194,9 +195,9 @@ def _show_status(project_name: str | None, as_json: bool, window: float) -> None
         _print_host_pauses(paused)
 
 
-def _link_items(data: dict, ui) -> None:
-    """Each failed and long-running item with the UI's page of its partition (`ui`: the
-    settings' UiPolicy): item keys are their stage's partition keys (engine/registry.py)."""
+def _link_items(data: dict, ui: UiPolicy) -> None:
+    """Each failed and long-running item with the UI's page of its partition: item keys are
+    their stage's partition keys (engine/registry.py)."""
     from dataminer_dagster.core.ui_links import partition_link
 
     prefix = [ui.asset_prefix] if ui.asset_prefix else []

@@ -223,10 +223,8 @@ class UltralyticsDetector(BatchedDetector):
         return results
 
 
-# ultralytics' per-image limit on the boxes suppression looks at (`max_nms`) and its offset
-# between classes (`max_wh`), as its non_max_suppression has them.
+# ultralytics' per-image limit on the boxes its non_max_suppression looks at (`max_nms`).
 ULTRALYTICS_MAX_NMS = 30_000
-ULTRALYTICS_CLASS_OFFSET = 7680
 
 
 def suppress(
