@@ -206,7 +206,11 @@ class DaemonHome:
         status = self.dataminer("status", project, timeout_s=60)
         # The runs' lines, without the sensors' routine ticks that fill the tail of a long wait.
         routine = ("Checking for new runs for sensor", "skipped:", "MonitoringDaemon")
-        lines = self.log_path.read_text().splitlines() if self.log_path.exists() else ["(no log)"]
+        # `dagster-daemon run` started here logs to log_path; under `dataminer services`,
+        # supervisord keeps the daemon's log in the home (hosting/supervisord.py)
+        services_log = self.home / "services" / "logs" / "dagster-daemon.log"
+        log_path = self.log_path if self.log_path.exists() else services_log
+        lines = log_path.read_text().splitlines() if log_path.exists() else ["(no log)"]
         log = "\n".join(line for line in lines if not any(r in line for r in routine))[-12000:]
         return f"--- dataminer status {project}:\n{status.stdout}{status.stderr}\n--- daemon log:\n{log}"
 
