@@ -22,10 +22,7 @@ from pathlib import Path
 # bench/crash_recovery.py (which puts the repository on the path for tests.helpers)
 from crash_recovery import DEFAULTS, WAIT_S, media
 
-from tests.helpers.daemon import DaemonHome, demo_project
-
-# How the daemon's log says a sensor's evaluation raised.
-FAILED_TICK = "Sensor tick caught an error"
+from tests.helpers.daemon import FAILED_SENSOR_TICK, DaemonHome, demo_project
 
 
 def trial(urls: list[str], siglip: Path, yolo: Path) -> tuple[float, int]:
@@ -40,7 +37,7 @@ def trial(urls: list[str], siglip: Path, yolo: Path) -> tuple[float, int]:
         home.add_project(demo_project("demo", urls, siglip, yolo))
         home.wait_for_stage("demo", "complete", WAIT_S)
         elapsed = time.monotonic() - started
-        return elapsed, home.log_path.read_text().count(FAILED_TICK)
+        return elapsed, home.log_path.read_text().count(FAILED_SENSOR_TICK)
     finally:
         home.close()
 

@@ -53,19 +53,17 @@ def discover_all(url: str, videos: int, adding: str) -> tuple[int, float, int]:
     while True:  # only the ticks are timed, not the counting between them
         before = _partition_count(engine)
         started = time.perf_counter()
-        if adding == AS_THE_DAEMON:  # the tick's discovery, its keys applied as the daemon does
+        if adding != BY_THE_SENSOR:  # the tick's discovery, its keys added the baseline's way
             found = plan_discovery(engine, DiscoveryCursor.parse(cursor), instance=instance)
             for name, keys in found.additions.items():
-                missing = [k for k in keys if not instance.has_dynamic_partition(name, k)]
-                if missing:
-                    instance.add_dynamic_partitions(name, missing)
-            cursor = found.cursor.dump()
-        elif adding == DAGSTERS_STATEMENT:
-            found = plan_discovery(engine, DiscoveryCursor.parse(cursor), instance=instance)
-            for name, keys in found.additions.items():
-                PostgresEventLogStorage.add_dynamic_partitions(
-                    instance.event_log_storage, name, keys
-                )
+                if adding == AS_THE_DAEMON:
+                    missing = [k for k in keys if not instance.has_dynamic_partition(name, k)]
+                    if missing:
+                        instance.add_dynamic_partitions(name, missing)
+                else:
+                    PostgresEventLogStorage.add_dynamic_partitions(
+                        instance.event_log_storage, name, keys
+                    )
             cursor = found.cursor.dump()
         else:
             with dg.build_sensor_context(

@@ -25,7 +25,14 @@ from dagster._core.events import DagsterEventType
 
 from dataminer_dagster.demo import serve_directory, write_sample_videos
 from dataminer_dagster.tags import LANE_TAG
-from tests.helpers.daemon import BIN, FAST_RECOVERY, REPO_ROOT, DaemonHome, demo_project
+from tests.helpers.daemon import (
+    BIN,
+    FAILED_SENSOR_TICK,
+    FAST_RECOVERY,
+    REPO_ROOT,
+    DaemonHome,
+    demo_project,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("daemon"), pytest.mark.timeout(600)]
 
@@ -162,7 +169,7 @@ def test_two_projects_complete_under_the_daemon_with_gpu_steps_one_at_a_time(
     ]
     assert not judged_dead, "an undisturbed run was judged dead (its slot freed while it ran)"
     log = deployment.log_path.read_text()
-    assert "Sensor tick caught an error" not in log, log[-4000:]
+    assert FAILED_SENSOR_TICK not in log, log[-4000:]
 
 
 def running_filter_item(deployment):

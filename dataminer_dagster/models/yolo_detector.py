@@ -251,7 +251,7 @@ def suppress(
         prediction = prediction[0]
     frames = prediction.shape[0]
     if not network.end2end and prediction.shape[-1] != 6:
-        scores, labels = prediction[:, 4:].amax(1), prediction[:, 4:].argmax(1)  # (frames, boxes)
+        scores, labels = prediction[:, 4:].max(1)  # best class of each box: (frames, boxes)
         wanted = scores > confidence
         if class_ids is not None:
             wanted &= torch.isin(labels, torch.tensor(class_ids, device=labels.device))

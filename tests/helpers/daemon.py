@@ -25,7 +25,11 @@ import pandas as pd
 import sqlalchemy as sa
 import yaml
 
+from dataminer_dagster.hosting.supervisord import ServicesPaths
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# How the daemon's log says a sensor's evaluation raised.
+FAILED_SENSOR_TICK = "Sensor tick caught an error"
 BIN = Path(sys.executable).parent
 
 # Short enough that a killed run is noticed within seconds; the grace leaves a run worker time to
@@ -208,7 +212,7 @@ class DaemonHome:
         routine = ("Checking for new runs for sensor", "skipped:", "MonitoringDaemon")
         # `dagster-daemon run` started here logs to log_path; under `dataminer services`,
         # supervisord keeps the daemon's log in the home (hosting/supervisord.py)
-        services_log = self.home / "services" / "logs" / "dagster-daemon.log"
+        services_log = ServicesPaths(self.home).log_dir / "dagster-daemon.log"
         log_path = self.log_path if self.log_path.exists() else services_log
         lines = log_path.read_text().splitlines() if log_path.exists() else ["(no log)"]
         log = "\n".join(line for line in lines if not any(r in line for r in routine))[-12000:]
