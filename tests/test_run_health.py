@@ -22,7 +22,7 @@ from dagster._core.storage.dagster_run import DagsterRun, RunRecord
 
 from dataminer_dagster.core.process_liveness import process_gone, process_space
 from dataminer_dagster.db.run_liveness import Heartbeat
-from dataminer_dagster.engine.run_health import judge, run_worker_owner
+from dataminer_dagster.engine.run_health import PROCESS_GONE_GRACE_S, judge, run_worker_owner
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.tags import LANE_TAG
 
@@ -153,21 +153,34 @@ def test_a_process_is_gone_when_it_exited_and_alive_while_it_runs():
     assert not process_gone(exited_pid(), None, beat_age_s=0.5)
 
 
-def test_a_run_whose_process_is_gone_is_dead_at_once_without_waiting_for_staleness():
+def test_a_run_whose_process_is_gone_is_dead_soon_without_waiting_for_staleness():
     killed, alive, elsewhere = (record(S.STARTED, since_s=60) for _ in range(3))
     here = process_space()
+    beat_age_s = PROCESS_GONE_GRACE_S + 1
     beats = {
         killed.dagster_run.run_id: Heartbeat(
-            age_s=3, host="gpu-1", pid=exited_pid(), process_space=here
+            age_s=beat_age_s, host="gpu-1", pid=exited_pid(), process_space=here
         ),
+        # pid 1 lives and is older than the beat (a process younger than its beat is a reused pid)
         alive.dagster_run.run_id: Heartbeat(
-            age_s=3, host="gpu-1", pid=os.getpid(), process_space=here
+            age_s=beat_age_s, host="gpu-1", pid=1, process_space=here
         ),
-        elsewhere.dagster_run.run_id: Heartbeat(3, "gpu-2", exited_pid(), "another-boot pid:[1]"),
+        elsewhere.dagster_run.run_id: Heartbeat(
+            beat_age_s, "gpu-2", exited_pid(), "another-boot pid:[1]"
+        ),
     }
     found = judge([killed, alive, elsewhere], beats, lease=LEASE, runs=RUNS, now=NOW)
     assert [d.run_id for d in found] == [killed.dagster_run.run_id]
     assert found[0].reason.startswith("its process is gone (pid") and not found[0].cancel
+
+
+def test_a_run_whose_process_just_went_is_left_to_the_code_server_that_watches_it():
+    """Dagster's code server fails a run whose process exited within half a second; failing it
+    at the same moment would give the run a second failure event."""
+    just_killed = record(S.STARTED, since_s=60)
+    beat = Heartbeat(PROCESS_GONE_GRACE_S - 1, "gpu-1", exited_pid(), process_space())
+    assert beat.process_gone()
+    assert dead([just_killed], {just_killed.dagster_run.run_id: beat}) == {}
 
 
 def test_a_step_process_gone_between_two_steps_is_not_a_dead_run_while_its_run_worker_beats():
@@ -175,13 +188,16 @@ def test_a_step_process_gone_between_two_steps_is_not_a_dead_run_while_its_run_w
     run worker's own heartbeat says the run goes on."""
     between_steps, all_gone = record(S.STARTED, since_s=60), record(S.STARTED, since_s=60)
     here = process_space()
+    gone_for = PROCESS_GONE_GRACE_S + 1
     beats = {
-        between_steps.dagster_run.run_id: Heartbeat(3, "gpu-1", exited_pid(), here),
+        between_steps.dagster_run.run_id: Heartbeat(gone_for, "gpu-1", exited_pid(), here),
         run_worker_owner(between_steps.dagster_run.run_id): Heartbeat(
-            3, "gpu-1", os.getpid(), here
+            1, "gpu-1", os.getpid(), here
         ),
-        all_gone.dagster_run.run_id: Heartbeat(3, "gpu-1", exited_pid(), here),
-        run_worker_owner(all_gone.dagster_run.run_id): Heartbeat(3, "gpu-1", exited_pid(), here),
+        all_gone.dagster_run.run_id: Heartbeat(gone_for, "gpu-1", exited_pid(), here),
+        run_worker_owner(all_gone.dagster_run.run_id): Heartbeat(
+            gone_for, "gpu-1", exited_pid(), here
+        ),
     }
     found = judge([between_steps, all_gone], beats, lease=LEASE, runs=RUNS, now=NOW)
     assert [d.run_id for d in found] == [all_gone.dagster_run.run_id]

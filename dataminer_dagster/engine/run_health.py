@@ -4,7 +4,7 @@ Under the default run launcher (what `dagster dev` uses) Dagster cannot see a ki
 the run stays STARTED for ever, counts against its lane's share of runs and keeps its `gpu` pool
 slot. Every run that uses the database resource keeps a heartbeat row alive from a thread; this
 module reads those rows beside Dagster's run records and says which runs are dead and why, in words
-a person can read in the UI. A run is dead when its heartbeat went stale, or at once when its
+a person can read in the UI. A run is dead when its heartbeat went stale, or within seconds when its
 process is known to be gone (a reaper in the same process space looks the pid up:
 core/process_liveness.py), as after a SIGKILL of the daemon with its runs. The lease reaper fails
 (or, when they never started, cancels) them: `reap_dead_work` is its pass, shared by the sensor
@@ -25,6 +25,12 @@ from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.tags import LANE_TAG
 
 Status = dg.DagsterRunStatus
+
+# A run whose process is found gone is failed once its last heartbeat is this old, not at once:
+# the code server that launched it watches its run processes every half second and fails a dead
+# one itself (Dagster's own path, with the exit code in an engine event). Failing it at the same
+# moment would give the run two failure events, one from each side (seen under CI load).
+PROCESS_GONE_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -66,7 +72,7 @@ def judge(
     """The runs among `records` (unfinished in Dagster) that are dead. A run with a heartbeat row
     is dead when the row went stale, or when its process is `gone` and so is its run worker's
     (between two steps of a multiprocess run the step's process is gone while its run worker
-    beats); one without is alive while its run worker beats (it waits for a step to start), else
+    beats), from `PROCESS_GONE_GRACE_S` after its last heartbeat; one without is alive while its run worker beats (it waits for a step to start), else
     judged only if the sensors requested it (a person's run of another job may never use our
     resource): it must have a heartbeat within `start_grace_s` of starting, and the queue must
     start it within `queued_timeout_s`."""
@@ -88,8 +94,10 @@ def judge(
                         cancel=False,
                     )
                 )
-            elif gone(beat) and (
-                waiting is None or waiting.age_s > lease.stale_after_s or gone(waiting)
+            elif (
+                beat.age_s >= PROCESS_GONE_GRACE_S
+                and gone(beat)
+                and (waiting is None or waiting.age_s > lease.stale_after_s or gone(waiting))
             ):
                 dead.append(
                     DeadRun(
