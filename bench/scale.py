@@ -9,8 +9,10 @@ repository's dagster.yaml, as `dagster dev` uses it):
   of `--chunk` videos;
 * **discover**: the work sensor's discovery (`plan_discovery`, then `Discovery.add`), tick by
   tick, until every row is a partition: partitions added per second;
+* **copy**: the fill's videos' progress copied onto their links (db/link_progress.py), as the
+  ticks after a bulk fill copy it, `COPY_LIMIT` notes a tick: notes copied per second;
 * **quiet tick**: a tick that finds nothing new, right after the fill (before PostgreSQL's
-  statistics caught up) and after an ANALYZE (as autovacuum leaves them): its discovery when no
+  statistics caught up) and after a VACUUM ANALYZE (as autovacuum leaves them): its discovery when no
   comparison is due, when the counts are compared and when a step of the key-by-key pass is
   made; its run planning (`plan_runs`, every lane, Dagster's order looked up by key);
   `advance_projects`; and the whole tick as the work sensor runs it (`plan_cycle`, with the
@@ -101,6 +103,7 @@ def measure(
     from dataminer_dagster.db.catalog import Catalog
     from dataminer_dagster.db.engine import get_engine
     from dataminer_dagster.db.leases import LeaseStore
+    from dataminer_dagster.db.link_progress import copy_link_progress
     from dataminer_dagster.db.project_flow import advance_projects
     from dataminer_dagster.engine.assembly import stage_assets
     from dataminer_dagster.engine.discovery import DiscoveryCursor, plan_discovery
@@ -152,6 +155,13 @@ def measure(
         )
         cursor = cycle.discovery.cursor
 
+    # The fill's videos' progress copied onto their links (each was noted twice: linked, its
+    # download queued), as the ticks after a bulk fill do, COPY_LIMIT notes a tick.
+    started, copied = time.perf_counter(), 0
+    while n := copy_link_progress(engine):
+        copied += n
+    figures["copy_s"] = time.perf_counter() - started
+    figures["copy_notes_per_s"] = copied / figures["copy_s"] if figures["copy_s"] else 0.0
     tick()  # its first observes the projects' config versions
     # Right after the bulk fill PostgreSQL's statistics still describe small tables (autovacuum
     # analyzes them within a minute or two); the ticks then are measured once as they are, then
@@ -159,7 +169,7 @@ def measure(
     figures["quiet_tick_before_analyze_ms"] = median_ms(tick, repeats)
     started = time.perf_counter()
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
-        c.exec_driver_sql("ANALYZE")
+        c.exec_driver_sql("VACUUM ANALYZE")  # the copies' old versions of the links, too
     figures["analyze_s"] = time.perf_counter() - started
     figures["quiet_discovery_ms"] = median_ms(
         lambda: plan_discovery(engine, with_times(compared_at=time.time()), instance=instance),

@@ -13,6 +13,10 @@ from dataminer_dagster.engine.registry import KEY_SEPARATOR
 
 SCHEMA = "dataminer"
 
+# The per-video stages whose progress each project video carries (migration 0014's columns
+# `<stage>_status`, `<stage>_finished_at`): the board's per-video stages.
+LINK_PROGRESS_STAGES = ("download", "frames")
+
 
 def project_video_key_sql(project_name: str, video_id: str) -> str:
     """The SQL expression of a project video's key from two column expressions, as
@@ -49,9 +53,15 @@ def troubled_sql(prefix: str = "") -> str:
 def finished_since_sql(item: str) -> str:
     """SQL: work item `item` (an alias) finished (done, dead or blocked) within the last
     `:window_s` seconds (a parameter the statement binds): a stage's throughput."""
-    statuses = ", ".join(f"'{status}'" for status in FINISHED)
-    return f"""({item}.status IN ({statuses})
-               AND {item}.finished_at > now() - make_interval(secs => :window_s))"""
+    return finished_within_sql(f"{item}.status", f"{item}.finished_at")
+
+
+def finished_within_sql(status: str, finished_at: str) -> str:
+    """SQL: an item of `status` that ended at `finished_at` (column expressions) finished within
+    the last `:window_s` seconds."""
+    statuses = ", ".join(f"'{s}'" for s in FINISHED)
+    return f"""({status} IN ({statuses})
+               AND {finished_at} > now() - make_interval(secs => :window_s))"""
 
 
 # The fingerprint of finished work whose input was made again since (frames extracted again, a
@@ -218,6 +228,18 @@ project_videos = sa.Table(
     sa.Column("frames_total", sa.Integer),
     sa.Column("frames_passed", sa.Integer),
     sa.Column("frames_kept", sa.Integer),  # by the project's dedup
+    # The video's progress, copied from its items and its row (db/link_progress.py; migration
+    # 0014): exact only while the video has no note in video_changes.
+    *(
+        column
+        for stage in LINK_PROGRESS_STAGES
+        for column in (
+            sa.Column(f"{stage}_status", sa.Text),
+            sa.Column(f"{stage}_finished_at", sa.DateTime(timezone=True)),
+        )
+    ),
+    sa.Column("duration_s", sa.Float),
+    sa.Column("size_bytes", sa.BigInteger),
     *_timestamps(),
     # `copy`: linked to the original because the project links a copy of it (source_info: the copy)
     sa.CheckConstraint(
@@ -311,6 +333,16 @@ project_changes = sa.Table(
     metadata,
     sa.Column("id", sa.BigInteger, primary_key=True),
     sa.Column("project_id", sa.Integer, nullable=False),
+)
+
+# The videos whose progress on their links is behind: triggers note a video, in the transaction of
+# the change, when its download or extraction item moves, its length or size changes or it is
+# linked (migration 0014); db/link_progress.py copies their state and removes the notes.
+video_changes = sa.Table(
+    "video_changes",
+    metadata,
+    sa.Column("id", sa.BigInteger, primary_key=True),
+    sa.Column("video_id", sa.Text, nullable=False),
 )
 
 # How many rows projects, videos and project_videos hold, as deltas: triggers append one per

@@ -2,9 +2,11 @@
 bytes, frames), and how many of them each per-video stage has in each status.
 
 `dataminer status NAME` used to read the project's videos once for its work, once for its yield,
-once for its frames and once for its target's budget; at a million videos each read is a hash
-join over the whole project (0.6-0.7 s apiece on this machine), so they are one now (issue 25).
-The pass costs what the project is large, never the catalog (bench/README.md, "Scale").
+once for its frames and once for its target's budget, each a hash join of its links with the
+videos and each stage's items (0.6-0.7 s apiece at a million videos); then once, all joined
+(1.4-2.5 s). Now the links carry their videos' progress (db/link_progress.py): the pass reads
+the project's links alone for the videos without a note and the live state for the few with one,
+each side counted on its own, in one statement (bench/README.md, "Status").
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from dataclasses import dataclass, fields
 
 import sqlalchemy as sa
 
-from dataminer_dagster.db.schema import DONE, LINKED_THROUGH_COPY, SCHEMA, finished_since_sql
+from dataminer_dagster.db.link_progress import live_progress_joins, noted_sql, progress
+from dataminer_dagster.db.schema import (
+    DONE,
+    LINK_PROGRESS_STAGES,
+    LINKED_THROUGH_COPY,
+    SCHEMA,
+    finished_within_sql,
+)
 from dataminer_dagster.engine.registry import DOWNLOAD
 
 S = SCHEMA
@@ -68,47 +77,73 @@ class VideoTotals:
         return [s for s in self.sources if not s.linked_through_copy]
 
 
+def _group_columns() -> list[str]:
+    return ["source", "source_info", *(f"status_{i}" for i in range(len(LINK_PROGRESS_STAGES)))]
+
+
+def _finished_columns() -> list[str]:
+    return [f"finished_{i}" for i in range(len(LINK_PROGRESS_STAGES))]
+
+
+def _side(columns: dict[str, str], rest: str) -> str:
+    """SQL: one side of the pass, the project's links `pv` with `columns` for their progress
+    (`link_progress.progress`), joined and filtered by `rest`, counted per source and statuses."""
+    statuses = [columns[f"{stage}_status"] for stage in LINK_PROGRESS_STAGES]
+    finished = [
+        f"count(*) FILTER (WHERE {finished_within_sql(status, columns[f'{stage}_finished_at'])})"
+        for stage, status in zip(LINK_PROGRESS_STAGES, statuses, strict=True)
+    ]
+    downloaded = f"{columns[f'{DOWNLOAD}_status']} = '{DONE}'"
+    values = [
+        "pv.source",
+        "pv.source_info",
+        *statuses,
+        "count(*)",
+        f"count(*) FILTER (WHERE {downloaded})",
+        f"coalesce(sum({columns['duration_s']}) FILTER (WHERE {downloaded}), 0)",
+        f"coalesce(sum({columns['size_bytes']}) FILTER (WHERE {downloaded}), 0)",
+        "coalesce(sum(pv.frames_total), 0)",
+        "coalesce(sum(pv.frames_passed), 0)",
+        "coalesce(sum(pv.frames_kept), 0)",
+        *finished,
+    ]
+    names = [*_group_columns(), *_SUMMED, *_finished_columns()]
+    grouped = ", ".join(["pv.source", "pv.source_info", *statuses])
+    return f"""
+        SELECT {", ".join(f"{v} AS {n}" for v, n in zip(values, names, strict=True))}
+          FROM {S}.project_videos pv {rest}
+         GROUP BY {grouped}"""
+
+
 def video_totals(
     conn: sa.Connection, project_id: int, stages: Sequence[str], window_minutes: float = 0.0
 ) -> VideoTotals:
     """The project's videos in one pass (see the module's docstring): the status counts of each
-    of `stages` (per-video stages, whose items are keyed by the video), and the items of each
-    that finished in the last `window_minutes`. A video without an item of a stage counts for
-    no status of it; a video linked to the project twice cannot be (one link per video)."""
-    joined = list(dict.fromkeys([DOWNLOAD, *stages]))  # the download's status makes the yield
-    joins = "".join(
-        f"""
-          LEFT JOIN {S}.work_items s{i} ON s{i}.stage = :stage_{i} AND s{i}.item_key = pv.video_id
-                                       AND s{i}.project_id IS NULL"""
-        for i in range(len(joined))
+    of `stages` (per-video stages whose progress the links carry), and the items of each that
+    finished in the last `window_minutes`. A video without an item of a stage counts for no
+    status of it; a video linked to the project twice cannot be (one link per video)."""
+    unknown = set(stages) - set(LINK_PROGRESS_STAGES)
+    if unknown:
+        raise ValueError(f"the links carry no progress of {sorted(unknown)}")
+    # Each side counted on its own, grouped by columns PostgreSQL has statistics of (one side
+    # grouped as a whole was estimated at 100,000 groups and sorted on disk: 0.35 s at 1M).
+    sides = [
+        (progress("pv", live=False), f"WHERE pv.project_id = :p AND NOT {noted_sql('pv')}"),
+        (
+            progress("pv", live=True),
+            f"{live_progress_joins('pv')}\n WHERE pv.project_id = :p AND {noted_sql('pv')}",
+        ),
+    ]
+    counted = "\n UNION ALL\n".join(_side(columns, rest) for columns, rest in sides)
+    summed = ", ".join(
+        f"CAST(sum({name}) AS {'float8' if name == 'downloaded_s' else 'bigint'}) AS {name}"
+        for name in (*_SUMMED, *_finished_columns())
     )
-    per_stage = "".join(
-        f""",
-               s{i}.status AS status_{i},
-               count(*) FILTER (WHERE {finished_since_sql(f"s{i}")}) AS finished_{i}"""
-        for i in range(len(joined))
-    )
-    statuses = ", ".join(f"s{i}.status" for i in range(len(joined)))
+    groups = ", ".join(_group_columns())
     statement = sa.text(f"""
-        SELECT pv.source, pv.source_info{per_stage},
-               count(*) AS videos,
-               count(*) FILTER (WHERE s0.status = '{DONE}') AS downloaded,
-               coalesce(sum(v.duration_s) FILTER (WHERE s0.status = '{DONE}'), 0) AS downloaded_s,
-               CAST(coalesce(sum(v.size_bytes) FILTER (WHERE s0.status = '{DONE}'), 0) AS bigint)
-                 AS downloaded_bytes,
-               coalesce(sum(pv.frames_total), 0) AS extracted,
-               coalesce(sum(pv.frames_passed), 0) AS passed,
-               coalesce(sum(pv.frames_kept), 0) AS kept
-          FROM {S}.project_videos pv
-          JOIN {S}.videos v ON v.video_id = pv.video_id{joins}
-         WHERE pv.project_id = :p
-         GROUP BY pv.source, pv.source_info, {statuses}
+        SELECT {groups}, {summed} FROM ({counted}) side GROUP BY {groups}
     """)
-    params = {
-        "p": project_id,
-        "window_s": window_minutes * 60.0,
-        **{f"stage_{i}": stage for i, stage in enumerate(joined)},
-    }
+    params = {"p": project_id, "window_s": window_minutes * 60.0}
     sources: dict[tuple[str, str | None], dict[str, float]] = defaultdict(
         lambda: dict.fromkeys(_SUMMED, 0)
     )
@@ -118,7 +153,7 @@ def video_totals(
         totals = sources[row.source, row.source_info]
         for name in totals:
             totals[name] += getattr(row, name)
-        for i, stage in enumerate(joined):
+        for i, stage in enumerate(LINK_PROGRESS_STAGES):
             status = getattr(row, f"status_{i}")
             if stage in counts and status is not None:
                 counts[stage][status] = counts[stage].get(status, 0) + row.videos

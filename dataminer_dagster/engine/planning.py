@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.db.acquisition_rounds import continue_acquisition
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.link_progress import copy_link_progress
 from dataminer_dagster.db.partition_rows import projects_of_videos
 from dataminer_dagster.db.project_flow import Transition, advance_projects
 from dataminer_dagster.db.project_records import project_fingerprints
@@ -315,13 +316,15 @@ def plan_cycle(
     **plan_options,
 ) -> Cycle:
     """Discovery, project transitions (and the next acquisition round of a completed project
-    short of its target) and run requests, in that order, so that a new project gets its
+    short of its target), the copy of the videos' progress onto their links (db/link_progress.py)
+    and run requests, in that order, so that a new project gets its
     catalog run and a project that just finished its videos its dedup run in the same tick.
     `config_keys` (stage -> its config asset): the projects' config versions that changed since
     the cursor's are observed, for Dagster's stale partitions."""
     found = plan_discovery(store.engine, cursor, instance=instance)
     found.add(instance)  # before the runs over them are planned: in Dagster's order
     moved = advance_projects(store)
+    copy_link_progress(store.engine)  # what `dataminer status NAME` reads of the videos
     acquired = continue_acquisition(store)
     runs = plan_runs(instance, store, lanes, discovery=found, **plan_options)
     versions: list[dg.AssetObservation] = []

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.link_progress import copy_link_progress
 from dataminer_dagster.db.reports import recent_failures, stage_counts, work_summary
 from dataminer_dagster.paths import DataPaths
 from tests.helpers.catalog_seed import add_project, seed_videos
@@ -114,6 +115,29 @@ def test_a_projects_copies_are_read_from_the_copies_not_from_its_videos(seeded, 
     for plan in plans_of(engine, lambda: catalog.project_copies(big), analyze=True):
         assert whole_table_reads(plan) == [], plan
         assert catalog_rows_read(plan) < 100, plan
+
+
+def test_a_projects_videos_are_read_from_its_links_once_their_progress_is_copied(seeded):
+    """`dataminer status NAME`'s pass over a project's videos: with their progress copied onto
+    the links (db/link_progress.py) it reads the links alone, no video and no item."""
+    engine, big, _ = seeded
+    while copy_link_progress(engine):
+        pass
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(sa.text("VACUUM ANALYZE dataminer.project_videos"))
+    [plan] = [
+        plan
+        for plan in plans_of(engine, lambda: work_summary(engine, big, 15), analyze=True)
+        if any(node.get("Relation Name") == "video_changes" for node in nodes(plan))
+    ]
+    read = {
+        node["Relation Name"]: catalog_rows_read({**node, "Plans": []})
+        for node in nodes(plan)
+        if node.get("Relation Name") in CATALOG_TABLES
+    }
+    assert read.get("project_videos", 0) >= BIG, read
+    # the live side, which has no link to read, may still start its join (a row)
+    assert read.get("videos", 0) + read.get("work_items", 0) < 10, read
 
 
 def test_the_counts_are_each_projects_own(seeded):

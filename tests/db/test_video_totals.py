@@ -1,9 +1,13 @@
 """A project's videos read in one pass (db/video_totals.py) give `dataminer status NAME` its work
 counts, its yield per source, its frames and its target's budget: the same numbers as the
 overview's own count of the work (`stage_counts`, a different statement) and as the videos hold,
-with a video shared by two projects, a copy, a video without items and items finished long ago."""
+with a video shared by two projects, a copy, a video without items and items finished long ago;
+whether the videos' progress was read live or from the links it was copied onto
+(db/link_progress.py), and after any changes, copied or not."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 import sqlalchemy as sa
@@ -11,7 +15,9 @@ import sqlalchemy as sa
 from dataminer_dagster.db.acquisition_rounds import spent
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.link_progress import copy_link_progress
 from dataminer_dagster.db.reports import project_status, source_yield, stage_counts, work_summary
+from dataminer_dagster.db.video_totals import video_totals
 from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.settings import load_settings
 from tests.helpers.catalog_seed import add_project
@@ -44,8 +50,10 @@ ITEMS = [  # (stage, video, status, finished minutes ago)
 ]
 
 
-@pytest.fixture
-def catalog(engine, tmp_path) -> Catalog:
+@pytest.fixture(params=["live", "copied"])
+def catalog(engine, tmp_path, request) -> Catalog:
+    """The catalog above, its videos' progress read live (every video noted) or, once copied
+    onto the links (db/link_progress.py), from the links: the same numbers either way."""
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(tmp_path / "data"))
     ids = {name: add_project(catalog, name) for name in ("a", "b")}
     with engine.begin() as c:
@@ -71,7 +79,15 @@ def catalog(engine, tmp_path) -> Catalog:
                                    now() - make_interval(mins => CAST(:minutes AS int)))"""),
                 {"stage": stage, "v": video, "status": status, "minutes": minutes},
             )
+    if request.param == "copied":
+        assert copy_link_progress(engine) > 0
+        assert notes(engine) == 0
     return catalog
+
+
+def notes(engine) -> int:
+    with engine.connect() as c:
+        return c.execute(sa.text("SELECT count(*) FROM dataminer.video_changes")).scalar()
 
 
 def nonzero(counts: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
@@ -140,3 +156,126 @@ def test_a_projects_status_counts_its_copies_among_its_videos_and_frames(catalog
     by_stage = {s["stage"]: s for s in status["stages"]}
     assert (by_stage["download"]["done"], by_stage["download"]["finished_in_window"]) == (3, 2)
     assert by_stage["frames"]["pending"] == 1
+
+
+def totals(engine, project: int):
+    with engine.connect() as c:
+        read = video_totals(c, project, ["download", "frames"], 15)
+    return (
+        sorted(read.sources, key=lambda s: (s.source, s.source_info or "")),
+        read.counts,
+        read.finished,
+    )
+
+
+def live_totals(engine, project: int):
+    """What the pass reads with every video's progress taken live (each video noted, in a
+    transaction that is rolled back): the reference of a read from the links."""
+    with engine.connect() as c, c.begin() as t:
+        c.execute(
+            sa.text(
+                "INSERT INTO dataminer.video_changes (video_id) SELECT video_id FROM dataminer.videos"
+            )
+        )
+        read = video_totals(c, project, ["download", "frames"], 15)
+        t.rollback()
+    return (
+        sorted(read.sources, key=lambda s: (s.source, s.source_info or "")),
+        read.counts,
+        read.finished,
+    )
+
+
+def test_a_change_after_the_copy_is_read_live_until_the_next_copy_writes_it(catalog):
+    engine, a = catalog.engine, catalog.project("a").id
+    with engine.begin() as c:
+        c.execute(
+            sa.text("""UPDATE dataminer.work_items SET status = 'done', finished_at = now()
+                        WHERE stage = 'download' AND item_key = 'v2'"""),
+        )
+        c.execute(sa.text("UPDATE dataminer.videos SET duration_s = 61 WHERE video_id = 'v2'"))
+    assert notes(engine) >= 1
+    changed = totals(engine, a)
+    assert changed == live_totals(engine, a)
+    assert changed[1]["download"] == {"done": 4}
+    copy_link_progress(engine)
+    assert notes(engine) == 0
+    assert totals(engine, a) == changed
+    with engine.connect() as c:
+        link = c.execute(
+            sa.text("""SELECT download_status, duration_s FROM dataminer.project_videos
+                        WHERE video_id = 'v2'"""),
+        ).one()
+    assert tuple(link) == ("done", 61.0)
+
+
+def test_marking_an_item_requested_notes_no_video(catalog):
+    engine = catalog.engine
+    before = notes(engine)
+    with engine.begin() as c:
+        c.execute(
+            sa.text("UPDATE dataminer.work_items SET requested_at = now() WHERE stage = 'download'")
+        )
+    assert notes(engine) == before
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_any_changes_read_from_the_links_as_they_are_live_copied_or_not(catalog, seed):
+    """Random changes of the items, links and videos, with copies of a few notes in between: the
+    pass reads, after each, what the live state gives."""
+    rng = random.Random(seed)
+    engine = catalog.engine
+    projects = [catalog.project("a").id, catalog.project("b").id]
+    videos = list(VIDEOS)
+    for _ in range(40):
+        video, project = rng.choice(videos), rng.choice(projects)
+        with engine.begin() as c:
+            change = rng.choice(["item", "item", "no item", "link", "unlink", "video", "copy"])
+            if change == "item":
+                c.execute(
+                    sa.text("""
+                        INSERT INTO dataminer.work_items
+                               (stage, item_key, video_id, status, max_attempts, finished_at)
+                        VALUES (:stage, :v, :v, :status, 4,
+                                now() - make_interval(mins => CAST(:minutes AS int)))
+                        ON CONFLICT (stage, item_key) DO UPDATE
+                           SET status = EXCLUDED.status, finished_at = EXCLUDED.finished_at"""),
+                    {
+                        "stage": rng.choice(["download", "frames"]),
+                        "v": video,
+                        "status": rng.choice(["pending", "done", "failed", "dead", "blocked"]),
+                        "minutes": rng.choice([None, 1, 60]),
+                    },
+                )
+            elif change == "no item":
+                c.execute(
+                    sa.text("DELETE FROM dataminer.work_items WHERE item_key = :v AND stage = :s"),
+                    {"v": video, "s": rng.choice(["download", "frames"])},
+                )
+            elif change == "link":
+                c.execute(
+                    sa.text("""INSERT INTO dataminer.project_videos (project_id, video_id, source)
+                               VALUES (:p, :v, 'url') ON CONFLICT DO NOTHING"""),
+                    {"p": project, "v": video},
+                )
+            elif change == "unlink":
+                c.execute(
+                    sa.text("""DELETE FROM dataminer.project_videos
+                                WHERE project_id = :p AND video_id = :v"""),
+                    {"p": project, "v": video},
+                )
+            elif change == "video":
+                c.execute(
+                    sa.text(
+                        "UPDATE dataminer.videos SET duration_s = :d, size_bytes = :b WHERE video_id = :v"
+                    ),
+                    {"v": video, "d": rng.choice([None, 5.0, 700.0]), "b": rng.randrange(10**9)},
+                )
+        if change == "copy":
+            copy_link_progress(engine, limit=rng.randint(1, 4))
+        for p in projects:
+            assert totals(engine, p) == live_totals(engine, p), (seed, change)
+    copy_link_progress(engine)
+    assert notes(engine) == 0
+    for p in projects:
+        assert totals(engine, p) == live_totals(engine, p)

@@ -1,0 +1,117 @@
+"""Each project video carries its video's progress (migration 0014): the status and end of its
+download and extraction items, the video's length and size. Triggers note a video in
+`video_changes`, in the transaction of the change, when any of these moves or when it is linked;
+`copy_link_progress` writes the noted videos' current state onto their links and removes the
+notes it acted on. A read that takes the links' columns for the videos without a note and the
+live state for those with one (`progress_sql`) is exact in any snapshot, copied or not: a change
+and its note commit together, and a copy's writes and its removal of the notes too.
+
+Why not counts kept by the triggers themselves: a video's items count for every project that
+links it, so a trigger on the items would have to see links being made at that moment, and a
+lock both sides take would make a claim and a catalog run wait for each other (docs/
+architecture.md, "Under the daemon").
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from dataminer_dagster.db.schema import LINK_PROGRESS_STAGES, SCHEMA
+
+S = SCHEMA
+
+# Copies never overlap: one that began earlier could write an older state over a later one's,
+# whose notes are gone. A copy that finds another at work leaves the notes to the next.
+_COPY_LOCK = 0x646D_6C70  # "dmlp"
+
+# Notes acted on by one copy at most: a copy stays short (the tick's budget) after a bulk change.
+COPY_LIMIT = 10_000
+
+
+def _progress_columns(items: str, video: str) -> list[tuple[str, str]]:
+    """(link column, live expression) of each progress column; `items` a format string naming
+    each stage's item alias from its index, `video` the alias of the video's row."""
+    columns = []
+    for i, stage in enumerate(LINK_PROGRESS_STAGES):
+        alias = items.format(i)
+        columns += [
+            (f"{stage}_status", f"{alias}.status"),
+            (f"{stage}_finished_at", f"{alias}.finished_at"),
+        ]
+    return columns + [("duration_s", f"{video}.duration_s"), ("size_bytes", f"{video}.size_bytes")]
+
+
+def live_progress_joins(link: str, items: str = "lp{}", video: str = "lv") -> str:
+    """SQL: the joins that give link `link` its video's live progress (`live_progress_select`)."""
+    joins = f"\n  JOIN {S}.videos {video} ON {video}.video_id = {link}.video_id"
+    for i, stage in enumerate(LINK_PROGRESS_STAGES):
+        alias = items.format(i)
+        joins += f"""
+  LEFT JOIN {S}.work_items {alias} ON {alias}.stage = '{stage}'
+        AND {alias}.item_key = {link}.video_id AND {alias}.project_id IS NULL"""
+    return joins
+
+
+def progress(link: str, *, live: bool, items: str = "lp{}", video: str = "lv") -> dict[str, str]:
+    """{progress column: SQL expression} of link `link`: its own columns (`live` False) or its
+    video's state read through `live_progress_joins`."""
+    return {
+        column: expression if live else f"{link}.{column}"
+        for column, expression in _progress_columns(items, video)
+    }
+
+
+def progress_select(link: str, *, live: bool) -> str:
+    """SQL: `progress`, named as the link's columns."""
+    return ", ".join(f"{e} AS {c}" for c, e in progress(link, live=live).items())
+
+
+def noted_sql(link: str) -> str:
+    """SQL: link `link`'s video has a note, so its own progress may be behind."""
+    return f"EXISTS (SELECT 1 FROM {S}.video_changes n WHERE n.video_id = {link}.video_id)"
+
+
+def copy_link_progress(engine: sa.Engine, limit: int = COPY_LIMIT) -> int:
+    """Write the current progress of (at most `limit` notes' worth of) noted videos onto their
+    links, and remove those notes; returns the notes removed. Links another transaction holds
+    are left (`SKIP LOCKED`: a copy never waits, and never deadlocks with a deletion or the
+    filter writing a link's frame counts), and so is their video's note, for the next copy."""
+    assignments = ", ".join(
+        f"{column} = live.{column}" for column, _ in _progress_columns("lp{}", "lv")
+    )
+    differs = " OR ".join(
+        f"pv.{column} IS DISTINCT FROM live.{column}"
+        for column, _ in _progress_columns("lp{}", "lv")
+    )
+    statement = sa.text(f"""
+        WITH taken AS (
+            SELECT id, video_id FROM {S}.video_changes ORDER BY id LIMIT :limit
+               FOR UPDATE SKIP LOCKED
+        ), links AS (
+            SELECT pv.project_id, pv.video_id FROM {S}.project_videos pv
+             WHERE pv.video_id IN (SELECT video_id FROM taken)
+        ), locked AS (
+            SELECT pv.project_id, pv.video_id FROM {S}.project_videos pv
+             WHERE pv.video_id IN (SELECT video_id FROM taken)
+               FOR UPDATE OF pv SKIP LOCKED
+        ), skipped AS (
+            SELECT video_id FROM (SELECT * FROM links EXCEPT SELECT * FROM locked) held
+        ), live AS (
+            SELECT l.project_id, l.video_id, {progress_select("l", live=True)}
+              FROM locked l{live_progress_joins("l")}
+        ), copied AS (
+            UPDATE {S}.project_videos pv SET {assignments}
+              FROM live
+             WHERE pv.project_id = live.project_id AND pv.video_id = live.video_id
+               AND ({differs})
+            RETURNING 1
+        )
+        DELETE FROM {S}.video_changes n USING taken t
+         WHERE n.id = t.id AND t.video_id NOT IN (SELECT video_id FROM skipped)
+    """)  # `copied` runs whether or not it is read, as every data-modifying WITH does
+    with engine.begin() as conn:
+        if not conn.execute(
+            sa.text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": _COPY_LOCK}
+        ).scalar():
+            return 0
+        return conn.execute(statement, {"limit": limit}).rowcount
