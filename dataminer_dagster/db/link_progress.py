@@ -28,42 +28,44 @@ _COPY_LOCK = 0x646D_6C70  # "dmlp"
 COPY_LIMIT = 10_000
 
 
-def _progress_columns(items: str, video: str) -> list[tuple[str, str]]:
-    """(link column, live expression) of each progress column; `items` a format string naming
-    each stage's item alias from its index, `video` the alias of the video's row."""
+# The aliases of the live state's rows: each stage's item (by its index in the stages) and the video.
+_ITEM = "lp{}"
+_VIDEO = "lv"
+
+
+def _progress_columns() -> list[tuple[str, str]]:
+    """(link column, its live expression through `live_progress_joins`) of each progress column."""
     columns = []
     for i, stage in enumerate(LINK_PROGRESS_STAGES):
-        alias = items.format(i)
+        item = _ITEM.format(i)
         columns += [
-            (f"{stage}_status", f"{alias}.status"),
-            (f"{stage}_finished_at", f"{alias}.finished_at"),
+            (f"{stage}_status", f"{item}.status"),
+            (f"{stage}_finished_at", f"{item}.finished_at"),
         ]
-    return columns + [("duration_s", f"{video}.duration_s"), ("size_bytes", f"{video}.size_bytes")]
+    return columns + [
+        ("duration_s", f"{_VIDEO}.duration_s"),
+        ("size_bytes", f"{_VIDEO}.size_bytes"),
+    ]
 
 
-def live_progress_joins(link: str, items: str = "lp{}", video: str = "lv") -> str:
-    """SQL: the joins that give link `link` its video's live progress (`live_progress_select`)."""
-    joins = f"\n  JOIN {S}.videos {video} ON {video}.video_id = {link}.video_id"
+def live_progress_joins(link: str) -> str:
+    """SQL: the joins that give link `link` its video's live progress (`progress(live=True)`)."""
+    joins = f"\n  JOIN {S}.videos {_VIDEO} ON {_VIDEO}.video_id = {link}.video_id"
     for i, stage in enumerate(LINK_PROGRESS_STAGES):
-        alias = items.format(i)
+        item = _ITEM.format(i)
         joins += f"""
-  LEFT JOIN {S}.work_items {alias} ON {alias}.stage = '{stage}'
-        AND {alias}.item_key = {link}.video_id AND {alias}.project_id IS NULL"""
+  LEFT JOIN {S}.work_items {item} ON {item}.stage = '{stage}'
+        AND {item}.item_key = {link}.video_id AND {item}.project_id IS NULL"""
     return joins
 
 
-def progress(link: str, *, live: bool, items: str = "lp{}", video: str = "lv") -> dict[str, str]:
+def progress(link: str, *, live: bool) -> dict[str, str]:
     """{progress column: SQL expression} of link `link`: its own columns (`live` False) or its
     video's state read through `live_progress_joins`."""
     return {
         column: expression if live else f"{link}.{column}"
-        for column, expression in _progress_columns(items, video)
+        for column, expression in _progress_columns()
     }
-
-
-def progress_select(link: str, *, live: bool) -> str:
-    """SQL: `progress`, named as the link's columns."""
-    return ", ".join(f"{e} AS {c}" for c, e in progress(link, live=live).items())
 
 
 def noted_sql(link: str) -> str:
@@ -76,13 +78,10 @@ def copy_link_progress(engine: sa.Engine, limit: int = COPY_LIMIT) -> int:
     links, and remove those notes; returns the notes removed. Links another transaction holds
     are left (`SKIP LOCKED`: a copy never waits, and never deadlocks with a deletion or the
     filter writing a link's frame counts), and so is their video's note, for the next copy."""
-    assignments = ", ".join(
-        f"{column} = live.{column}" for column, _ in _progress_columns("lp{}", "lv")
-    )
-    differs = " OR ".join(
-        f"pv.{column} IS DISTINCT FROM live.{column}"
-        for column, _ in _progress_columns("lp{}", "lv")
-    )
+    columns = [column for column, _ in _progress_columns()]
+    assignments = ", ".join(f"{column} = live.{column}" for column in columns)
+    differs = " OR ".join(f"pv.{column} IS DISTINCT FROM live.{column}" for column in columns)
+    live = ", ".join(f"{e} AS {c}" for c, e in progress("l", live=True).items())
     statement = sa.text(f"""
         WITH taken AS (
             SELECT id, video_id FROM {S}.video_changes ORDER BY id LIMIT :limit
@@ -97,14 +96,13 @@ def copy_link_progress(engine: sa.Engine, limit: int = COPY_LIMIT) -> int:
         ), skipped AS (
             SELECT video_id FROM (SELECT * FROM links EXCEPT SELECT * FROM locked) held
         ), live AS (
-            SELECT l.project_id, l.video_id, {progress_select("l", live=True)}
+            SELECT l.project_id, l.video_id, {live}
               FROM locked l{live_progress_joins("l")}
         ), copied AS (
             UPDATE {S}.project_videos pv SET {assignments}
               FROM live
              WHERE pv.project_id = live.project_id AND pv.video_id = live.video_id
                AND ({differs})
-            RETURNING 1
         )
         DELETE FROM {S}.video_changes n USING taken t
          WHERE n.id = t.id AND t.video_id NOT IN (SELECT video_id FROM skipped)
