@@ -3,8 +3,9 @@ download and extraction items, the video's length and size. Triggers note a vide
 `video_changes`, in the transaction of the change, when any of these moves or when it is linked;
 `copy_link_progress` writes the noted videos' current state onto their links and removes the
 notes it acted on. A read that takes the links' columns for the videos without a note and the
-live state for those with one (`progress_sql`) is exact in any snapshot, copied or not: a change
-and its note commit together, and a copy's writes and its removal of the notes too.
+live state for those with one (`progress`, `live_progress_joins`, `noted_sql`) is exact in any
+snapshot, copied or not: a change and its note commit together, and a copy's writes and its
+removal of the notes too.
 
 Why not counts kept by the triggers themselves: a video's items count for every project that
 links it, so a trigger on the items would have to see links being made at that moment, and a
@@ -28,7 +29,7 @@ _COPY_LOCK = 0x646D_6C70  # "dmlp"
 COPY_LIMIT = 10_000
 
 
-# The aliases of the live state's rows: each stage's item (by its index in the stages) and the video.
+# The aliases of the live state's rows: each stage's item (by the stage's index) and the video.
 _ITEM = "lp{}"
 _VIDEO = "lv"
 

@@ -317,8 +317,8 @@ def plan_cycle(
 ) -> Cycle:
     """Discovery, project transitions (and the next acquisition round of a completed project
     short of its target), the copy of the videos' progress onto their links (db/link_progress.py)
-    and run requests, in that order, so that a new project gets its
-    catalog run and a project that just finished its videos its dedup run in the same tick.
+    and run requests, in that order, so that a new project gets its catalog run and a project
+    that just finished its videos its dedup run in the same tick.
     `config_keys` (stage -> its config asset): the projects' config versions that changed since
     the cursor's are observed, for Dagster's stale partitions."""
     found = plan_discovery(store.engine, cursor, instance=instance)

@@ -4,8 +4,8 @@ Under the default run launcher (what `dagster dev` uses) Dagster cannot see a ki
 the run stays STARTED for ever, counts against its lane's share of runs and keeps its `gpu` pool
 slot. Every run that uses the database resource keeps a heartbeat row alive from a thread; this
 module reads those rows beside Dagster's run records and says which runs are dead and why, in words
-a person can read in the UI. A run is dead when its heartbeat went stale, or within seconds when its
-process is known to be gone (a reaper in the same process space looks the pid up:
+a person can read in the UI. A run is dead when its heartbeat went stale, or within seconds when
+its process is known to be gone (a reaper in the same process space looks the pid up:
 core/process_liveness.py), as after a SIGKILL of the daemon with its runs. The lease reaper fails
 (or, when they never started, cancels) them: `reap_dead_work` is its pass, shared by the sensor
 and `dataminer run`.
@@ -69,13 +69,14 @@ def judge(
     now: float,
     gone: Callable[[Heartbeat], bool] = Heartbeat.process_gone,
 ) -> list[DeadRun]:
-    """The runs among `records` (unfinished in Dagster) that are dead. A run with a heartbeat row
-    is dead when the row went stale, or when its process is `gone` and so is its run worker's
-    (between two steps of a multiprocess run the step's process is gone while its run worker
-    beats), from `PROCESS_GONE_GRACE_S` after its last heartbeat; one without is alive while its run worker beats (it waits for a step to start), else
-    judged only if the sensors requested it (a person's run of another job may never use our
-    resource): it must have a heartbeat within `start_grace_s` of starting, and the queue must
-    start it within `queued_timeout_s`."""
+    """The runs among `records` (unfinished in Dagster) that are dead. A run with a heartbeat
+    row is dead when the row went stale, or when its process is `gone` and so is its run
+    worker's (between two steps of a multiprocess run the step's process is gone while its run
+    worker beats), from `PROCESS_GONE_GRACE_S` after its last heartbeat; one without is alive
+    while its run worker beats (it waits for a step to start), else judged only if the sensors
+    requested it (a person's run of another job may never use our resource): it must have a
+    heartbeat within `start_grace_s` of starting, and the queue must start it within
+    `queued_timeout_s`."""
     dead = []
     for record in records:
         run = record.dagster_run
