@@ -1,6 +1,6 @@
 """Benchmark acquisition toward a target (issue 27, item 4): downloads needed to reach
 `target.images` when a round takes the new videos of the sources with the best yield so far
-(`target.order: yield`, core/acquisition.py) against taking them in the order the sources are
+(`target.order: yield`, assets/catalog/source_choice.py) against taking them in the order the sources are
 listed (`target.order: listed`), on the real pipeline, in one run.
 
 The stand-in sources are RSS feeds on 127.0.0.1 read by real yt-dlp, whose clips have known

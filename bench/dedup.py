@@ -1,4 +1,4 @@
-"""Benchmark near-duplicate grouping (core.dedup) and its search engines, in one run.
+"""Benchmark near-duplicate grouping (assets.dedup.grouping) and its search engines, in one run.
 
 Synthetic data: unit random 768-d vectors plus planted duplicates: 1,000 groups of 10 vectors at
 cosine ~0.96 to each other (half of them inside one video, half spread over ten videos) and one
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dataminer_dagster.core.dedup import SIMILARITY_TOLERANCE, deduplicate, similar_pairs
-from dataminer_dagster.core.pair_search import search_engine
+from dataminer_dagster.assets.dedup.grouping import SIMILARITY_TOLERANCE, deduplicate, similar_pairs
+from dataminer_dagster.assets.dedup.pair_search import search_engine
 
 SIZES = {"tiny": 10_000, "small": 100_000, "large": 1_100_000}  # random vectors; planted added
 GROUPS = 1000
@@ -546,7 +546,7 @@ def main() -> None:
     parser.add_argument(
         "--compare-with",
         metavar="FILE",
-        help="also run deduplicate from this module file (e.g. an earlier core/dedup.py)",
+        help="also run deduplicate from this module file (e.g. an earlier assets/dedup/grouping.py)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

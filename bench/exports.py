@@ -51,8 +51,8 @@ def make_store(root: Path, images: int, videos: int, boxes: int):
     import numpy as np
     import pandas as pd
 
+    from dataminer_dagster.assets.dataset.dataset_splits import assign_splits
     from dataminer_dagster.core.coco import Detection, ImageDetections, build_coco, write_coco
-    from dataminer_dagster.core.dataset_splits import assign_splits
     from dataminer_dagster.core.images import encode_image
     from dataminer_dagster.core.synthetic import SyntheticVideoSpec, synthetic_frames
 
@@ -144,13 +144,13 @@ def main() -> None:
         import_review,
         load_corrections,
     )
-    from dataminer_dagster.core.dataset_formats import (
+    from dataminer_dagster.assets.dataset.dataset_formats import (
         export_dataset,
         read_contents,
         write_formats,
     )
-    from dataminer_dagster.core.dataset_report import Thresholds, summarize, write_report
-    from dataminer_dagster.core.review_formats import label_studio_tasks
+    from dataminer_dagster.assets.dataset.dataset_report import Thresholds, summarize, write_report
+    from dataminer_dagster.assets.dataset.review_formats import label_studio_tasks
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)

@@ -8,7 +8,7 @@ hits all methods alike:
   (b)  the reference system's method (spec section 4.2), reimplemented here only: PyAV with
        default settings decodes every frame from the start up to the last target, targets go
        through PIL and are saved as JPEG quality 95 with optimize=True
-  (c)  ours: core.frame_extraction.extract_frames, strategy "time", jpg quality 95
+  (c)  ours: assets.frames.frame_extraction.extract_frames, strategy "time", jpg quality 95
 
 for dense sampling (1 frame per second) and sparse sampling (1 frame per 10 s), and prints the
 medians of wall and CPU seconds with the ratios (c)/(a) and (b)/(c). It exits non-zero if (b)
@@ -33,8 +33,8 @@ from pathlib import Path
 import av
 import cv2
 
-from dataminer_dagster.core.extraction_options import ExtractionOptions
-from dataminer_dagster.core.frame_extraction import extract_frames
+from dataminer_dagster.assets.frames.extraction_options import ExtractionOptions
+from dataminer_dagster.assets.frames.frame_extraction import extract_frames
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_h264_video
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -16,8 +16,8 @@ Sections (each guarded: a failure prints one line and the run goes on; each has 
 3. dedup: 1,110,500 x 768 unit vectors with planted near-duplicate groups (bench/dedup.py's
    data), exact cosine range search in tiles of torch matrix products: half-precision products
    with a margin, every candidate re-checked in float32 (cosine >= threshold - 1e-6, as
-   core.dedup), and plain float32 products; vs the CPU product code (bench/dedup.py: 128 s).
-   Then the product's `core.dedup.deduplicate` itself at 110,500 and 1,110,500 vectors with the
+   assets.dedup.grouping), and plain float32 products; vs the CPU product code (bench/dedup.py: 128 s).
+   Then the product's `assets.dedup.grouping.deduplicate` itself at 110,500 and 1,110,500 vectors with the
    engine it picks on this machine (faiss-gpu, or torch on CUDA when FAISS has no GPU support)
    against `device="cpu"` (FAISS and NumPy on every core) in the same run: time, and whether both
    keep the same frames, every planted group at one frame, no random frame removed. faiss-cpu
@@ -897,7 +897,7 @@ def _range_search(bench: Bench, x32: Any, dtype: Any, margin: float, cap_s: floa
     """
     import torch
 
-    from dataminer_dagster.core.dedup import SIMILARITY_TOLERANCE
+    from dataminer_dagster.assets.dedup.grouping import SIMILARITY_TOLERANCE
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
@@ -993,7 +993,7 @@ def product_dedup_section(bench: Bench) -> list[Row]:
     """The product's deduplicate with the engine it picks here, against device="cpu"."""
     import dedup as dedup_bench  # bench/dedup.py: the CPU benchmark's data and checks
 
-    from dataminer_dagster.core.pair_search import search_engine
+    from dataminer_dagster.assets.dedup.pair_search import search_engine
 
     engine = search_engine("auto")
     options = argparse.Namespace(

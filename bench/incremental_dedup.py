@@ -1,5 +1,5 @@
 """Benchmark incremental dedup (issue 27, item 2): new frames placed against a project's kept
-frames (core/kept_index.py) against grouping every frame again (core/dedup.deduplicate), in one
+frames (assets/dedup/kept_index.py) against grouping every frame again (assets/dedup/grouping.deduplicate), in one
 run on the same data.
 
 Data: `--kept` unit random 768-d vectors (100 frames per video), all far apart at threshold 0.9,
@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dedup import environment  # noqa: E402 - the same BLAS and thread report
 
-from dataminer_dagster.core.dedup import deduplicate  # noqa: E402
+from dataminer_dagster.assets.dedup.grouping import deduplicate  # noqa: E402
+from dataminer_dagster.assets.dedup.kept_index import IndexWriter, KeptIndex, place_new_frames  # noqa: E402
 from dataminer_dagster.core.files import publish, staging_path  # noqa: E402
-from dataminer_dagster.core.kept_index import IndexWriter, KeptIndex, place_new_frames  # noqa: E402
 
 DIM = 768
 THRESHOLD = 0.9

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE
-from dataminer_dagster.core.dataset_formats import (
+from dataminer_dagster.assets.dataset.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE
+from dataminer_dagster.assets.dataset.dataset_formats import (
     COCO_SPLITS_DIR,
     HF_DIR,
     HF_SPLIT_DIRS,
@@ -35,7 +35,7 @@ from dataminer_dagster.core.dataset_formats import (
     YOLO_DATA_YAML,
     YOLO_DIR,
 )
-from dataminer_dagster.core.dataset_splits import SPLITS
+from dataminer_dagster.assets.dataset.dataset_splits import SPLITS
 from dataminer_dagster.engine.partitions import projects_partitions
 from dataminer_dagster.engine.registry import DATASET, DEDUP, DETECT
 from dataminer_dagster.paths import ProjectPaths

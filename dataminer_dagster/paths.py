@@ -70,7 +70,7 @@ class ProjectPaths:
 
     @property
     def dedup_index_dir(self) -> Path:
-        """The kept frames' embeddings, for incremental dedup (core/kept_index.py)."""
+        """The kept frames' embeddings, for incremental dedup (assets/dedup/kept_index.py)."""
         return self.root / "dedup" / "kept_index"
 
     @property

@@ -122,6 +122,36 @@ def test_each_part_imports_only_what_its_arrows_allow(part):
     assert not wrong, "\n".join(wrong)
 
 
+# A stage folder's modules that face Dagster or the database; every other module of the folder is
+# the stage's algorithm and, like core/, imports neither.
+STAGE_FACING = ("__init__", "asset", "store", "table", "config", "quality_checks")
+PURE_FORBIDS = (
+    "dagster",
+    "sqlalchemy",
+    *(PKG + p for p in ("db", "engine", "resources", "sensors", *ROOT_SIDE)),
+)
+
+
+def _algorithm_modules() -> list[Path]:
+    return sorted(
+        path for path in (PACKAGE / "assets").glob("*/*.py") if path.stem not in STAGE_FACING
+    )
+
+
+@pytest.mark.parametrize("path", _algorithm_modules(), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_stages_algorithm_is_pure(path):
+    """Beside its asset, a stage keeps its algorithm (sampling, grouping, formats): plain Python
+    that knows nothing of Dagster, SQL or the engine, and no stage's asset, table or SQL (a stage's
+    config section, plain pydantic, it may read)."""
+    wrong = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+        for line, module in _imports(path)
+        if any(module == f or module.startswith(f + ".") for f in PURE_FORBIDS)
+        or (_stage_of(module) or ("", ""))[1] in (*STAGE_CODE, "quality_checks")
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_rule_catches_an_import_it_forbids(tmp_path):
     """The check itself can fail: a forbidden import inside a function is found."""
     sample = tmp_path / "sample.py"

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from dataminer_dagster.core.dataset_splits import SPLITS
+from dataminer_dagster.assets.dataset.dataset_splits import SPLITS
 from dataminer_dagster.engine.partitions import projects_partitions
 from dataminer_dagster.outputs import load_output
 from tests.conftest import ONE_SERVER

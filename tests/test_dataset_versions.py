@@ -8,9 +8,9 @@ import json
 import pandas as pd
 from click.testing import CliRunner
 
+from dataminer_dagster.assets.dataset.dataset_files import IMAGES_DIR, MANIFEST_FILE, VERSION_FILE
+from dataminer_dagster.assets.dataset.dataset_versions import diff_versions, list_versions
 from dataminer_dagster.cli import main
-from dataminer_dagster.core.dataset_files import IMAGES_DIR, MANIFEST_FILE, VERSION_FILE
-from dataminer_dagster.core.dataset_versions import diff_versions, list_versions
 from dataminer_dagster.testing import environment_for
 from tests.conftest import ONE_SERVER
 from tests.helpers.project_runs import dataminer, redone

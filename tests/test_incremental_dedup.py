@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from dataminer_dagster.core.kept_index import KeptIndex
+from dataminer_dagster.assets.dedup.kept_index import KeptIndex
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.project_lifecycle import force_stage
 from dataminer_dagster.engine.registry import DEDUP

@@ -13,8 +13,8 @@ import json
 import pytest
 import requests
 
-from dataminer_dagster.core.dataset_files import COCO_FILE
-from dataminer_dagster.core.dataset_versions import diff_versions, list_versions
+from dataminer_dagster.assets.dataset.dataset_files import COCO_FILE
+from dataminer_dagster.assets.dataset.dataset_versions import diff_versions, list_versions
 from tests.conftest import ONE_SERVER
 from tests.helpers.project_runs import dataminer
 from tests.helpers.review import (

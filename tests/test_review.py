@@ -12,9 +12,9 @@ import dagster as dg
 import pandas as pd
 from click.testing import CliRunner
 
+from dataminer_dagster.assets.dataset.dataset_files import COCO_FILE, MANIFEST_FILE
+from dataminer_dagster.assets.dataset.dataset_versions import diff_versions, list_versions
 from dataminer_dagster.cli import main
-from dataminer_dagster.core.dataset_files import COCO_FILE, MANIFEST_FILE
-from dataminer_dagster.core.dataset_versions import diff_versions, list_versions
 from tests.conftest import ONE_SERVER
 from tests.helpers.project_runs import dataminer
 from tests.helpers.review import as_answered, boxes, use_changing_data

@@ -14,7 +14,11 @@ from dataminer_dagster.assets.dataset.corrections import (
     load_corrections,
     review_imports,
 )
-from dataminer_dagster.core.review_formats import LabelledBox, ReviewedImage, ReviewImportError
+from dataminer_dagster.assets.dataset.review_formats import (
+    LabelledBox,
+    ReviewedImage,
+    ReviewImportError,
+)
 
 
 def coco() -> dict:

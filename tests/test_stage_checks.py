@@ -202,7 +202,7 @@ def test_a_broken_coco_file_counts_its_invalid_annotations(tmp_path):
 
 def _formats_dataset(root):
     """A dataset with every format, as the dataset stage writes it (tests/core)."""
-    from dataminer_dagster.core.dataset_formats import read_contents, write_formats
+    from dataminer_dagster.assets.dataset.dataset_formats import read_contents, write_formats
     from tests.core.test_dataset_formats import make_dataset
 
     make_dataset(root)

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from dataminer_dagster.assets import REGISTRY
+from dataminer_dagster.assets.dataset.dataset_files import MANIFEST_FILE
 from dataminer_dagster.config import parse_project_config
-from dataminer_dagster.core.dataset_files import MANIFEST_FILE
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
@@ -57,7 +57,7 @@ import json
 
 import pandas as pd
 
-from dataminer_dagster.core.dataset_files import MANIFEST_FILE
+from dataminer_dagster.assets.dataset.dataset_files import MANIFEST_FILE
 from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
 from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.paths import ProjectPaths

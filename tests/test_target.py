@@ -12,8 +12,8 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
+from dataminer_dagster.assets.catalog.source_choice import SourceYield, choose
 from dataminer_dagster.config import parse_project_config
-from dataminer_dagster.core.acquisition import SourceYield, choose
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.acquisition_rounds import continue_acquisition
 from dataminer_dagster.db.catalog import Catalog

@@ -1,6 +1,8 @@
 """The pipeline's stages, a folder each: `assets/<stage>/` holds the stage's registry entry
-(`__init__.py`: its `STAGE`), its asset (`asset.py`), its config section (`config.py`) and, where
-it has them, its table (`table.py`) and its SQL (`store.py`).
+(`__init__.py`: its `STAGE`), its asset (`asset.py`), its config section (`config.py`), where it
+has them its table (`table.py`) and its SQL (`store.py`), and its algorithm: plain modules that
+know nothing of Dagster or SQL (the frames' sampling and decoding, dedup's grouping, the dataset's
+formats and splits, the filter's rule).
 
 `REGISTRY` lists the stages in flow order: the one statement of the flow. Importing this package
 imports only the stages' entries (no asset, no model library), so that the sensors, the database

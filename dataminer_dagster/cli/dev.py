@@ -137,8 +137,8 @@ def export(name: str, dest: Path, link_images: bool, formats: tuple[str, ...]) -
     to edit), annotations.coco.json (when the project detects), manifest.parquet (with each
     image's split), the quality report, and the training formats, written for DEST (their
     images are hard links to DEST's images/)."""
-    from dataminer_dagster.core.dataset_files import MANIFEST_FILE
-    from dataminer_dagster.core.dataset_formats import DatasetFormatError, export_dataset
+    from dataminer_dagster.assets.dataset.dataset_files import MANIFEST_FILE
+    from dataminer_dagster.assets.dataset.dataset_formats import DatasetFormatError, export_dataset
     from dataminer_dagster.paths import ProjectPaths
 
     _, _, catalog = context()
@@ -175,7 +175,7 @@ def dataset() -> None:
 @click.argument("name")
 def dataset_versions(name: str) -> None:
     """List the kept versions of project NAME's dataset, oldest first."""
-    from dataminer_dagster.core.dataset_versions import list_versions
+    from dataminer_dagster.assets.dataset.dataset_versions import list_versions
     from dataminer_dagster.paths import ProjectPaths
 
     _, _, catalog = context()
@@ -197,7 +197,7 @@ def dataset_versions(name: str) -> None:
 def dataset_diff(name: str, old: int | None, new: int | None, show: int) -> None:
     """What was added, removed, relabelled and moved to another split between two versions of
     project NAME's dataset (images matched by file name: a frame's video and index)."""
-    from dataminer_dagster.core.dataset_versions import (
+    from dataminer_dagster.assets.dataset.dataset_versions import (
         DatasetVersionError,
         diff_versions,
         list_versions,

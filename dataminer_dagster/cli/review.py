@@ -42,8 +42,8 @@ def review() -> None:
 
 def _dataset(name: str):
     """The project, its paths and its published dataset's contents."""
-    from dataminer_dagster.core.dataset_files import MANIFEST_FILE
-    from dataminer_dagster.core.dataset_formats import read_contents
+    from dataminer_dagster.assets.dataset.dataset_files import MANIFEST_FILE
+    from dataminer_dagster.assets.dataset.dataset_formats import read_contents
     from dataminer_dagster.paths import ProjectPaths
 
     _, _, catalog = context()
@@ -62,7 +62,7 @@ def _image_url(paths, image_url: str | None, document_root: Path | None):
     Studio's local files, relative to its LOCAL_FILES_DOCUMENT_ROOT."""
     from urllib.parse import quote
 
-    from dataminer_dagster.core.dataset_files import IMAGES_DIR
+    from dataminer_dagster.assets.dataset.dataset_files import IMAGES_DIR
 
     images = (paths.dataset_dir / IMAGES_DIR).resolve()
     if image_url:
@@ -79,7 +79,7 @@ def _image_url(paths, image_url: str | None, document_root: Path | None):
 
 
 def _model_version(project, paths) -> str:
-    from dataminer_dagster.core.dataset_files import VERSION_FILE
+    from dataminer_dagster.assets.dataset.dataset_files import VERSION_FILE
 
     version = json.loads((paths.dataset_dir / VERSION_FILE).read_text())["version"]
     detector = project.config.detect
@@ -112,9 +112,12 @@ def export(name: str, dest: Path, image_url: str | None, document_root: Path | N
     annotations.coco.json (for a CVAT task: its images are the dataset's images/)."""
     import shutil
 
-    from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR
+    from dataminer_dagster.assets.dataset.dataset_files import COCO_FILE, IMAGES_DIR
+    from dataminer_dagster.assets.dataset.review_formats import (
+        label_studio_config,
+        label_studio_tasks,
+    )
     from dataminer_dagster.core.files import publish, staging_path
-    from dataminer_dagster.core.review_formats import label_studio_config, label_studio_tasks
 
     project, paths, contents = _dataset(name)
     tasks = label_studio_tasks(
@@ -144,8 +147,12 @@ def _import_and_rebuild(name: str, export: Path, wait: bool, timeout: float | No
     """Keep the export's answers as corrections and queue the dataset again (build it now with
     `wait`)."""
     from dataminer_dagster.assets.dataset.corrections import import_review
+    from dataminer_dagster.assets.dataset.review_formats import (
+        REVIEW_STATES,
+        UNREVIEWED,
+        ReviewImportError,
+    )
     from dataminer_dagster.cli.admin import force_and_report
-    from dataminer_dagster.core.review_formats import REVIEW_STATES, UNREVIEWED, ReviewImportError
     from dataminer_dagster.engine.registry import DATASET
 
     project, paths, _ = _dataset(name)
@@ -182,7 +189,7 @@ def _import_and_rebuild(name: str, export: Path, wait: bool, timeout: float | No
 
     code = run_projects([project.config], timeout=timeout, progress=False)
     if code == 0:
-        from dataminer_dagster.core.dataset_versions import list_versions
+        from dataminer_dagster.assets.dataset.dataset_versions import list_versions
 
         latest = list_versions(paths.dataset_versions_dir)[-1]
         click.echo(f"dataset of {name} is v{latest.number} ({latest.images} images)")
@@ -257,9 +264,12 @@ def push(
     tasks, its boxes as predictions. Without --image-url, Label Studio serves the images
     itself: start it with LOCAL_FILES_SERVING_ENABLED=true and LOCAL_FILES_DOCUMENT_ROOT (pass
     the same folder as --document-root) on a machine that sees the dataset's folder."""
+    from dataminer_dagster.assets.dataset.dataset_files import IMAGES_DIR
     from dataminer_dagster.assets.dataset.label_studio import LabelStudioError
-    from dataminer_dagster.core.dataset_files import IMAGES_DIR
-    from dataminer_dagster.core.review_formats import label_studio_config, label_studio_tasks
+    from dataminer_dagster.assets.dataset.review_formats import (
+        label_studio_config,
+        label_studio_tasks,
+    )
 
     project, paths, contents = _dataset(name)
     model_version = _model_version(project, paths)

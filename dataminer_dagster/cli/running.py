@@ -87,8 +87,12 @@ def run_projects(configs, *, timeout: float | None, progress: bool = True) -> in
 
 
 def _print_outcome(project) -> None:
-    from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE
-    from dataminer_dagster.core.dataset_formats import REPORT_FILE, YOLO_DATA_YAML, YOLO_DIR
+    from dataminer_dagster.assets.dataset.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE
+    from dataminer_dagster.assets.dataset.dataset_formats import (
+        REPORT_FILE,
+        YOLO_DATA_YAML,
+        YOLO_DIR,
+    )
     from dataminer_dagster.db.project_flow import COMPLETE
     from dataminer_dagster.paths import ProjectPaths
 

@@ -4,7 +4,7 @@ When such a project completes, the work sensor's cycle (and `dataminer run`) dec
 dataset build, and again when the target changes (`continue_acquisition`): the target is reached, the budget is spent (max_videos,
 max_download_hours, max_download_gb), the sources are exhausted (the last round found no video
 the project had not seen, or max_rounds rounds were made), or a new round starts: its sources are
-listed deeper (a refresh) and the catalog takes the videos core/acquisition.py chooses. The state
+listed deeper (a refresh) and the catalog takes the videos assets/catalog/source_choice.py chooses. The state
 is kept in `projects.acquisition` and shown by `dataminer status` and the dataset's metadata.
 """
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from dataminer_dagster.assets.catalog.config import RefreshConfig
+from dataminer_dagster.assets.dataset.dataset_formats import YOLO_DIR, point_yolo_at
 from dataminer_dagster.config import ProjectConfig
-from dataminer_dagster.core.dataset_formats import YOLO_DIR, point_yolo_at
 from dataminer_dagster.core.rsync import is_remote
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import DEAD, DONE, RUNNING, SCHEMA

@@ -380,5 +380,5 @@ def yield_per_source(videos: VideoTotals) -> list[dict]:
                 "kept_per_minute": round(s.kept / minutes, 2) if minutes else None,
             }
         )
-    # Downloads are what acquisition spends (core/acquisition.py): the best kept per video first.
+    # Downloads are what acquisition spends (assets/catalog/source_choice.py): the best kept per video first.
     return sorted(found, key=lambda y: (-(y["kept_per_video"] or 0), y["source"]))

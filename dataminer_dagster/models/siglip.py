@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from dataminer_dagster.core.filter_rule import sigmoid_scores
 from dataminer_dagster.models.image_embedder import (
     ImageEmbedder,
     normalised_numpy,
@@ -23,6 +22,29 @@ from dataminer_dagster.models.image_embedder import (
 
 # SigLIP2 was trained on prompts padded to 64 tokens; the text tower has 64 positions.
 TEXT_MAX_LENGTH = 64
+
+
+def sigmoid_scores(
+    image_embeddings: np.ndarray,
+    text_embeddings: np.ndarray,
+    *,
+    logit_scale: float,
+    logit_bias: float,
+) -> np.ndarray:
+    """SigLIP probabilities sigmoid(img @ txt.T * exp(logit_scale) + logit_bias), shape (N, P).
+
+    Both embedding sets must already be L2-normalised. Computed in float32, in a form that neither
+    overflows nor loses precision for large negative logits.
+    """
+    image = np.asarray(image_embeddings, dtype=np.float32)
+    text = np.asarray(text_embeddings, dtype=np.float32)
+    if image.ndim != 2 or text.ndim != 2 or image.shape[1] != text.shape[1]:
+        raise ValueError(
+            f"embeddings must be (N, D) and (P, D) with the same D, got {image.shape} and {text.shape}"
+        )
+    logits = image @ text.T * np.float32(np.exp(logit_scale)) + np.float32(logit_bias)
+    small = np.exp(-np.abs(logits))  # in (0, 1]: never overflows
+    return np.where(logits >= 0, 1 / (1 + small), small / (1 + small)).astype(np.float32)
 
 
 class SiglipScorer(ImageEmbedder):

@@ -1,4 +1,4 @@
-"""The training formats per split (core/dataset_formats.py), written from a real dataset folder and
+"""The training formats per split (assets/dataset/dataset_formats.py), written from a real dataset folder and
 read back by the tools that use them: pycocotools for COCO, `datasets` for the imagefolder,
 Ultralytics for YOLO (one epoch of training on the export)."""
 
@@ -13,9 +13,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from dataminer_dagster.core.coco import Detection, ImageDetections, build_coco, write_coco
-from dataminer_dagster.core.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE
-from dataminer_dagster.core.dataset_formats import (
+from dataminer_dagster.assets.dataset.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE
+from dataminer_dagster.assets.dataset.dataset_formats import (
     YOLO_NOTE,
     Box,
     DatasetFormatError,
@@ -26,6 +25,7 @@ from dataminer_dagster.core.dataset_formats import (
     write_formats,
     yolo_line,
 )
+from dataminer_dagster.core.coco import Detection, ImageDetections, build_coco, write_coco
 from dataminer_dagster.core.images import write_image
 
 CLASSES = ["car", "person"]

@@ -1,4 +1,4 @@
-"""The quality report's numbers (core/dataset_report.py) on a dataset whose answers are known, and
+"""The quality report's numbers (assets/dataset/dataset_report.py) on a dataset whose answers are known, and
 its Markdown and plots on disk."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dataminer_dagster.core.dataset_formats import read_contents
-from dataminer_dagster.core.dataset_report import Thresholds, summarize, write_report
+from dataminer_dagster.assets.dataset.dataset_formats import read_contents
+from dataminer_dagster.assets.dataset.dataset_report import Thresholds, summarize, write_report
 from dataminer_dagster.core.images import read_image
 from tests.core.test_dataset_formats import make_dataset
 

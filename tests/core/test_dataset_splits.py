@@ -1,4 +1,4 @@
-"""Splits by source (core/dataset_splits.py): no video, no copy and no near-duplicate group spans
+"""Splits by source (assets/dataset/dataset_splits.py): no video, no copy and no near-duplicate group spans
 two splits; the same inputs give the same splits whatever their order; every split with a share
 has images when there are enough source units, and a warning names the empty ones otherwise."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataminer_dagster.core.dataset_splits import (
+from dataminer_dagster.assets.dataset.dataset_splits import (
     SPLITS,
     assign_splits,
     pairs_across_splits,

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataminer_dagster.core import pair_search
-from dataminer_dagster.core.dedup import (
+from dataminer_dagster.assets.dedup import pair_search
+from dataminer_dagster.assets.dedup.grouping import (
     SIMILARITY_TOLERANCE,
     _components,
     deduplicate,
@@ -18,7 +18,7 @@ from dataminer_dagster.core.dedup import (
     normalized,
     similar_pairs,
 )
-from dataminer_dagster.core.pair_search import (
+from dataminer_dagster.assets.dedup.pair_search import (
     _NUMPY_CELLS,
     _FaissGpu,
     _Torch,

@@ -10,15 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataminer_dagster.core.filter_rule import (
-    apply_filter_rule,
-    sigmoid_scores,
-)
+from dataminer_dagster.assets.filter.filter_rule import apply_filter_rule
+from dataminer_dagster.models.siglip import sigmoid_scores
 
 
 @dataclass(frozen=True)
 class FilterThresholds:
-    """The rule's thresholds without a project config (core.filter_rule.Thresholds)."""
+    """The rule's thresholds without a project config (assets.filter.filter_rule.Thresholds)."""
 
     positive_threshold: float
     negative_threshold: float

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dataminer_dagster.core.extraction_options import (
+from dataminer_dagster.assets.frames.extraction_options import (
     DEFAULT_MAX_FRAME_PIXELS,
     DEFAULT_MAX_FRAMES,
     MIN_FRAME_SIDE,
     ExtractionOptions,
 )
-from dataminer_dagster.core.frame_extraction import ExtractionResult, extract_frames
-from dataminer_dagster.core.frame_manifest import read_manifest, write_manifest
+from dataminer_dagster.assets.frames.frame_extraction import ExtractionResult, extract_frames
+from dataminer_dagster.assets.frames.frame_manifest import read_manifest, write_manifest
 from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.synthetic import (

@@ -5,8 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dataminer_dagster.assets.dedup.kept_index import (
+    MAX_SEGMENTS,
+    IndexWriter,
+    KeptIndex,
+    replacements,
+)
 from dataminer_dagster.core.files import publish, staging_path
-from dataminer_dagster.core.kept_index import MAX_SEGMENTS, IndexWriter, KeptIndex, replacements
 
 
 def unit(rng, n: int, d: int = 32) -> np.ndarray:

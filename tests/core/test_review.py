@@ -1,4 +1,4 @@
-"""core/review_formats.py: Label Studio tasks out, reviewed images back, what changed per class."""
+"""assets/dataset/review_formats.py: Label Studio tasks out, reviewed images back, what changed per class."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from xml.etree import ElementTree
 
 import pytest
 
-from dataminer_dagster.core.dataset_formats import Box, DatasetContents, SplitImage
-from dataminer_dagster.core.review_formats import (
+from dataminer_dagster.assets.dataset.dataset_formats import Box, DatasetContents, SplitImage
+from dataminer_dagster.assets.dataset.review_formats import (
     ACCEPTED,
     CORRECTED,
     REJECTED,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.inputs import find_videos
-from dataminer_dagster.core.acquisition import MAX_DEPTH, SourceYield, choose
+from dataminer_dagster.assets.catalog.source_choice import MAX_DEPTH, SourceYield, choose
 from dataminer_dagster.db import source_refresh
 from dataminer_dagster.db.acquisition_rounds import (
     acquisition_state,
@@ -156,7 +156,7 @@ def listed_deeper(inputs, round_: int):
 
 def _toward_target(catalog, project, candidates, new: set[str]) -> set[str]:
     """The new videos this round takes: as many as the target still needs by the yield so far,
-    within the budget, from the sources with the best yield (core/acquisition.py)."""
+    within the budget, from the sources with the best yield (assets/catalog/source_choice.py)."""
     target = project.config.target
     with catalog.engine.connect() as conn:
         videos = video_totals(conn, project.id, ())

@@ -115,7 +115,7 @@ class TargetConfig(Section):
         ge=1,
         description="Keep acquiring until the dataset holds this many images: each round lists "
         "the sources deeper and downloads the new videos of the sources whose videos keep the "
-        "most frames (core/acquisition.py), until the target, the budget or the sources run out.",
+        "most frames (assets/catalog/source_choice.py), until the target, the budget or the sources run out.",
     )
     max_videos: int | None = Field(None, ge=1, description="Most videos the project links.")
     max_download_hours: float | None = Field(

@@ -8,9 +8,9 @@
                              scores, sharpness and brightness, dedup group and size, number of
                              detections, its split, and its review state
     coco/, yolo/, hf/        the training formats the config names (dataset.formats), per split
-                             (core/dataset_formats.py)
-    report.md, report/       the quality report and its plots (core/dataset_report.py)
-    version.json             which version of the dataset this is (core/dataset_versions.py)
+                             (assets/dataset/dataset_formats.py)
+    report.md, report/       the quality report and its plots (assets/dataset/dataset_report.py)
+    version.json             which version of the dataset this is (assets/dataset/dataset_versions.py)
 
 A review in a labelling tool comes back as corrections (corrections.py, `dataminer review`): every
 build applies them, leaving rejected images out and giving corrected ones the reviewer's boxes.
@@ -18,7 +18,7 @@ build applies them, leaving rejected images out and giving corrected ones the re
 A build whose content differs from the last version's is kept as a new version, never changed
 again, in `<output>/dataset_versions/v<N>/`; `dataminer dataset diff` compares two.
 
-Splits are assigned by source (core/dataset_splits.py): a video, its copies and the videos it
+Splits are assigned by source (assets/dataset/dataset_splits.py): a video, its copies and the videos it
 shares a near-duplicate group with (the dedup table's groups) go to one split, so no scene is in
 two. Rebuilt atomically on every run: a re-run replaces the dataset, never appends to it. Its
 checks (quality_checks.py) read the files once they are in place; its previews are a sample of the images
@@ -40,32 +40,32 @@ from dataminer_dagster.assets.dataset.corrections import (
     load_corrections,
     review_imports,
 )
-from dataminer_dagster.assets.dataset.quality_checks import DATASET_CHECKS
-from dataminer_dagster.core.coco import Detection, write_coco
-from dataminer_dagster.core.dataset_files import (
+from dataminer_dagster.assets.dataset.dataset_files import (
     COCO_FILE,
     IMAGES_DIR,
     MANIFEST_FILE,
     VERSION_FILE,
     place_images,
 )
-from dataminer_dagster.core.dataset_formats import (
+from dataminer_dagster.assets.dataset.dataset_formats import (
     REPORT_FILE,
     DatasetContents,
     read_contents,
     write_formats,
 )
-from dataminer_dagster.core.dataset_report import (
+from dataminer_dagster.assets.dataset.dataset_report import (
     Thresholds,
     summarize,
     write_report,
 )
-from dataminer_dagster.core.dataset_splits import assign_splits, shared_group_links
-from dataminer_dagster.core.dataset_versions import keep_version, next_version
+from dataminer_dagster.assets.dataset.dataset_splits import assign_splits, shared_group_links
+from dataminer_dagster.assets.dataset.dataset_versions import keep_version, next_version
+from dataminer_dagster.assets.dataset.quality_checks import DATASET_CHECKS
+from dataminer_dagster.assets.dataset.review_formats import REVIEW_STATES
+from dataminer_dagster.core.coco import Detection, write_coco
 from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import brightness_of_file, read_image
 from dataminer_dagster.core.redact import redact_url
-from dataminer_dagster.core.review_formats import REVIEW_STATES
 from dataminer_dagster.core.visualize import contact_sheet, draw_detections
 from dataminer_dagster.db.project_flow import project_members
 from dataminer_dagster.db.reports import source_yield

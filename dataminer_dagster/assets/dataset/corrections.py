@@ -6,7 +6,7 @@
                              format, how many images
 
 An import (`import_review`) checks the export against the published dataset first (its images
-and classes; core/review_formats.py) and changes nothing when it does not fit; an image answered again
+and classes; assets/dataset/review_formats.py) and changes nothing when it does not fit; an image answered again
 by a later import takes the later answer. The dataset stage then (`apply_review`) leaves rejected
 images out, gives corrected images the reviewer's boxes (without a score: a person drew them)
 and keeps the detector's boxes, scores and all, where the reviewer changed nothing; every
@@ -25,10 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dataminer_dagster.core.coco import BOX_DECIMALS, clip_box
-from dataminer_dagster.core.dataset_files import MANIFEST_FILE
-from dataminer_dagster.core.dataset_formats import read_contents
-from dataminer_dagster.core.review_formats import (
+from dataminer_dagster.assets.dataset.dataset_files import MANIFEST_FILE
+from dataminer_dagster.assets.dataset.dataset_formats import read_contents
+from dataminer_dagster.assets.dataset.review_formats import (
     CORRECTED,
     REJECTED,
     LabelledBox,
@@ -39,6 +38,7 @@ from dataminer_dagster.core.review_formats import (
     read_export,
     summarize_review,
 )
+from dataminer_dagster.core.coco import BOX_DECIMALS, clip_box
 
 CORRECTIONS_FILE = "corrections.json"
 IMPORTS_FILE = "imports.jsonl"

@@ -1,6 +1,6 @@
 """A running Label Studio, through its HTTP API: the few calls a review round trip needs.
 
-    create_project       a project with the labelling interface (core/review_formats.py)
+    create_project       a project with the labelling interface (assets/dataset/review_formats.py)
     connect_local_files  a local-files storage over the dataset's images, so that the tool
                          serves them itself (LOCAL_FILES_SERVING_ENABLED on the server)
     import_tasks         the tasks with their predictions, in batches

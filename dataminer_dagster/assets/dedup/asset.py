@@ -17,20 +17,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dataminer_dagster.assets.dedup.store import record_kept
-from dataminer_dagster.assets.filter.store import videos_with_passed_frames
-from dataminer_dagster.assets.filter.table import passed_frames
-from dataminer_dagster.core.dedup import deduplicate
-from dataminer_dagster.core.embedding_cache import EmbeddingCache
-from dataminer_dagster.core.files import publish
-from dataminer_dagster.core.images import read_image
-from dataminer_dagster.core.kept_index import (
+from dataminer_dagster.assets.dedup.grouping import deduplicate
+from dataminer_dagster.assets.dedup.kept_index import (
     IndexWriter,
     KeptIndex,
     place_new_frames,
     replacements,
 )
-from dataminer_dagster.core.pair_search import ENGINES
+from dataminer_dagster.assets.dedup.pair_search import ENGINES
+from dataminer_dagster.assets.dedup.store import record_kept
+from dataminer_dagster.assets.filter.store import videos_with_passed_frames
+from dataminer_dagster.assets.filter.table import passed_frames
+from dataminer_dagster.core.embedding_cache import EmbeddingCache
+from dataminer_dagster.core.files import publish
+from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.visualize import PALETTE, contact_sheet
 from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.outcomes import ItemResult
@@ -44,7 +44,7 @@ def _no_duplicates_kept(ctx: StageContext, project_name: str) -> CheckResult:
     """No two kept frames of the project are at or above its threshold (with the stage's own
     search: exact up to dedup.exact_limit kept frames, approximate beyond, where a missed pair
     would go unreported)."""
-    from dataminer_dagster.core.dedup import similar_pairs
+    from dataminer_dagster.assets.dedup.grouping import similar_pairs
 
     project = ctx.catalog.project(project_name)
     table = pd.read_parquet(ProjectPaths(project.output_dir).dedup_table)
@@ -312,7 +312,7 @@ def _group_all(ctx: StageContext, project, videos: list[str]):
 
 def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
     """Only the frames of videos the last dedup did not see, placed against its kept frames
-    (core/kept_index.place_new_frames). Same returns as `_group_all`."""
+    (kept_index.place_new_frames). Same returns as `_group_all`."""
     config = project.config.dedup
     table = earlier.table.copy()
     seen = set(table["video_id"].unique())

@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 
 from dataminer_dagster.assets.filter.config import FilterConfig
+from dataminer_dagster.assets.filter.filter_rule import apply_filter_rule
 from dataminer_dagster.assets.filter.store import record_filter
 from dataminer_dagster.assets.filter.table import prompt_columns
+from dataminer_dagster.assets.frames.frame_manifest import read_manifest
 from dataminer_dagster.core.embedding_cache import EmbeddingCache, quantize
 from dataminer_dagster.core.files import publish
-from dataminer_dagster.core.filter_rule import apply_filter_rule
-from dataminer_dagster.core.frame_manifest import read_manifest
 from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.visualize import contact_sheet, histogram
 from dataminer_dagster.engine.outcomes import ItemResult, RequeueFirst

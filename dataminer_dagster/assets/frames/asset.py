@@ -13,15 +13,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dataminer_dagster.assets.backup import NO_BACKUP
-from dataminer_dagster.core.extraction_options import ExtractionOptions
+from dataminer_dagster.assets.frames.extraction_options import ExtractionOptions
+from dataminer_dagster.assets.frames.frame_extraction import extract_frames
+from dataminer_dagster.assets.frames.frame_manifest import read_manifest, write_manifest
 from dataminer_dagster.core.files import (
     make_read_only,
     publish,
     remove_leftovers,
     require_free_space,
 )
-from dataminer_dagster.core.frame_extraction import extract_frames
-from dataminer_dagster.core.frame_manifest import read_manifest, write_manifest
 from dataminer_dagster.core.media import VideoDecodeError
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.project_records import ProjectRow

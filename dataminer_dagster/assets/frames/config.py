@@ -6,12 +6,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from dataminer_dagster.core.config_section import Section
-from dataminer_dagster.core.extraction_options import (
+from dataminer_dagster.assets.frames.extraction_options import (
     DEFAULT_MAX_FRAME_PIXELS,
     DEFAULT_MAX_FRAMES,
     MIN_FRAME_SIDE,
 )
+from dataminer_dagster.core.config_section import Section
 
 
 class ExtractConfig(Section):
@@ -51,9 +51,9 @@ class ExtractConfig(Section):
         return {"profile": self.options().profile_id()}
 
     def options(self):
-        """This section's `ExtractionOptions` (core.extraction_options): the profile a video's
+        """This section's `ExtractionOptions` (assets.frames.extraction_options): the profile a video's
         frames are made with."""
-        from dataminer_dagster.core.extraction_options import ExtractionOptions
+        from dataminer_dagster.assets.frames.extraction_options import ExtractionOptions
 
         return ExtractionOptions(
             strategy=self.strategy,

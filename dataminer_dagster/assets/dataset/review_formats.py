@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
-from dataminer_dagster.core.dataset_formats import DatasetContents
+from dataminer_dagster.assets.dataset.dataset_formats import DatasetContents
 
 # The names of the labelling interface's parts, which the export's results refer to.
 IMAGE_FIELD = "image"  # data.image: where the tool loads the picture from

@@ -1,6 +1,6 @@
 """Thresholded inner products between blocks of rows of one matrix of unit vectors, on a CPU or GPU.
 
-The dedup search (`core/dedup.py`) asks two questions of its vectors x, always about blocks of
+The dedup search (`assets/dedup/grouping.py`) asks two questions of its vectors x, always about blocks of
 rows: which pairs (left row, right row) have a product at or above a cut, and which k centroids
 are nearest to each of some rows. An engine, bound to x by `bind`, answers both:
 

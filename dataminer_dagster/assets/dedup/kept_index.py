@@ -10,7 +10,7 @@ search reads only what it multiplies.
 
 Search is exact (every new vector against every kept one) while the index holds at most
 `exact_limit` vectors. Beyond, it is an inverted file: the index trains centroids (FAISS spherical
-k-means, as core/dedup.py does) when it first outgrows the exact search and again when it has
+k-means, as assets/dedup/grouping.py does) when it first outgrows the exact search and again when it has
 grown RETRAIN_GROWTH times since; each segment stores its vectors sorted by nearest centroid,
 and a query is compared with the members of its `nprobe` nearest lists, list by list (all the
 queries that probe a list in one block of products). It may miss a kept duplicate (the new frame
@@ -33,13 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from dataminer_dagster.core.dedup import (
+from dataminer_dagster.assets.dedup.grouping import (
     SIMILARITY_TOLERANCE,
     deduplicate,
     normalized,
     train_centroids,
 )
-from dataminer_dagster.core.pair_search import load_faiss
+from dataminer_dagster.assets.dedup.pair_search import load_faiss
 
 MANIFEST = "index.json"
 MAX_SEGMENTS = 8

@@ -32,15 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dataminer_dagster.core.coco import write_coco
-from dataminer_dagster.core.dataset_files import (
+from dataminer_dagster.assets.dataset.dataset_files import (
     COCO_FILE,
     IMAGES_DIR,
     MANIFEST_FILE,
     VERSION_FILE,
     place_images,
 )
-from dataminer_dagster.core.dataset_splits import SPLITS
+from dataminer_dagster.assets.dataset.dataset_splits import SPLITS
+from dataminer_dagster.core.coco import write_coco
 from dataminer_dagster.core.files import publish, remove, staging_path
 
 FORMATS = ("coco", "yolo", "hf")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dataminer_dagster.core.frame_extraction import ExtractionResult
-from dataminer_dagster.core.frame_writer import ExtractedFrame
+from dataminer_dagster.assets.frames.frame_extraction import ExtractionResult
+from dataminer_dagster.assets.frames.frame_writer import ExtractedFrame
 
 MANIFEST_COLUMNS = (
     "frame_index",

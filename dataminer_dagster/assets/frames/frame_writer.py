@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dataminer_dagster.core.extraction_options import ExtractionOptions
+from dataminer_dagster.assets.frames.extraction_options import ExtractionOptions
 from dataminer_dagster.core.frame_rotation import frame_rotation, turn_upright, upright_size
 from dataminer_dagster.core.images import encode_image, fit_within, picture_measures
 

@@ -27,17 +27,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataminer_dagster.core.extraction_options import MIN_FRAME_SIDE, ExtractionOptions
-from dataminer_dagster.core.frame_decoding import DecodeStats, ProgressReporter
-from dataminer_dagster.core.frame_rotation import tagged_rotation
-from dataminer_dagster.core.frame_sampling import kept_frames
-from dataminer_dagster.core.frame_timeline import (
+from dataminer_dagster.assets.frames.extraction_options import MIN_FRAME_SIDE, ExtractionOptions
+from dataminer_dagster.assets.frames.frame_decoding import DecodeStats, ProgressReporter
+from dataminer_dagster.assets.frames.frame_sampling import kept_frames
+from dataminer_dagster.assets.frames.frame_timeline import (
     declared_duration,
     open_video,
     read_timeline,
     stream_rate,
 )
-from dataminer_dagster.core.frame_writer import ExtractedFrame, FrameWriter
+from dataminer_dagster.assets.frames.frame_writer import ExtractedFrame, FrameWriter
+from dataminer_dagster.core.frame_rotation import tagged_rotation
 from dataminer_dagster.core.media import VideoDecodeError, ffmpeg_reason
 from dataminer_dagster.core.path_kinds import not_a_regular_file
 

@@ -1,6 +1,6 @@
 """The files of a project's dataset directory, and the one way its images are placed: by the
 dataset stage (hard links into the frame store) and by `dataminer export` (copies, or links on
-request). The training formats and the report beside them: core/dataset_formats.py.
+request). The training formats and the report beside them: assets/dataset/dataset_formats.py.
 
     images/                  the kept frames
     annotations.coco.json    the detections (when the project detects)
@@ -19,7 +19,7 @@ from dataminer_dagster.core.files import link_or_copy
 IMAGES_DIR = "images"
 COCO_FILE = "annotations.coco.json"
 MANIFEST_FILE = "manifest.parquet"
-VERSION_FILE = "version.json"  # which version of the dataset (core/dataset_versions.py)
+VERSION_FILE = "version.json"  # which version of the dataset (assets/dataset/dataset_versions.py)
 
 
 def place_images(images: Iterable[tuple[Path, str]], images_dir: Path, *, copy: bool) -> int:

@@ -47,29 +47,6 @@ class FilterDecision:
     best_positive: np.ndarray  # int64, index of the best positive prompt (a column of `scores`)
 
 
-def sigmoid_scores(
-    image_embeddings: np.ndarray,
-    text_embeddings: np.ndarray,
-    *,
-    logit_scale: float,
-    logit_bias: float,
-) -> np.ndarray:
-    """SigLIP probabilities sigmoid(img @ txt.T * exp(logit_scale) + logit_bias), shape (N, P).
-
-    Both embedding sets must already be L2-normalised. Computed in float32, in a form that neither
-    overflows nor loses precision for large negative logits.
-    """
-    image = np.asarray(image_embeddings, dtype=np.float32)
-    text = np.asarray(text_embeddings, dtype=np.float32)
-    if image.ndim != 2 or text.ndim != 2 or image.shape[1] != text.shape[1]:
-        raise ValueError(
-            f"embeddings must be (N, D) and (P, D) with the same D, got {image.shape} and {text.shape}"
-        )
-    logits = image @ text.T * np.float32(np.exp(logit_scale)) + np.float32(logit_bias)
-    small = np.exp(-np.abs(logits))  # in (0, 1]: never overflows
-    return np.where(logits >= 0, 1 / (1 + small), small / (1 + small)).astype(np.float32)
-
-
 def apply_filter_rule(
     scores: np.ndarray,
     *,

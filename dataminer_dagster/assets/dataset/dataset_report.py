@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dataminer_dagster.core.dataset_formats import REPORT_DIR, REPORT_FILE, SplitImage
-from dataminer_dagster.core.dataset_splits import SPLITS, grouped, pairs_across_splits
-from dataminer_dagster.core.review_formats import REVIEW_STATES, UNREVIEWED, ReviewSummary
+from dataminer_dagster.assets.dataset.dataset_formats import REPORT_DIR, REPORT_FILE, SplitImage
+from dataminer_dagster.assets.dataset.dataset_splits import SPLITS, grouped, pairs_across_splits
+from dataminer_dagster.assets.dataset.review_formats import REVIEW_STATES, UNREVIEWED, ReviewSummary
 
 VIDEOS_LISTED = 20  # rows of the per-video table and bars of its plot
 CLASSES_PLOTTED = 20  # the classes with the most boxes, in the plots

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dataminer_dagster.core.frame_timeline import FrameTimeline
+from dataminer_dagster.assets.frames.frame_timeline import FrameTimeline
 
 if TYPE_CHECKING:
     import av

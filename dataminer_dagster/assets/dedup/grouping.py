@@ -25,7 +25,7 @@ on a sample. HNSW was measured and not chosen: its build alone cost more than th
 its k-NN search left planted groups split, and faiss-cpu 1.15's HNSW range search aborts the
 process. The figures: bench/dedup.md.
 
-The products themselves are computed by a search engine (`core/pair_search.py`): FAISS and NumPy
+The products themselves are computed by a search engine (`assets/dedup/pair_search.py`): FAISS and NumPy
 on the CPU, and on a GPU when there is one, FAISS's GPU kernels (faiss-gpu) or torch. Every engine
 searches the same lists (k-means is trained on the CPU either way) with float32 products, so
 results differ from the CPU only where a product's rounding crosses the threshold.
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dataminer_dagster.core.pair_search import TILE, bind, load_faiss
+from dataminer_dagster.assets.dedup.pair_search import TILE, bind, load_faiss
 
 # Similarities are float32 dot products whose rounding depends on the kernel and the tiling; a
 # pair within this distance below the threshold still counts, so that identical frames meet a

@@ -27,14 +27,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dataminer_dagster.core.dataset_files import (
+from dataminer_dagster.assets.dataset.dataset_files import (
     COCO_FILE,
     IMAGES_DIR,
     MANIFEST_FILE,
     VERSION_FILE,
     place_images,
 )
-from dataminer_dagster.core.dataset_formats import DatasetContents, read_contents
+from dataminer_dagster.assets.dataset.dataset_formats import DatasetContents, read_contents
 
 _PREFIX = "v"
 

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dataminer_dagster.core.extraction_options import ExtractionOptions
-from dataminer_dagster.core.frame_decoding import DecodeStats, ProgressReporter, decode
-from dataminer_dagster.core.frame_timeline import FrameTimeline
+from dataminer_dagster.assets.frames.extraction_options import ExtractionOptions
+from dataminer_dagster.assets.frames.frame_decoding import DecodeStats, ProgressReporter, decode
+from dataminer_dagster.assets.frames.frame_timeline import FrameTimeline
 
 if TYPE_CHECKING:
     import av
