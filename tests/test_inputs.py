@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dataminer_dagster.acquisition.errors import HostPaused
+from dataminer_dagster.acquisition.errors import HostPaused, Pause
 from dataminer_dagster.acquisition.inputs import PROBLEMS_KEPT, collect_candidates
-from dataminer_dagster.acquisition.politeness import Pause
 from dataminer_dagster.acquisition.ytdlp_search import SearchHit
 from dataminer_dagster.assets.catalog.config import InputsConfig, SearchConfig
 

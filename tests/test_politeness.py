@@ -10,11 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dataminer_dagster.acquisition.errors import HostPaused
+from dataminer_dagster.acquisition.errors import HostPaused, ThrottleSignal
 from dataminer_dagster.acquisition.politeness import (
     LocalThrottle,
     PausePolicy,
-    ThrottleSignal,
     default_sleeps,
     host_key,
     proxy_label,

@@ -21,13 +21,9 @@ from dataminer_dagster.acquisition.errors import (
     HostPaused,
     PermanentDownloadError,
     RetryableDownloadError,
-)
-from dataminer_dagster.acquisition.politeness import (
-    LocalThrottle,
     ThrottleSignal,
-    parse_retry_after,
-    throttle_key,
 )
+from dataminer_dagster.acquisition.politeness import LocalThrottle, parse_retry_after, throttle_key
 from dataminer_dagster.acquisition.ytdlp_errors import classify_ytdlp_error
 from dataminer_dagster.acquisition.ytdlp_params import (
     default_format,

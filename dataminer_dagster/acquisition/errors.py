@@ -5,14 +5,52 @@
 * `RetryableDownloadError`: try again later (5xx, timeouts, a host too slow, unknown errors);
 * `HostPaused`: not the video's fault: its host throttles us (429, 503, a bot check, a
   Retry-After) and every run leaves it alone until the pause ends; no attempt is used.
+
+and what they carry: the host's answer that means "stop" (`ThrottleSignal`) and the pause it
+led to (`Pause`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from datetime import datetime
 
-if TYPE_CHECKING:
-    from dataminer_dagster.acquisition.politeness import Pause, ThrottleSignal
+from dataminer_dagster.core.progress import format_seconds
+
+
+@dataclass(frozen=True)
+class ThrottleSignal:
+    """A host's answer that means "stop for a while"."""
+
+    kind: str  # "rate limited", "overloaded" or "bot check"
+    detail: str  # what the host answered, e.g. "HTTP 429"
+    retry_after: float | None = None  # seconds, from the host's Retry-After
+
+    def describe(self) -> str:
+        after = (
+            f", Retry-After {format_seconds(self.retry_after)}"
+            if self.retry_after is not None
+            else ""
+        )
+        return f"{self.kind} ({self.detail}{after})"
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A host (throttle key) that no run may send a request to before `until`."""
+
+    host: str
+    until: datetime
+    remaining_s: float  # when this was read
+    kind: str
+    reason: str
+    retry_after: float | None = None  # the host's Retry-After, when this call met the pause
+
+    def describe(self) -> str:
+        return (
+            f"host {self.host} is paused until {self.until:%Y-%m-%d %H:%M:%S %Z} "
+            f"({format_seconds(max(self.remaining_s, 0.0))} left): {self.reason}"
+        )
 
 
 class VideoDownloadError(Exception):

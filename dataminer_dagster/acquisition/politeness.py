@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
-from dataminer_dagster.acquisition.errors import HostPaused
+from dataminer_dagster.acquisition.errors import HostPaused, Pause, ThrottleSignal
 from dataminer_dagster.core.progress import format_seconds
 
 # One host key for the hosts one site answers from: YouTube's pages, API and media servers
@@ -103,23 +103,6 @@ def throttle_key(host: str, proxy: str | None) -> str:
 # -- signals and pauses ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ThrottleSignal:
-    """A host's answer that means "stop for a while"."""
-
-    kind: str  # "rate limited", "overloaded" or "bot check"
-    detail: str  # what the host answered, e.g. "HTTP 429"
-    retry_after: float | None = None  # seconds, from the host's Retry-After
-
-    def describe(self) -> str:
-        after = (
-            f", Retry-After {format_seconds(self.retry_after)}"
-            if self.retry_after is not None
-            else ""
-        )
-        return f"{self.kind} ({self.detail}{after})"
-
-
 def is_bot_check(text: str) -> bool:
     lowered = text.lower().replace("\u2019", "'")
     return any(marker in lowered for marker in BOT_CHECK_MARKERS)
@@ -180,24 +163,6 @@ class PausePolicy:
             return signal.retry_after
         jitter = 0.5 + (rng or random).random() * 0.5
         return min(self.max_s, self.base_s * 2.0 ** min(strikes, 60)) * jitter
-
-
-@dataclass(frozen=True)
-class Pause:
-    """A host (throttle key) that no run may send a request to before `until`."""
-
-    host: str
-    until: datetime
-    remaining_s: float  # when this was read
-    kind: str
-    reason: str
-    retry_after: float | None = None  # the host's Retry-After, when this call met the pause
-
-    def describe(self) -> str:
-        return (
-            f"host {self.host} is paused until {self.until:%Y-%m-%d %H:%M:%S %Z} "
-            f"({format_seconds(max(self.remaining_s, 0.0))} left): {self.reason}"
-        )
 
 
 # -- the interface -----------------------------------------------------------------------------

@@ -13,13 +13,10 @@ import re
 from dataminer_dagster.acquisition.errors import (
     PermanentDownloadError,
     RetryableDownloadError,
+    ThrottleSignal,
     VideoDownloadError,
 )
-from dataminer_dagster.acquisition.politeness import (
-    ThrottleSignal,
-    is_bot_check,
-    parse_retry_after,
-)
+from dataminer_dagster.acquisition.politeness import is_bot_check, parse_retry_after
 from dataminer_dagster.core.files import InsufficientDiskSpace, disk_full, says_disk_full
 
 _HTTP_STATUS_IN_TEXT = re.compile(r"HTTP Error (\d{3})")

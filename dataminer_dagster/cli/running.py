@@ -27,7 +27,7 @@ def _instance():
 
 def run_projects(configs, *, timeout: float | None, progress: bool = True) -> int:
     from dataminer_dagster.cli.board import ProgressBoard
-    from dataminer_dagster.cli.projects import registration_lines
+    from dataminer_dagster.cli.registration import registration_lines
     from dataminer_dagster.definitions import LANES, defs
     from dataminer_dagster.engine.planning import RunLimits
     from dataminer_dagster.hosting.driver import ProjectsGone, drive

@@ -12,13 +12,8 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from dataminer_dagster.acquisition.politeness import (
-    HostThrottle,
-    Pause,
-    PausePolicy,
-    ThrottleSignal,
-    Turn,
-)
+from dataminer_dagster.acquisition.errors import Pause, ThrottleSignal
+from dataminer_dagster.acquisition.politeness import HostThrottle, PausePolicy, Turn
 from dataminer_dagster.db.host_pauses import (
     HostPause,
     HostTurn,

@@ -12,8 +12,8 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from dataminer_dagster.acquisition.errors import HostPaused
-from dataminer_dagster.acquisition.politeness import PausePolicy, ThrottleSignal
+from dataminer_dagster.acquisition.errors import HostPaused, ThrottleSignal
+from dataminer_dagster.acquisition.politeness import PausePolicy
 from dataminer_dagster.db.host_pauses import active_pauses
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.shared_throttle import SharedThrottle
