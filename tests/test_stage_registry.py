@@ -174,3 +174,12 @@ def test_the_registry_refuses_what_would_break_the_flow():
     with pytest.raises(KeyError, match="no stage 'nope'"):
         REGISTRY["nope"]
     assert "x" not in REGISTRY.names
+
+
+def test_the_lanes_are_the_ones_the_registry_names():
+    """A stage names its lane from the registry's vocabulary; each has its job (engine/lanes.py)."""
+    from dataminer_dagster.engine.lanes import DEFAULT_LANES
+    from dataminer_dagster.engine.registry import LANE_NAMES
+
+    assert tuple(lane.name for lane in DEFAULT_LANES) == LANE_NAMES
+    assert {spec.lane for spec in REGISTRY.specs} <= set(LANE_NAMES)

@@ -10,6 +10,13 @@ import dataclasses
 from dataclasses import dataclass
 
 from dataminer_dagster.assets import REGISTRY
+from dataminer_dagster.engine.registry import (
+    BACKUP_LANE,
+    CATALOG_LANE,
+    FILTER_LANE,
+    PROJECT_LANE,
+    VIDEO_LANE,
+)
 from dataminer_dagster.settings import LanePolicy, Settings, SettingsError
 
 
@@ -60,31 +67,31 @@ _YOLO = ("ultralytics.nn.tasks", "dataminer_dagster.models.detectors")
 
 DEFAULT_LANES = (
     Lane(
-        "catalog",
+        CATALOG_LANE,
         LanePolicy(batch=1, max_runs=2),
         "Find a project's videos (searches, URLs, files) and queue their downloads.",
     ),
     Lane(
-        "video",
+        VIDEO_LANE,
         LanePolicy(batch=25, max_runs=3),
         "Download a batch of videos, then extract their frames.",
     ),
     Lane(
-        "filter",
+        FILTER_LANE,
         LanePolicy(batch=200, max_runs=1),
         "Score a batch of project videos' frames against the project's prompts (SigLIP2).",
         ahead=True,
         warm_up=(*_TORCH_AT_FIRST_USE, *_SIGLIP),
     ),
     Lane(
-        "project",
+        PROJECT_LANE,
         LanePolicy(batch=1, max_runs=2),
         "Deduplicate a finished project's frames, detect objects, export the dataset.",
         ahead=True,
         warm_up=(*_TORCH_AT_FIRST_USE, "faiss", *_YOLO),
     ),
     Lane(
-        "backup",
+        BACKUP_LANE,
         LanePolicy(batch=50, max_runs=1),
         "Copy a batch of videos' frames to the backup destination (rsync, verified).",
     ),

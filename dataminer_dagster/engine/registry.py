@@ -36,6 +36,14 @@ PROJECTS = "projects"  # key: the project name
 VIDEOS = "videos"  # key: the video id
 PROJECT_VIDEOS = "project_videos"  # key: "<project>.<video id>"
 
+# The lanes (engine/lanes.py: one Dagster job each) a stage's runs are carried by, in flow order.
+CATALOG_LANE = "catalog"
+VIDEO_LANE = "video"
+FILTER_LANE = "filter"
+PROJECT_LANE = "project"
+BACKUP_LANE = "backup"
+LANE_NAMES = (CATALOG_LANE, VIDEO_LANE, FILTER_LANE, PROJECT_LANE, BACKUP_LANE)
+
 
 @dataclass(frozen=True)
 class StageSpec:
@@ -94,11 +102,9 @@ class StageRegistry:
     def add(self, spec: StageSpec, *, after: str) -> None:
         if spec.name in self.names:
             raise ValueError(f"stage {spec.name!r} is registered already")
-        from dataminer_dagster.engine.lanes import LANES_BY_NAME
-
-        if spec.lane not in LANES_BY_NAME:
+        if spec.lane not in LANE_NAMES:
             raise ValueError(
-                f"stage {spec.name!r}: no lane {spec.lane!r} ({', '.join(LANES_BY_NAME)})"
+                f"stage {spec.name!r}: no lane {spec.lane!r} ({', '.join(LANE_NAMES)})"
             )
         position = self.names.index(after) + 1
         if spec.reads is not None and spec.reads not in self.names[:position]:

@@ -1,11 +1,11 @@
 """backup: copy a video's frames to the backup destination (rsync, verified)."""
 
-from dataminer_dagster.engine.registry import BACKUP, FRAMES, INGEST, VIDEOS, StageSpec
+from dataminer_dagster.engine.registry import BACKUP, BACKUP_LANE, FRAMES, INGEST, VIDEOS, StageSpec
 
 STAGE = StageSpec(
     BACKUP,
     VIDEOS,
-    lane="backup",
+    lane=BACKUP_LANE,
     asset="frames_backup",
     description="copy a video's frames away",
     reads=FRAMES,

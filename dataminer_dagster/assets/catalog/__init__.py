@@ -1,11 +1,11 @@
 """catalog: find a project's videos (searches, URL lists, files) and link them to it."""
 
-from dataminer_dagster.engine.registry import CATALOG, INGEST, PROJECTS, StageSpec
+from dataminer_dagster.engine.registry import CATALOG, CATALOG_LANE, INGEST, PROJECTS, StageSpec
 
 STAGE = StageSpec(
     CATALOG,
     PROJECTS,
-    lane="catalog",
+    lane=CATALOG_LANE,
     asset="video_catalog",
     description="find a project's videos, link them",
     group=INGEST,

@@ -1,12 +1,12 @@
 """dataset: export a project's images, Parquet manifest and annotations, split by source, in
 the training formats its config names, with a quality report."""
 
-from dataminer_dagster.engine.registry import DATASET, DETECT, PROJECTS, StageSpec
+from dataminer_dagster.engine.registry import DATASET, DETECT, PROJECT_LANE, PROJECTS, StageSpec
 
 STAGE = StageSpec(
     DATASET,
     PROJECTS,
-    lane="project",
+    lane=PROJECT_LANE,
     asset="dataset",
     description="export the dataset",
     reads=DETECT,

@@ -1,11 +1,11 @@
 """dedup: remove near-duplicates among a finished project's kept frames, across its videos."""
 
-from dataminer_dagster.engine.registry import DEDUP, FILTER, PROJECTS, StageSpec
+from dataminer_dagster.engine.registry import DEDUP, FILTER, PROJECT_LANE, PROJECTS, StageSpec
 
 STAGE = StageSpec(
     DEDUP,
     PROJECTS,
-    lane="project",
+    lane=PROJECT_LANE,
     asset="deduped_set",
     description="deduplicate the frames that passed the filter",
     reads=FILTER,

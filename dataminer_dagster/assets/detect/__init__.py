@@ -1,11 +1,11 @@
 """detect: detect objects in a project's deduplicated frames (YOLO, OWLv2, Grounding DINO)."""
 
-from dataminer_dagster.engine.registry import DEDUP, DETECT, PROJECTS, StageSpec
+from dataminer_dagster.engine.registry import DEDUP, DETECT, PROJECT_LANE, PROJECTS, StageSpec
 
 STAGE = StageSpec(
     DETECT,
     PROJECTS,
-    lane="project",
+    lane=PROJECT_LANE,
     asset="detections",
     description="detect objects in the deduplicated frames",
     reads=DEDUP,

@@ -1,11 +1,18 @@
 """download: fetch a video once for every project that links it (yt-dlp, polite per host)."""
 
-from dataminer_dagster.engine.registry import CATALOG, DOWNLOAD, INGEST, VIDEOS, StageSpec
+from dataminer_dagster.engine.registry import (
+    CATALOG,
+    DOWNLOAD,
+    INGEST,
+    VIDEO_LANE,
+    VIDEOS,
+    StageSpec,
+)
 
 STAGE = StageSpec(
     DOWNLOAD,
     VIDEOS,
-    lane="video",
+    lane=VIDEO_LANE,
     asset="downloads",
     description="download a video",
     reads=CATALOG,

@@ -1,11 +1,11 @@
 """filter: score each project video's frames against the project's prompts (SigLIP2)."""
 
-from dataminer_dagster.engine.registry import FILTER, FRAMES, PROJECT_VIDEOS, StageSpec
+from dataminer_dagster.engine.registry import FILTER, FILTER_LANE, FRAMES, PROJECT_VIDEOS, StageSpec
 
 STAGE = StageSpec(
     FILTER,
     PROJECT_VIDEOS,
-    lane="filter",
+    lane=FILTER_LANE,
     asset="filtered_frames",
     description="score a video's frames",
     reads=FRAMES,

@@ -1,11 +1,18 @@
 """frames: extract a video's frames, once per extraction profile the projects ask for."""
 
-from dataminer_dagster.engine.registry import DOWNLOAD, FRAMES, INGEST, VIDEOS, StageSpec
+from dataminer_dagster.engine.registry import (
+    DOWNLOAD,
+    FRAMES,
+    INGEST,
+    VIDEO_LANE,
+    VIDEOS,
+    StageSpec,
+)
 
 STAGE = StageSpec(
     FRAMES,
     VIDEOS,
-    lane="video",
+    lane=VIDEO_LANE,
     asset="frames",
     description="extract a video's frames",
     reads=DOWNLOAD,
