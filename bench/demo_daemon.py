@@ -25,9 +25,12 @@ from crash_recovery import DEFAULTS, WAIT_S, media
 from tests.helpers.daemon import FAILED_SENSOR_TICK, DaemonHome, demo_project
 
 
-def trial(urls: list[str], siglip: Path, yolo: Path) -> tuple[float, int]:
-    """(seconds from `project add` to complete, failed sensor ticks) of one fresh deployment."""
-    home = DaemonHome(DEFAULTS)
+def trial(
+    urls: list[str], siglip: Path, yolo: Path, settings: dict = DEFAULTS
+) -> tuple[float, int]:
+    """(seconds from `project add` to complete, failed sensor ticks) of one fresh deployment
+    with these settings (the settings file's sections)."""
+    home = DaemonHome(settings)
     os.environ.update(DATAMINER_HOME=str(home.home), DAGSTER_HOME=str(home.dagster_home))
     try:
         assert home.dataminer("db", "upgrade").returncode == 0

@@ -113,6 +113,11 @@ class LanePolicy(_Section):
 class LanePolicyOverride(_Section):
     batch: int | None = Field(None, ge=1)
     max_runs: int | None = Field(None, ge=1)
+    ahead: bool | None = Field(
+        None,
+        description="request the lane's runs while their input is still being produced (the "
+        "filter and project lanes do by default); false: only once it is ready",
+    )
 
 
 class SettingsFile(_Section):
@@ -160,7 +165,7 @@ class Settings(BaseModel):
         override = self.lanes.get(name)
         if override is None:
             return default
-        return default.model_copy(update=override.model_dump(exclude_none=True))
+        return default.model_copy(update=override.model_dump(exclude_none=True, exclude={"ahead"}))
 
 
 class SettingsError(ValueError):

@@ -42,6 +42,18 @@ def test_the_file_in_the_home_is_read_and_the_environment_wins(home, monkeypatch
     assert (video.policy.batch, video.policy.max_runs) == (5, 3), "the rest keeps its default"
 
 
+def test_a_lane_can_be_told_not_to_run_ahead_and_only_the_ahead_lanes_can(home):
+    write(home / "settings.yaml", {"lanes": {"filter": {"ahead": False}}})
+    lanes = {lane.name: lane for lane in configured_lanes(load_settings())}
+    assert not lanes["filter"].ahead and lanes["project"].ahead
+    assert lanes["filter"].policy == LANES_BY_NAME["filter"].policy
+    write(home / "settings.yaml", {"lanes": {"video": {"ahead": True}}})
+    with pytest.raises(
+        SettingsError, match="lanes.video.ahead: .* the lanes that can: filter, project"
+    ):
+        configured_lanes(load_settings())
+
+
 def test_dataminer_settings_names_another_file(home, monkeypatch, tmp_path_factory):
     elsewhere = write(tmp_path_factory.mktemp("etc") / "dm.yaml", {"runs": {"ahead_wait_s": 0}})
     monkeypatch.setenv("DATAMINER_SETTINGS", str(elsewhere))
@@ -59,7 +71,7 @@ def test_dataminer_settings_names_another_file(home, monkeypatch, tmp_path_facto
             "leases.heartbeat: unknown key; allowed: heartbeat_s, stale",
         ),
         ({"lease": {}}, "lease: unknown key; allowed: lanes, leases, long_running, retry, runs"),
-        ({"lanes": {"video": {"size": 3}}}, "lanes.video.size: unknown key; allowed: batch, max"),
+        ({"lanes": {"video": {"size": 3}}}, "lanes.video.size: unknown key; allowed: ahead, batch, max"),
         ({"runs": {"start_grace_s": -1}}, "runs.start_grace_s: Input should be greater than 0"),
         (
             {"leases": {"heartbeat_s": 150}},

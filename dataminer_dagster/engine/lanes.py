@@ -105,14 +105,24 @@ def lane_of(stage: str) -> Lane:
 
 
 def configured_lanes(settings: Settings) -> tuple[Lane, ...]:
-    """The lanes with the batch sizes and run shares of the settings file."""
+    """The lanes with the batch sizes, run shares and ahead requests of the settings file."""
+    source = settings.source or "settings"
     unknown = set(settings.lanes) - set(LANES_BY_NAME)
     if unknown:
         raise SettingsError(
-            f"{settings.source or 'settings'}: lanes: unknown lane {', '.join(sorted(unknown))}; "
+            f"{source}: lanes: unknown lane {', '.join(sorted(unknown))}; "
             f"the lanes are {', '.join(LANES_BY_NAME)}"
         )
-    return tuple(
-        dataclasses.replace(lane, policy=settings.lane(lane.name, lane.policy))
-        for lane in DEFAULT_LANES
-    )
+    can_run_ahead = [lane.name for lane in DEFAULT_LANES if lane.ahead]
+    lanes = []
+    for lane in DEFAULT_LANES:
+        override = settings.lanes.get(lane.name)
+        ahead = lane.ahead if override is None or override.ahead is None else override.ahead
+        if ahead and not lane.ahead:
+            raise SettingsError(
+                f"{source}: lanes.{lane.name}.ahead: this lane's runs cannot start ahead of their "
+                f"input; the lanes that can: {', '.join(can_run_ahead)}"
+            )
+        policy = settings.lane(lane.name, lane.policy)
+        lanes.append(dataclasses.replace(lane, policy=policy, ahead=ahead))
+    return tuple(lanes)
