@@ -2,7 +2,7 @@
 
 Unknown keys are errors that name the key (a misspelt threshold must not be silently ignored), and
 there are no domain defaults: prompts, classes and queries always come from the user. Numeric
-defaults are neutral starting points documented in the README's config reference.
+defaults are neutral starting points, listed in docs/configuration.md's reference.
 """
 
 from __future__ import annotations
@@ -301,7 +301,8 @@ def parse_blocklist(text: str) -> list[str]:
 
 
 def config_reference() -> str:
-    """The README's config reference, generated from the schema (a test keeps them equal)."""
+    """The configuration reference of docs/configuration.md, generated from the schema (a test
+    keeps them equal)."""
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
 
     def walk(model: type[BaseModel], prefix: str) -> None:
@@ -341,5 +342,19 @@ def _show_default(field) -> str:
     return "null" if field.default is None else f"`{field.default}`"
 
 
-if __name__ == "__main__":  # python -m dataminer_dagster.config > reference.md
-    print(config_reference())
+def write_config_reference(path: Path) -> None:
+    """Put the schema's reference between the config-reference markers of a Markdown file."""
+    start, end = "<!-- config-reference:start -->\n", "\n<!-- config-reference:end -->"
+    text = path.read_text()
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    path.write_text(f"{head}{start}{config_reference()}{end}{tail}")
+
+
+if __name__ == "__main__":  # python -m dataminer_dagster.config [--write docs/configuration.md]
+    import sys
+
+    if sys.argv[1:2] == ["--write"]:
+        write_config_reference(Path(sys.argv[2]))
+    else:
+        print(config_reference())

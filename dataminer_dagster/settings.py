@@ -4,7 +4,7 @@ Everything a deployment tunes lives here, so that the CLI, the Dagster code loca
 storage and the tests agree on one source: where the database and the data are, retries, leases,
 how runs are watched, how often the sensors look, and each lane's batch size and share of runs.
 The file is `$DATAMINER_SETTINGS`, else `$DATAMINER_HOME/settings.yaml` when it exists; every key
-is optional (README, "Settings"). Project-specific choices live in the project config
+is optional (docs/configuration.md, "Settings"). Project-specific choices live in the project config
 (config.py), never here.
 """
 

@@ -17,8 +17,8 @@ no network). The repository's own tests use it too.
 The same as pytest fixtures: put `pytest_plugins = ["dataminer_dagster.testing"]` in your
 conftest.py and ask for `dataminer_database` (a fresh database, the environment pointed at it),
 `dataminer_instance` (a `dg.instance_for_test()`), `dataminer_models`, `dataminer_videos` (the
-URLs of served clips) or `dataminer_project` (all of these, and a registered project). README,
-"Testing your own assets", has an example; it is `tests/test_user_assets.py`.
+URLs of served clips) or `dataminer_project` (all of these, and a registered project).
+docs/extending.md, "Testing your own assets", has an example; it is `tests/test_user_assets.py`.
 """
 
 from __future__ import annotations

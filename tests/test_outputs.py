@@ -151,7 +151,7 @@ def test_a_project_without_output_says_what_to_do(engine, tmp_path, resources):
 
 
 def test_an_eager_asset_is_requested_when_its_projects_dataset_is_done():
-    """What README says a user's asset does to follow each project: eager() asks for its
+    """What docs/extending.md says a user's asset does to follow each project: eager() asks for its
     partition once the stage has recorded the dataset's materialization."""
 
     @dg.asset(

@@ -1,4 +1,4 @@
-"""Testing your own assets beside the pipeline (the README's example, word for word)."""
+"""Testing your own assets beside the pipeline (docs/extending.md's example, word for word)."""
 
 import dagster as dg
 

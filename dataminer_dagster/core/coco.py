@@ -1,7 +1,7 @@
 """COCO object-detection JSON: build it from per-image detections, check it, write it.
 
-The reference system wrote its own format (normalised xyxy boxes under a "prompt" key) and called
-it COCO (reference bug 1). This module writes the real thing: `images`, `annotations` with
+Tools that read COCO expect exactly this layout (not, say, normalised xyxy boxes under another
+key), so this module writes the real thing: `images`, `annotations` with
 `bbox = [x, y, w, h]` in pixels, `area`, `iscrowd` and a `score`, and `categories`. Ids are stable:
 images are numbered in file-name order, categories in the order the caller gives them (the
 project config's prompts or classes), annotations in image order then detection order, all from 1.

@@ -1,8 +1,8 @@
 """Frame images on disk: encode and write JPEG, PNG or WebP, read any of them back as an array.
 
 Every stage that reads frames goes through `list_images` and `read_image`, so a frame directory
-written in any supported format works everywhere (the reference system globbed only *.jpg and
-*.png, so WebP frames were "not found"). Arrays are uint8 height x width x 3; OpenCV's BGR
+written in any supported format works everywhere (a stage that looked for *.jpg alone would
+find no WebP frame). Arrays are uint8 height x width x 3; OpenCV's BGR
 channel order unless `order="rgb"` is asked for.
 """
 

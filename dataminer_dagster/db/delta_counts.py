@@ -2,7 +2,7 @@
 with the change of the count, in the statement's transaction; a count is the sum of its deltas,
 which a reader folds into one row now and then. Appending instead of updating one counter row
 keeps concurrent writers from waiting for each other, and reading a count costs its few deltas,
-not a count(*) of the rows (0.3-0.6 s at 1,000,000 videos).
+not a count(*) of the rows, which grows with the catalog.
 
 Two such counters: the catalog's rows of each partition set (`row_counts`, migration
 0012) and Dagster's partitions of each set (hosting/instance_storage.py).

@@ -54,8 +54,8 @@ _DECLARED = re.compile(r'^(down_revision|revision)\s*=\s*(?:"([^"]*)"|None)\s*$'
 def head_revision() -> str:
     """The revision the code expects (read once per process from the migration scripts): the one
     no other script revises. Read from the scripts' own `revision` lines rather than through
-    Alembic's script directory, which imports Alembic and every script (0.14 s of each
-    `dataminer` command; tests/db/test_migrate.py checks that both agree)."""
+    Alembic's script directory, which imports Alembic and every script at the start of each
+    `dataminer` command (tests/db/test_migrate.py checks that both agree)."""
     revised, revisions = set(), set()
     for script in (migrations_dir() / "versions").glob("*.py"):
         declared = dict(_DECLARED.findall(script.read_text()))

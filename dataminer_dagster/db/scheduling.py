@@ -53,8 +53,8 @@ def requestable(
     """Items of `stages` that a run may be asked for (with `projects`, only those that concern
     one of these projects; never those of `exclude_keys`, e.g. covered by a live run), in due
     order. Each stage's items are walked in its own due order and the walk stops at `limit`
-    (over all the stages at once, the index gives no order: every waiting item was read and
-    sorted, 55 ms a tick at 100,000 waiting downloads)."""
+    (over all the stages at once, the index gives no order: every waiting item would be read
+    and sorted on every tick)."""
     statement = sa.text(f"""
         SELECT id, stage, item_key FROM unnest(CAST(:stages AS text[])) AS wanted(stage_name)
          CROSS JOIN LATERAL (
@@ -142,9 +142,9 @@ def _in_flight(alias: str) -> str:
 # running item, one requested lately, one planned in this cycle by its id), their stage checked
 # after, then their project videos looked up one by one, so that no statistics (stale after a
 # bulk fill) can make the planner walk the claimable items or the project videos instead: the
-# statement costs what is in flight, not the catalog (one OR over the items read them all, 0.1 s
-# a tick at 1,000,000 videos; with the catalog's statistics not yet updated after a bulk fill,
-# a walk of the project videos in queue order took 2.8 s, bench/README.md "Scale").
+# statement costs what is in flight, not the catalog (one OR over the items reads them all; with
+# the catalog's statistics not yet updated after a bulk fill, the planner walks the project
+# videos in queue order: bench/README.md, "Figures behind the code").
 _FILTER_COMING = f"""
     WITH moving AS MATERIALIZED (
         SELECT item_key, stage FROM {W} WHERE status = '{RUNNING}'

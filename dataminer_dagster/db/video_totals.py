@@ -1,12 +1,12 @@
 """A project's videos read in one pass: per source what they gave (videos, downloads, minutes,
 bytes, frames), and how many of them each per-video stage has in each status.
 
-`dataminer status NAME` used to read the project's videos once for its work, once for its yield,
-once for its frames and once for its target's budget, each a hash join of its links with the
-videos and each stage's items (0.6-0.7 s apiece at a million videos); then once, all joined
-(1.4-2.5 s). Now the links carry their videos' progress (db/link_progress.py): the pass reads
-the project's links alone for the videos without a note and the live state for the few with one,
-each side counted on its own, in one statement (bench/README.md, "Status").
+`dataminer status NAME` needs all of these (its work, its yield, its frames, its target's
+budget); a read each, or one joining the links with the videos and every stage's items, would
+cost a pass over a large project's items per question. The links carry their videos' progress
+(db/link_progress.py), so the pass reads the project's links alone for the videos without a note
+and the live state for the few with one, each side counted on its own, in one statement
+(bench/README.md, "Figures behind the code").
 """
 
 from __future__ import annotations
@@ -125,8 +125,8 @@ def video_totals(
     unknown = set(stages) - set(LINK_PROGRESS_STAGES)
     if unknown:
         raise ValueError(f"the links carry no progress of {sorted(unknown)}")
-    # Each side counted on its own, grouped by columns PostgreSQL has statistics of (one side
-    # grouped as a whole was estimated at 100,000 groups and sorted on disk: 0.35 s at 1M).
+    # Each side counted on its own, grouped by columns PostgreSQL has statistics of: grouped as
+    # a whole, the union's groups are estimated far too many and sorted on disk.
     sides = [
         (progress("pv", live=False), f"WHERE pv.project_id = :p AND NOT {noted_sql('pv')}"),
         (

@@ -43,8 +43,9 @@ class _UrlFromEnvironment:
     def from_config_value(cls, inst_data, config_value):
         url = _url(config_value)
         # Dagster's storages look for their tables on a new connection whenever one is built, and
-        # the code server builds an instance for every sensor evaluation: 50-200 ms of each work
-        # tick under dagster-daemon (bench/README.md, "Scale"). Looked for once per process here.
+        # the code server builds an instance for every sensor evaluation: a large share of each
+        # work tick under dagster-daemon (bench/README.md, "Figures behind the code"). Looked for
+        # once per process here.
         checked = (cls, url) in _storages_checked
         storage = cls(postgres_url=url, should_autocreate_tables=not checked, inst_data=inst_data)
         _storages_checked.add((cls, url))
@@ -72,21 +73,22 @@ class DataminerEventLogStorage(_UrlFromEnvironment, PostgresEventLogStorage):
     instance is built:
 
     * each set's number of keys, kept as deltas by triggers (db/delta_counts.py): the sensor
-      compares it with the catalog's rows every 30 s, where a count(*) of a set of 1,000,000
-      keys takes 80-90 ms (`dynamic_partition_count`);
+      compares it with the catalog's rows every 30 s, where a count(*) of a set costs time that
+      grows with the set (`dynamic_partition_count`);
     * a (set, id) index, for a run's range and for reading a set page by page (the comparison
       with the catalog does, newest first): Dagster's own read asks for one set's keys past a
       storage id, in id order, and PostgreSQL walks the primary key through every key of every
-      other set in between (105-165 ms a page at 1,000,000 videos, measured reading forward),
-      as it cannot know that the set's keys there are few. Here the read asks for the keys between two (set,
-      id) pairs: a range of this index. The same keys, pages and cursors;
+      other set in between, as it cannot know that the set's keys there are few. Here the read
+      asks for the keys between two (set, id) pairs: a range of this index. The same keys,
+      pages and cursors;
     * the membership query in one statement per 20,000 keys (Dagster's sends an IN list per
-      1,000 keys: 10,000 keys took 200 ms that way, 40 ms this way, at 100,000 videos);
+      1,000 keys, a round trip each);
     * new keys added with the keys as one array parameter: Dagster's builds a VALUES row per
-      key, which SQLAlchemy compiles anew for every call: about 1 s of the 1.6 s a discovering
-      tick of 25,000 keys took (3.7x the keys a second this way, bench/README.md, discovery).
-      The same statement otherwise: the keys in the order given (Dagster's order is the order
-      they were added), those already there skipped.
+      key, which SQLAlchemy compiles anew for every call, most of a discovering tick's time. The
+      same statement otherwise: the keys in the order given (Dagster's order is the order they
+      were added), those already there skipped.
+
+    The figures behind each of these: bench/README.md, "Figures behind the code".
     """
 
     @classmethod

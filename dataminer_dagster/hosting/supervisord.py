@@ -1,8 +1,7 @@
 """`dataminer services`: dagster-webserver, dagster-daemon and Celery workers under supervisord.
 
 Each DATAMINER_HOME gets its own supervisord (configuration, Unix socket, pidfile and logs under
-`$DATAMINER_HOME/services/`): no /etc, no sudo, and a second home never overwrites the first
-(reference bug 29). The pure part builds the configuration text from `ServicesOptions`; the
+`$DATAMINER_HOME/services/`): no /etc, no sudo, and a second home never overwrites the first. The pure part builds the configuration text from `ServicesOptions`; the
 `Supervisor` class drives the running supervisord over its XML-RPC socket.
 
 Supervisord's configuration syntax expands `%(name)s`, so every literal value written into it goes

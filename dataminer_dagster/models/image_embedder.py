@@ -8,7 +8,7 @@ Frames are read, decoded and preprocessed by the embedder's threads (kept across
 `models.device.PrefetchThreads`) a few batches ahead of the model (a bounded queue of futures
 consumed in input order), so the model does not wait on JPEG decoding. A frame that cannot be
 read is reported with its index and the reason and left out of its batch; it never fails the
-batch (reference bug 24). On CUDA the threads may only read the files and leave decoding and
+batch, so one bad file costs one frame, not a batch. On CUDA the threads may only read the files and leave decoding and
 preprocessing to the GPU (`models.device_preprocessing`).
 """
 
@@ -89,7 +89,7 @@ def default_prefetch_workers(device_type: str, cpus: int | None, *, decodes_on_d
 
     On the CPU the threads compete with the model for the cores, so a fixed few. When the GPU
     decodes, the threads only read files, and more of them only crowd the GPU with
-    preprocessing (H200, bench/gpu.md: 0.950x of bare with 2, 0.920x with 8). A GPU model fed by
+    preprocessing (bench/gpu.md measures both counts). A GPU model fed by
     the CPU path (naflex, DINO) gets half the cores, at most 8.
     """
     if device_type != "cuda" or decodes_on_device:
@@ -357,8 +357,8 @@ class ImageEmbedder:
 def pooled_features(output: Any) -> Any:
     """The pooled features of a model output, or the tensor itself.
 
-    transformers 5 returns an output object from get_image_features / get_text_features where
-    4.x returned a tensor (reference bug 2); both are accepted.
+    Depending on the transformers release, get_image_features / get_text_features return an
+    output object or a tensor; both are accepted.
     """
     import torch
 

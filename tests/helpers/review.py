@@ -42,7 +42,7 @@ def as_answered(tasks: list[dict], *, skip: tuple[str, ...] = ()) -> list[dict]:
 
 # Label Studio pins older numpy and pyarrow and brings opencv-python-headless beside our
 # opencv-python: it cannot share the product's environment, so the tests install it in its own
-# (once; reused by later runs), as the README tells users to.
+# (once; reused by later runs), as docs/datasets.md tells users to.
 LABEL_STUDIO_VERSION = "1.23.2"
 LABEL_STUDIO_VENV = Path(__file__).resolve().parents[2] / ".cache" / "label-studio"
 USER, PASSWORD, TOKEN = "reviewer@example.com", "review-password-1", "dataminer-test-token-1"

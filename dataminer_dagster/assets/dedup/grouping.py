@@ -3,7 +3,7 @@
 Two frames are duplicates when the cosine similarity of their embeddings is at least the
 threshold. Every such pair is an edge, and the groups are the connected components of that graph,
 so grouping is transitive and does not depend on the order of the input: N identical frames keep
-exactly one (the reference system's greedy kNN pass kept 451 of 500, bugs 6 and 7).
+exactly one, where a greedy pass over k nearest neighbours keeps several (any beyond its k).
 
 Grouping runs in two phases, as the pipeline needs it: within each video first, then across videos
 over the frames phase 1 kept. A frame's final group is the phase-2 group of its phase-1
@@ -81,7 +81,7 @@ class DedupResult:
     recall: float | None  # pooled recall of the approximate searches; None when all were exact
     recall_pairs: int  # true pairs the recall estimate is based on
     seconds: float
-    engine: str  # the search engine: "faiss-cpu", "faiss-gpu" or "torch-cuda" (core/pair_search)
+    engine: str  # the search engine: "faiss-cpu", "faiss-gpu" or "torch-cuda" (pair_search.py)
 
     @property
     def kept(self) -> int:
@@ -195,8 +195,8 @@ def measure_recall(
 def normalized(embeddings: np.ndarray, *, frame_ids: Sequence[str] | None = None) -> np.ndarray:
     """Float32 rows of unit length; the input itself when it already is one (it is never written).
 
-    Zero or non-finite rows are an error: a placeholder embedding would be "unique" and kept
-    (reference bug 24), so the embedding step must fail or drop unreadable frames instead.
+    Zero or non-finite rows are an error: a placeholder embedding would be "unique" and kept,
+    so the embedding step must fail or drop unreadable frames instead.
     """
     x = np.asarray(embeddings)
     if x.ndim != 2 or x.shape[1] == 0:

@@ -2,7 +2,7 @@
 
 Pure: no Dagster, no SQL. Decoding is the cost floor, so the work is arranged around it:
 
-* A first pass over the packets (demuxing only, no decoding; ~60 ms for a 120 MB file) lists
+* A first pass over the packets (demuxing only, no decoding, so cheap beside a decode) lists
   every frame's presentation timestamp and the keyframes (`frame_timeline`). Frame indexes and
   timestamps therefore come from the stream, not from fps arithmetic.
 * Bounded by default: at most DEFAULT_MAX_FRAMES frames kept, and a video whose frames exceed
