@@ -78,7 +78,11 @@ def test_the_settings_block_lists_every_setting_with_its_default():
     documented = yaml.safe_load(match.group(1))
     defaults = SettingsFile().model_dump()
     defaults["lanes"] = {
-        lane.name: {"batch": lane.policy.batch, "max_runs": lane.policy.max_runs}
+        lane.name: {
+            "batch": lane.policy.batch,
+            "max_runs": lane.policy.max_runs,
+            **({"ahead": True} if lane.ahead else {}),
+        }
         for lane in DEFAULT_LANES
     }
     assert documented == defaults
