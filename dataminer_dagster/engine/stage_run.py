@@ -111,7 +111,7 @@ def run_stage(
     stage_def: StageAsset,
     following: Sequence[str] = (),
     dead: list[str] | None = None,
-) -> Iterator[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckResult]:
+) -> Iterator[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckResult | dg.Output]:
     """Run one stage over the run's partitions: claim their items, process each, and tell Dagster
     what became of every partition. Done now or earlier: a materialization (an earlier one is
     recorded as current, so that a backfill or a re-execution counts it). Dead: named in `dead`,
