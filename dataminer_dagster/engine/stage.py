@@ -152,6 +152,9 @@ class StageConfig(dg.Config):
 
 
 StageFunction = Callable[[StageItem, StageContext], ItemResult]
+# Of the partitions that have no work item of the stage, those the stage has nothing to do for,
+# each with the metadata that says why (`stage_asset(nothing_to_do=...)`).
+NothingToDo = Callable[[StageContext, Sequence[str]], Mapping[str, Mapping[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,7 @@ class StageAsset:
     key_prefix: tuple[str, ...] = ()  # build_definitions(prefix=...)
     # A project-level stage: its asset depends on its config asset (engine/config_versions.py).
     config_versioned: bool = False
+    nothing_to_do: NothingToDo | None = None
 
     @property
     def key(self) -> dg.AssetKey:
@@ -258,6 +262,7 @@ def stage_asset(
     kinds: set[str] | None = None,
     checks: Sequence[PartitionCheck] = (),
     loadable: bool = False,
+    nothing_to_do: NothingToDo | None = None,
 ) -> Callable[[StageFunction], StageAsset]:
     """Declare a per-item stage function as a partitioned asset that processes batches of items
     (`lane_asset` makes the Dagster asset). Its registry entry (its folder's `STAGE`) gives the
@@ -265,7 +270,10 @@ def stage_asset(
     in the UI and, for a model stage, the GPU op tags and the `gpu` pool. `deps`: more upstream
     assets (a StageAsset, an asset name or a `dg.AssetDep`), for a stage that reads beyond its
     registry entry. `loadable`: a downstream asset may take the stage's output as an input, a
-    typed value of outputs.py (the stage returns nothing: its files are its output)."""
+    typed value of outputs.py (the stage returns nothing: its files are its output).
+    `nothing_to_do`: for a stage that queues work items only for some partitions (a backup where a
+    project names one), which of the partitions without an item need no work, and why; a run
+    that targets them records them as done (a person's backfill or Materialize of them succeeds)."""
     spec = REGISTRY[stage]
     partitions_def = PARTITIONS[spec.keys]
     upstream = (
@@ -294,6 +302,7 @@ def stage_asset(
             checks=tuple(checks),
             loadable=loadable,
             config_versioned=spec.keys == PROJECTS,
+            nothing_to_do=nothing_to_do,
         )
 
     return decorator
