@@ -320,11 +320,14 @@ def _dependency(asset: str, upstream: dg.PartitionsDefinition, keys: str) -> dg.
     return dg.AssetDep(asset, partition_mapping=dg.AllPartitionMapping())
 
 
-def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
+def lane_asset(
+    name: str, stages: Sequence[StageAsset], backfill_policy: dg.BackfillPolicy | None = None
+) -> dg.AssetsDefinition:
     """The stages of a lane (one partition set, in order) as one multi-asset: one step that runs
     each selected stage over the run's partitions in turn. It takes the `gpu` pool slot for the
     whole step when one of its stages needs it. A lane with loadable stages carries their IO
-    manager (on the `db` resource), so that a code location's resources need not name it."""
+    manager (on the `db` resource), so that a code location's resources need not name it.
+    `backfill_policy`: how a backfill groups its partitions into runs (default: one run)."""
     partitions = {s.partitions_def for s in stages}
     pools = {s.pool for s in stages} - {None}
     if len(partitions) != 1 or len(pools) > 1:
@@ -333,7 +336,7 @@ def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
     for s in stages:
         op_tags.update(s.op_tags)
 
-    with warnings.catch_warnings():  # backfill_policy is marked beta; we rely on single_run
+    with warnings.catch_warnings():  # backfill_policy is marked beta
         warnings.simplefilter("ignore", dg.BetaWarning)
 
         @dg.multi_asset(
@@ -341,7 +344,7 @@ def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
             specs=[s.spec() for s in stages],
             check_specs=[c for s in stages for c in s.check_specs()],
             partitions_def=partitions.pop(),
-            backfill_policy=dg.BackfillPolicy.single_run(),
+            backfill_policy=backfill_policy or dg.BackfillPolicy.single_run(),
             can_subset=True,
             required_resource_keys=set().union(*(s.required_resource_keys for s in stages)),
             op_tags={LANE_TAG: name, **op_tags},
