@@ -3,9 +3,12 @@ run` and `dagster-webserver` on the repository's dagster.yaml and workspace, and
 GraphQL calls that the UI makes (launch a backfill over all partitions or a subset, read the
 Partitions tab's statuses, backfill the failed partitions).
 
-* Every asset accepts a backfill (its cross-set dependencies say how partitions relate) and the
-  backfill ends COMPLETED_SUCCESS once every item is done: a partition done by an earlier run is
-  recorded as current. The dataset is the same afterwards.
+* Every asset accepts a backfill (its cross-set dependencies say how partitions relate), and so
+  does the whole graph at once (all eight assets, all partitions: the UI's "Materialize all"); each
+  ends COMPLETED_SUCCESS once every item is done: a partition done by an earlier run is recorded
+  as current, one with nothing to do (the backup of a video no project backs up) as done. The
+  datasets are those of an in-process `dataminer run` afterwards, and no run logs that a step
+  "did not yield or return expected outputs".
 * A dead item is a failed partition, with its reason in the run's failure; backfilling the failed
   partitions gives it fresh attempts.
 * The run log holds no image data.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import dagster as dg
@@ -50,35 +54,67 @@ ASSETS = (
 )
 COMPLETE_WITHIN_S = 300
 BACKFILL_WITHIN_S = 300  # the backfill daemon works every 30 s
+GRAPH_BACKFILL_WITHIN_S = 600  # a tick for each lane of the flow, one after another
+
+
+def _projects(base: str, siglip: Path, yolo: Path, backup: Path) -> list[dict]:
+    """`alpha` (3 clips, a local backup) and `beta` (one clip of alpha's and one of its own, no
+    backup: its own clip's frames_backup partition has nothing to do)."""
+    alpha = demo_project("alpha", [f"{base}/sample{i:02d}.mp4" for i in range(3)], siglip, yolo)
+    beta = demo_project("beta", [f"{base}/sample{i:02d}.mp4" for i in (2, 3)], siglip, yolo)
+    return [{**alpha, "backup": {"dest": str(backup)}}, beta]
+
+
+def _in_process_datasets(projects: list[dict]) -> dict[str, pd.DataFrame]:
+    """The datasets an in-process `dataminer run` makes of the projects, in a home of its own."""
+    home = DaemonHome()
+    try:
+        datasets = {}
+        for project in projects:
+            path = home.root / f"{project['name']}.yaml"
+            path.write_text(yaml.safe_dump(project))
+            run = home.dataminer("run", str(path), "--no-progress", timeout_s=600)
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+            datasets[project["name"]] = home.dataset(project["name"])
+        return datasets
+    finally:
+        home.close()
 
 
 @pytest.fixture(scope="module")
 def deployed():
-    """A daemon and a webserver over a completed project `alpha` (3 clips, a local backup)."""
+    """A daemon and a webserver over the completed projects of `_projects`, and the datasets an
+    in-process run makes of them (made meanwhile, in a home of their own)."""
     from dataminer_dagster.models.tiny import build_tiny_siglip
     from dataminer_dagster.models.tiny_detectors import build_tiny_yolo
 
     media = Path(tempfile.mkdtemp(prefix="dm-backfill-media-"))
-    write_sample_videos(media / "www", 3)
+    write_sample_videos(media / "www", 4)
     (media / "www" / "corrupt.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"not a video" * 500)
     siglip = build_tiny_siglip(media / "siglip")
     yolo = build_tiny_yolo(media / "yolo.pt")
     home = DaemonHome()
-    with serve_directory(media / "www") as base, pytest.MonkeyPatch.context() as env:
+    with (
+        serve_directory(media / "www") as base,
+        pytest.MonkeyPatch.context() as env,
+        ThreadPoolExecutor(1) as reference,
+    ):
         # This process reads the same instance and database as the daemon.
         env.setenv("DATAMINER_HOME", str(home.home))
         env.setenv("DAGSTER_HOME", str(home.dagster_home))
         env.delenv("DATAMINER_DATABASE_URL", raising=False)
         try:
             home.start_daemon()
-            alpha = demo_project(
-                "alpha", [f"{base}/sample{i:02d}.mp4" for i in range(3)], siglip, yolo
+            projects = _projects(base, siglip, yolo, home.root / "backup")
+            for project in projects:
+                home.add_project(project)
+            in_process = reference.submit(
+                _in_process_datasets, _projects(base, siglip, yolo, media / "backup")
             )
-            alpha["backup"] = {"dest": str(home.root / "backup")}
-            home.add_project(alpha)
-            home.wait_for_stage("alpha", "complete", COMPLETE_WITHIN_S)
+            for project in projects:
+                home.wait_for_stage(project["name"], "complete", COMPLETE_WITHIN_S)
             with webserver(home.env) as ui:
-                yield home, ui, base, (siglip, yolo)
+                yield home, ui, base, (siglip, yolo), in_process.result()
         finally:
             from dataminer_dagster.db.engine import dispose_engines
 
@@ -98,43 +134,56 @@ def _partitions(home: DaemonHome, asset: str) -> list[str]:
         return instance.get_dynamic_partitions(stage.partitions_def.name)
 
 
-def _backfill_all(ui: str, backfills: dict[str, str]) -> dict[str, dict]:
-    return {asset: wait_for_backfill(ui, i, BACKFILL_WITHIN_S) for asset, i in backfills.items()}
-
-
-def test_a_backfill_of_every_asset_ends_successfully_changes_nothing_and_logs_no_image(
+def test_every_backfill_of_an_asset_or_of_the_whole_graph_succeeds_and_changes_nothing(
     deployed,
 ):
-    home, ui, _, _ = deployed
-    before = home.dataset("alpha")
-    assert len(before) > 0
+    home, ui, base, _, in_process = deployed
+    for project, dataset in in_process.items():
+        assert len(dataset) > 0
+        pd.testing.assert_frame_equal(home.dataset(project), dataset)
+    without_backup = video_id_for_url(f"{base}/sample03.mp4")  # beta's own clip
+    assert without_backup in _partitions(home, "frames_backup")
+    assert not home.query(
+        "SELECT 1 FROM dataminer.work_items WHERE stage = 'backup' AND item_key = :k",
+        k=without_backup,
+    ), "the backup of a video no project backs up has no work item: nothing to do"
 
-    everything = {asset: launch_backfill(ui, [asset]) for asset in ASSETS}
-    finished = _backfill_all(ui, everything)
-    assert {a: b["status"] for a, b in finished.items()} == dict.fromkeys(
-        ASSETS, "COMPLETED_SUCCESS"
-    ), finished
-
-    subsets = {
-        asset: launch_backfill(ui, [asset], _partitions(home, asset)[:1]) for asset in ASSETS
+    # Each asset over all its partitions and over its first, and the whole graph over every
+    # partition (the UI's "Materialize all"), launched at once: a backfill counts its own runs'
+    # materializations, and with every item done no two runs compete for one (a done item is
+    # recorded as current without a claim).
+    launched = {
+        **{(asset, "all"): launch_backfill(ui, [asset]) for asset in ASSETS},
+        **{
+            (asset, "first"): launch_backfill(ui, [asset], _partitions(home, asset)[:1])
+            for asset in ASSETS
+        },
+        ("whole graph", "all"): launch_backfill(ui, list(ASSETS)),
     }
-    finished = _backfill_all(ui, subsets)
-    assert {a: b["status"] for a, b in finished.items()} == dict.fromkeys(
-        ASSETS, "COMPLETED_SUCCESS"
+    finished = {
+        target: wait_for_backfill(ui, backfill, GRAPH_BACKFILL_WITHIN_S)
+        for target, backfill in launched.items()
+    }
+    assert {t: b["status"] for t, b in finished.items()} == dict.fromkeys(
+        launched, "COMPLETED_SUCCESS"
     ), finished
 
-    pd.testing.assert_frame_equal(home.dataset("alpha"), before)
+    for project, dataset in in_process.items():
+        pd.testing.assert_frame_equal(home.dataset(project), dataset)
     for asset in ASSETS:
         statuses = partition_statuses(ui, asset)
         assert sorted(statuses["materializedPartitions"]) == sorted(_partitions(home, asset))
         assert statuses["failedPartitions"] == []
 
-    # No run log holds image data (the filter's previews are files, not base64 in messages).
     with _instance(home) as instance:
-        runs = instance.get_runs(dg.RunsFilter(job_name="filter_job"))
-        assert runs
-        messages = [e.message or "" for r in runs for e in instance.all_logs(r.run_id)]
-    assert messages and not [m for m in messages if "base64" in m]
+        runs = instance.get_runs()
+        messages = {r.run_id: [e.message or "" for e in instance.all_logs(r.run_id)] for r in runs}
+        filter_runs = instance.get_runs(dg.RunsFilter(job_name="filter_job"))
+    # No run log holds image data (the filter's previews are files, not base64 in messages).
+    assert filter_runs and not [m for r in filter_runs for m in messages[r.run_id] if "base64" in m]
+    # No run says that a step left out outputs (a check's, where it checked several partitions).
+    left_out = {r: [m for m in ms if "expected outputs" in m] for r, ms in messages.items()}
+    assert len(runs) > len(ASSETS) and not any(left_out.values()), left_out
 
     # A config change, as the UI shows it: the partitions it made stale (detect's confidence:
     # the detections and the dataset, not the catalog nor dedup) until the daemon has redone them.
@@ -192,7 +241,7 @@ def _dead_item(home: DaemonHome, video_id: str) -> dict:
 
 
 def test_a_dead_item_is_a_failed_partition_and_backfilling_it_tries_it_again(deployed):
-    home, ui, base, (siglip, yolo) = deployed
+    home, ui, base, (siglip, yolo), _ = deployed
     corrupt_url = f"{base}/corrupt.mp4"
     corrupt = video_id_for_url(corrupt_url)
     broken = demo_project("broken", [f"{base}/sample00.mp4", corrupt_url], siglip, yolo)

@@ -13,6 +13,7 @@ import pytest
 
 from dataminer_dagster.acquisition.inputs import PROBLEMS_KEPT
 from dataminer_dagster.acquisition.video_ids import video_id_for_file, video_id_for_url
+from dataminer_dagster.assets.backup.asset import frames_backup
 from dataminer_dagster.assets.catalog.asset import video_catalog
 from dataminer_dagster.assets.download.asset import downloads
 from dataminer_dagster.assets.frames.asset import frames
@@ -204,6 +205,44 @@ def test_single_partition_failure_fails_the_run_with_the_reason(
         assert not result.success
         failure = result.get_step_failure_events()[0].step_failure_data.error.message
         assert "404" in failure and missing in failure
+
+
+def test_a_backup_run_of_a_video_without_a_backup_is_done_with_nothing_done(
+    served, tmp_path, database_url, engine
+):
+    """A video none of whose projects names a backup has no backup item: a run for its partition
+    (a backfill, the UI's Materialize) records it as done, saying why, rather than leaving it
+    without a materialization, which a backfill counts as failed."""
+    config, _ = _project(served, tmp_path)
+    data_dir = tmp_path / "data"
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    res = resources(database_url, data_dir)
+    good = video_id_for_url(served.url("/good.mp4"))
+    with dg.instance_for_test() as instance:
+        materialize_partitions(
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=res,
+            partitions=projects_partitions,
+        )
+        materialize_partitions(
+            [downloads, frames],
+            [good],
+            instance=instance,
+            resources=res,
+            partitions=videos_partitions,
+        )
+        assert good not in work_items(engine, "backup")
+        result = materialize_partitions(
+            [frames_backup], [good], instance=instance, resources=res, partitions=videos_partitions
+        )
+        assert result.success
+        (done,) = [
+            e.event_specific_data.materialization for e in result.get_asset_materialization_events()
+        ]
+        assert (done.asset_key, done.partition) == (dg.AssetKey("frames_backup"), good)
+        assert done.metadata["outcome"].text.startswith("nothing to do: no backup configured")
 
 
 def test_frames_reextracts_when_a_project_needs_another_profile_and_refetches_deleted_files(

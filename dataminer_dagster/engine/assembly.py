@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import warnings
 from collections.abc import Mapping, Sequence
 
 import dagster as dg
@@ -68,10 +69,36 @@ def lane_assets(
 ) -> dict[str, dg.AssetsDefinition]:
     """The multi-asset of every lane whose stages are all in `stages`."""
     return {
-        lane.name: lane_asset(lane.name, [stages[s] for s in lane.stages])
+        lane.name: lane_asset(
+            lane.name, [stages[s] for s in lane.stages], _backfill_policy(lane, lanes)
+        )
         for lane in lanes
         if all(s in stages for s in lane.stages)
     }
+
+
+def _backfill_policy(lane: Lane, lanes: Sequence[Lane]) -> dg.BackfillPolicy:
+    """A backfill does a lane's partitions in one run, except those of a lane that reads another
+    lane of its partition set (the backup reads the frames): in runs of its batch, which Dagster
+    then never puts in one run with the lane it reads (a backfill runs assets of different
+    backfill policies apart). In one run the reading lane's step would be skipped: a lane records
+    a materialization per partition and no step output, and Dagster skips a step whose upstream
+    step yielded no output for it (docs/architecture.md, "What Dagster is told")."""
+    with warnings.catch_warnings():  # backfill_policy is marked beta
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        if any(_reads_another_lane_of_its_set(lane, stage, lanes) for stage in lane.stages):
+            return dg.BackfillPolicy.multi_run(lane.policy.batch)
+        return dg.BackfillPolicy.single_run()
+
+
+def _reads_another_lane_of_its_set(lane: Lane, stage: str, lanes: Sequence[Lane]) -> bool:
+    reads = REGISTRY[stage].reads
+    return (
+        reads is not None
+        and reads not in lane.stages
+        and REGISTRY[reads].keys == REGISTRY[stage].keys
+        and any(reads in other.stages for other in lanes)
+    )
 
 
 def config_specs(stages: Mapping[str, StageAsset]) -> list[dg.AssetSpec]:

@@ -50,18 +50,21 @@ def evaluate_checks(
     ctx: StageContext,
     stage_def: StageAsset,
     finished: list[str],
-) -> Iterator[dg.AssetCheckEvaluation | dg.AssetCheckResult]:
+) -> Iterator[dg.AssetCheckEvaluation | dg.AssetCheckResult | dg.Output]:
     """The stage's selected checks, once per partition this run finished or recorded as current.
     A run of one partition yields AssetCheckResults, which Dagster counts as the run's check
     outputs. A range run has no single partition key, so each result is an AssetCheckEvaluation
-    naming its partition and the materialization it checked; Dagster 1.13 does not count those as
-    outputs and logs that the op "did not yield expected outputs" for them."""
+    naming its partition and the materialization it checked. Dagster 1.13 counts only
+    AssetCheckResults and Outputs as a check's output, and logs that the op "did not yield or
+    return expected outputs" for a selected check without one, which reads as a failure. So a
+    check that yielded no AssetCheckResult yields its output as a plain Output (what Dagster
+    yields beside an AssetCheckResult): it says the check went over every partition this run
+    finished, none included. Whether each passed is in its evaluation, and a failed blocking check
+    still fails the step."""
     key = stage_def.key
     selected = {c.name for c in context.selected_asset_check_keys if c.asset_key == key}
     checks = [c for c in stage_def.checks if c.name in selected]
-    if not checks or not finished:
-        return
-    targets = _latest_materializations(context.instance, key, finished)
+    targets = _latest_materializations(context.instance, key, finished) if finished else {}
     single = context.partition_key if context.has_partition_key else None
     for check in checks:
         for partition in finished:
@@ -87,6 +90,13 @@ def evaluate_checks(
                 severity=check.severity,
                 blocking=check.blocking,
             )
+        if single not in finished:
+            yield dg.Output(None, output_name=_output_name(context, key, check))
+
+
+def _output_name(context: dg.AssetExecutionContext, key: dg.AssetKey, check: PartitionCheck) -> str:
+    """The name of the step output that stands for `check` of the asset `key`."""
+    return context.assets_def.get_output_name_for_asset_check_key(dg.AssetCheckKey(key, check.name))
 
 
 def _evaluate_partition(ctx: StageContext, check: PartitionCheck, partition: str) -> CheckResult:

@@ -152,6 +152,9 @@ class StageConfig(dg.Config):
 
 
 StageFunction = Callable[[StageItem, StageContext], ItemResult]
+# Of the partitions that have no work item of the stage, those the stage has nothing to do for,
+# each with the metadata that says why (`stage_asset(nothing_to_do=...)`).
+NothingToDo = Callable[[StageContext, Sequence[str]], Mapping[str, Mapping[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,7 @@ class StageAsset:
     key_prefix: tuple[str, ...] = ()  # build_definitions(prefix=...)
     # A project-level stage: its asset depends on its config asset (engine/config_versions.py).
     config_versioned: bool = False
+    nothing_to_do: NothingToDo | None = None
 
     @property
     def key(self) -> dg.AssetKey:
@@ -258,6 +262,7 @@ def stage_asset(
     kinds: set[str] | None = None,
     checks: Sequence[PartitionCheck] = (),
     loadable: bool = False,
+    nothing_to_do: NothingToDo | None = None,
 ) -> Callable[[StageFunction], StageAsset]:
     """Declare a per-item stage function as a partitioned asset that processes batches of items
     (`lane_asset` makes the Dagster asset). Its registry entry (its folder's `STAGE`) gives the
@@ -265,7 +270,10 @@ def stage_asset(
     in the UI and, for a model stage, the GPU op tags and the `gpu` pool. `deps`: more upstream
     assets (a StageAsset, an asset name or a `dg.AssetDep`), for a stage that reads beyond its
     registry entry. `loadable`: a downstream asset may take the stage's output as an input, a
-    typed value of outputs.py (the stage returns nothing: its files are its output)."""
+    typed value of outputs.py (the stage returns nothing: its files are its output).
+    `nothing_to_do`: for a stage that queues work items only for some partitions (a backup where a
+    project names one), which of the partitions without an item need no work, and why; a run
+    that targets them records them as done (a person's backfill or Materialize of them succeeds)."""
     spec = REGISTRY[stage]
     partitions_def = PARTITIONS[spec.keys]
     upstream = (
@@ -294,6 +302,7 @@ def stage_asset(
             checks=tuple(checks),
             loadable=loadable,
             config_versioned=spec.keys == PROJECTS,
+            nothing_to_do=nothing_to_do,
         )
 
     return decorator
@@ -311,11 +320,14 @@ def _dependency(asset: str, upstream: dg.PartitionsDefinition, keys: str) -> dg.
     return dg.AssetDep(asset, partition_mapping=dg.AllPartitionMapping())
 
 
-def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
+def lane_asset(
+    name: str, stages: Sequence[StageAsset], backfill_policy: dg.BackfillPolicy | None = None
+) -> dg.AssetsDefinition:
     """The stages of a lane (one partition set, in order) as one multi-asset: one step that runs
     each selected stage over the run's partitions in turn. It takes the `gpu` pool slot for the
     whole step when one of its stages needs it. A lane with loadable stages carries their IO
-    manager (on the `db` resource), so that a code location's resources need not name it."""
+    manager (on the `db` resource), so that a code location's resources need not name it.
+    `backfill_policy`: how a backfill groups its partitions into runs (default: one run)."""
     partitions = {s.partitions_def for s in stages}
     pools = {s.pool for s in stages} - {None}
     if len(partitions) != 1 or len(pools) > 1:
@@ -324,7 +336,7 @@ def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
     for s in stages:
         op_tags.update(s.op_tags)
 
-    with warnings.catch_warnings():  # backfill_policy is marked beta; we rely on single_run
+    with warnings.catch_warnings():  # backfill_policy is marked beta
         warnings.simplefilter("ignore", dg.BetaWarning)
 
         @dg.multi_asset(
@@ -332,7 +344,7 @@ def lane_asset(name: str, stages: Sequence[StageAsset]) -> dg.AssetsDefinition:
             specs=[s.spec() for s in stages],
             check_specs=[c for s in stages for c in s.check_specs()],
             partitions_def=partitions.pop(),
-            backfill_policy=dg.BackfillPolicy.single_run(),
+            backfill_policy=backfill_policy or dg.BackfillPolicy.single_run(),
             can_subset=True,
             required_resource_keys=set().union(*(s.required_resource_keys for s in stages)),
             op_tags={LANE_TAG: name, **op_tags},

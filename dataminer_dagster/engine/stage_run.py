@@ -39,7 +39,7 @@ partition key, and the attempt only when it was a retry. A stage's `PartitionChe
 of the run, once for each partition it finished, and are recorded on that partition.
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import datetime
 from typing import Any
@@ -111,7 +111,7 @@ def run_stage(
     stage_def: StageAsset,
     following: Sequence[str] = (),
     dead: list[str] | None = None,
-) -> Iterator[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckResult]:
+) -> Iterator[dg.AssetMaterialization | dg.AssetObservation | dg.AssetCheckResult | dg.Output]:
     """Run one stage over the run's partitions: claim their items, process each, and tell Dagster
     what became of every partition. Done now or earlier: a materialization (an earlier one is
     recorded as current, so that a backfill or a re-execution counts it). Dead: named in `dead`,
@@ -133,17 +133,23 @@ def run_stage(
         respect_backoff=automatic,
         projects=only,
     )
-    _report_unclaimed(context, stage, unclaimed, len(keys))
+    deadline = float(tags[DEADLINE_TAG]) if DEADLINE_TAG in tags else None
+    ctx = StageContext(context, db, following, deadline)
+    idle = _nothing_to_do(stage_def, ctx, unclaimed)
+    _report_unclaimed(context, stage, [u for u in unclaimed if u.key not in idle], len(keys))
     current = [earlier for earlier in unclaimed if earlier.status == DONE]
     for earlier in current:
         yield _current(stage_def, context, earlier)
-    deadline = float(tags[DEADLINE_TAG]) if DEADLINE_TAG in tags else None
+    for key, metadata in idle.items():
+        shown, description = ui_metadata(metadata)
+        yield dg.AssetMaterialization(
+            asset_key=stage_def.key, partition=key, description=description, metadata=shown
+        )
 
-    ctx = StageContext(context, db, following, deadline)
     titles = _VideoTitles(ctx.catalog, leases)
     progress = Progress(f"{stage}", len(leases), context.log.info)
     failures: list[str] = []
-    finished: list[str] = [earlier.key for earlier in current]
+    finished: list[str] = [earlier.key for earlier in current] + list(idle)
     pending = list(leases)
 
     def work(lease: Lease) -> list[dg.AssetMaterialization | dg.AssetObservation]:
@@ -338,6 +344,22 @@ def _launched_to_retry(run: dg.DagsterRun, keys: Sequence[str]) -> bool:
     (the UI's Materialize, `dagster asset materialize --partition`). Its dead items get fresh
     attempts (the sensors' runs never ask); other range runs leave them dead."""
     return BACKFILL_TAG in run.tags or run.parent_run_id is not None or len(keys) == 1
+
+
+def _nothing_to_do(
+    stage_def: StageAsset, ctx: StageContext, unclaimed: list[Unclaimed]
+) -> dict[str, Mapping[str, Any]]:
+    """The partitions without a work item that the stage has nothing to do for, with why (its
+    `nothing_to_do`): recorded as done, since there is no work that could make them so."""
+    without_item = [u.key for u in unclaimed if u.status is None]
+    if stage_def.nothing_to_do is None or not without_item:
+        return {}
+    idle = dict(stage_def.nothing_to_do(ctx, without_item))
+    if idle:
+        ctx.log.info(
+            f"{stage_def.stage}: {len(idle)} partitions have nothing to do; recorded as done"
+        )
+    return idle
 
 
 def _current(

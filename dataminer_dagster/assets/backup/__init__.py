@@ -15,8 +15,8 @@ STAGE = StageSpec(
     home=__name__,
 )
 
-# Recorded on frames_backup for a video none of whose projects names a backup destination: that
-# partition is never materialized, and this says why.
+# Recorded on frames_backup for a video none of whose projects names a backup destination: an
+# observation from the frames stage, a materialization from a run that targets the partition.
 NO_BACKUP = {
     "outcome": "nothing to do: no backup configured (no project of the video has backup.dest)"
 }

@@ -3,13 +3,16 @@
 count. A verified backup may let the frames go (`backup.delete_after_backup`) once no project needs
 them any more; see db/retention.py.
 
-A video none of whose projects names a destination has no backup work: its partition stays
-unmaterialized, and the frames stage records "nothing to do: no backup configured" on it as an
-observation (assets/frames/asset.py), so that the UI says why.
+A video none of whose projects names a destination has no backup work and no work item: the
+frames stage records "nothing to do: no backup configured" on its partition as an observation
+(assets/frames/asset.py), so that the UI says why, and a run a person launches for that partition
+(a backfill, the UI's Materialize) records it as a materialization with that outcome: it is done,
+with nothing done.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from dataminer_dagster.assets.backup import NO_BACKUP
@@ -22,14 +25,28 @@ from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
 from dataminer_dagster.paths import check_backup_dest
 
 
+def _without_backup(ctx: StageContext, video_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+    """The videos, of those that have no backup item, none of whose projects names a backup
+    destination: there is nothing to back up."""
+    known = ctx.catalog.videos(video_ids)
+    projects = ctx.catalog.linked_projects(known)
+    return {
+        video_id: NO_BACKUP
+        for video_id in known
+        if not any(p.config.backup for p in projects.get(video_id, []))
+    }
+
+
 @stage_asset(
     stage=BACKUP,
     kinds={"rsync"},
     description=(
         "The video's raw frames, copied to every backup destination of its projects and verified."
-        " Videos whose projects name no backup destination are never materialized here: their "
-        "partitions carry the observation 'nothing to do: no backup configured'."
+        " A video whose projects name no backup destination has nothing to back up: the frames "
+        "stage records 'nothing to do: no backup configured' on its partition as an observation, "
+        "and a backfill or Materialize of the partition records it as done with that outcome."
     ),
+    nothing_to_do=_without_backup,
 )
 def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
     """The video's raw frames, copied to every backup destination of its projects and verified."""
