@@ -26,7 +26,7 @@ def _timed(function):
 def build_noop_stages():
     from dataminer_dagster.engine.outcomes import ItemResult
     from dataminer_dagster.engine.registry import DATASET, DEDUP, DETECT, DOWNLOAD, FILTER, FRAMES
-    from dataminer_dagster.engine.stage import stage_asset
+    from dataminer_dagster.engine.stage_asset import stage_asset
 
     @stage_asset(stage=DOWNLOAD)
     @_timed

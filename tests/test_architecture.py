@@ -39,12 +39,30 @@ FORBIDDEN = {
     "engine": (*HEAVY, *(PKG + p for p in ("models", "sensors", *ROOT_SIDE))),
     "sensors": (
         *HEAVY,
-        *(PKG + p for p in ("models", "engine.stage", "engine.stage_run", *ROOT_SIDE)),
+        *(
+            PKG + p
+            for p in (
+                "models",
+                "engine.stage",
+                "engine.stage_asset",
+                "engine.stage_run",
+                *ROOT_SIDE,
+            )
+        ),
     ),
     # The models resource loads models/ inside its methods: definitions load without torch.
     "resources": (
         *HEAVY,
-        *(PKG + p for p in ("sensors", "engine.stage", "engine.stage_run", *ROOT_SIDE)),
+        *(
+            PKG + p
+            for p in (
+                "sensors",
+                "engine.stage",
+                "engine.stage_asset",
+                "engine.stage_run",
+                *ROOT_SIDE,
+            )
+        ),
     ),
     "assets": tuple(PKG + p for p in ("sensors", *ROOT_SIDE)),
 }
@@ -190,7 +208,7 @@ def test_the_sensors_load_without_any_stage_module_or_model_library():
         import dataminer_dagster.sensors.pipeline_sensors
         print(" ".join(sorted(m for m in sys.modules
                               if (m.startswith("dataminer_dagster.") and m.split(".")[-1]
-                                  in ("asset", "table", "store", "stage", "stage_run"))
+                                  in ("asset", "table", "store", "stage", "stage_asset", "stage_run"))
                               or m.split(".")[0] in ("torch", "transformers", "ultralytics"))) or "none")
         """
     )

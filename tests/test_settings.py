@@ -71,7 +71,10 @@ def test_dataminer_settings_names_another_file(home, monkeypatch, tmp_path_facto
             "leases.heartbeat: unknown key; allowed: heartbeat_s, stale",
         ),
         ({"lease": {}}, "lease: unknown key; allowed: lanes, leases, long_running, retry, runs"),
-        ({"lanes": {"video": {"size": 3}}}, "lanes.video.size: unknown key; allowed: ahead, batch, max"),
+        (
+            {"lanes": {"video": {"size": 3}}},
+            "lanes.video.size: unknown key; allowed: ahead, batch, max",
+        ),
         ({"runs": {"start_grace_s": -1}}, "runs.start_grace_s: Input should be greater than 0"),
         (
             {"leases": {"heartbeat_s": 150}},

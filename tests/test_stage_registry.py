@@ -58,7 +58,8 @@ import json
 import pandas as pd
 
 from dataminer_dagster.assets.dataset.dataset_files import MANIFEST_FILE
-from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
+from dataminer_dagster.engine.stage import StageContext, StageItem
+from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.paths import ProjectPaths
 

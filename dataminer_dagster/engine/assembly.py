@@ -14,7 +14,8 @@ import dagster as dg
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
 from dataminer_dagster.engine.registry import StageRegistry
-from dataminer_dagster.engine.stage import StageAsset, lane_asset
+from dataminer_dagster.engine.stage_asset import StageAsset
+from dataminer_dagster.engine.stage_run import lane_asset
 
 
 def stage_assets(registry: StageRegistry = REGISTRY) -> dict[str, StageAsset]:

@@ -4,9 +4,7 @@ Partition column) against that partition's latest materialization."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
 
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
@@ -14,35 +12,10 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from dataminer_dagster.core.redact import redact
+from dataminer_dagster.engine.partition_checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.previews import readable
-
-if TYPE_CHECKING:
-    from dataminer_dagster.engine.stage import StageAsset, StageContext
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """One partition's check result: flat numbers that the UI plots (`missing_files: 0`), and
-    on failure a description that says what is wrong in words."""
-
-    passed: bool
-    metadata: dict[str, int | float] = field(default_factory=dict)
-    description: str | None = None
-
-
-@dataclass(frozen=True)
-class PartitionCheck:
-    """An asset check evaluated for each partition a run finished, at the end of the run: its
-    result is recorded on that partition (the Checks tab's Partition column). `severity`: how a
-    failure shows (ERROR red, WARN yellow). `blocking`: a failure of severity ERROR fails the
-    step once it has recorded everything (Dagster's blocking checks), so the run fails, the
-    partitions it materialized show failed, and no later step of the run starts."""
-
-    name: str
-    description: str
-    evaluate: Callable[[StageContext, str], CheckResult]
-    severity: dg.AssetCheckSeverity = dg.AssetCheckSeverity.ERROR
-    blocking: bool = False
+from dataminer_dagster.engine.stage import StageContext
+from dataminer_dagster.engine.stage_asset import StageAsset
 
 
 def evaluate_checks(

@@ -12,7 +12,7 @@ from dataminer_dagster.engine.lanes import Lane
 from dataminer_dagster.tags import LANE_TAG
 
 if TYPE_CHECKING:  # the sensors use this module; they must not import the stage machinery
-    from dataminer_dagster.engine.stage import StageAsset
+    from dataminer_dagster.engine.stage_asset import StageAsset
 
 
 def lanes_of(stages: Mapping[str, StageAsset], lanes: Sequence[Lane]) -> list[Lane]:

@@ -39,6 +39,7 @@ partition key, and the attempt only when it was a retry. A stage's `PartitionChe
 of the run, once for each partition it finished, and are recorded on that partition.
 """
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import datetime
@@ -55,6 +56,7 @@ from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
 from dataminer_dagster.db.project_flow import advance_projects, stale_later_stages
 from dataminer_dagster.db.schema import DEAD, DONE
 from dataminer_dagster.engine.checks import evaluate_checks
+from dataminer_dagster.engine.jobs import name_prefix
 from dataminer_dagster.engine.outcomes import (
     Blocked,
     ItemResult,
@@ -64,18 +66,16 @@ from dataminer_dagster.engine.outcomes import (
     RequeueFirst,
 )
 from dataminer_dagster.engine.previews import ui_metadata
-from dataminer_dagster.engine.stage import (
-    StageAsset,
-    StageConfig,
-    StageContext,
-    StageFunction,
-    StageItem,
-)
+from dataminer_dagster.engine.stage import StageContext, StageItem
+from dataminer_dagster.engine.stage_asset import StageAsset, StageConfig, StageFunction
+from dataminer_dagster.outputs import OUTPUTS_IO_MANAGER_KEY
 from dataminer_dagster.resources.db import DatabaseResource
+from dataminer_dagster.resources.stage_outputs import stage_outputs_io_manager
 from dataminer_dagster.tags import (
     AUTOMATIONS,
     BACKFILL_TAG,
     DEADLINE_TAG,
+    LANE_TAG,
     PROJECTS_TAG,
     REQUESTED_BY_TAG,
 )
@@ -414,3 +414,55 @@ def _report_unclaimed(
         context.log.info(
             f"{stage}: {len(others)} of {total} partitions need no work now: {shown}{more}"
         )
+
+
+def lane_asset(
+    name: str, stages: Sequence[StageAsset], backfill_policy: dg.BackfillPolicy | None = None
+) -> dg.AssetsDefinition:
+    """The stages of a lane (one partition set, in order) as one multi-asset: one step that runs
+    each selected stage over the run's partitions in turn. It takes the `gpu` pool slot for the
+    whole step when one of its stages needs it. A lane with loadable stages carries their IO
+    manager (on the `db` resource), so that a code location's resources need not name it.
+    `backfill_policy`: how a backfill groups its partitions into runs (default: one run)."""
+    partitions = {s.partitions_def for s in stages}
+    pools = {s.pool for s in stages} - {None}
+    if len(partitions) != 1 or len(pools) > 1:
+        raise ValueError(f"lane {name}: its stages must share one partition set and one pool")
+    op_tags: dict[str, Any] = {}
+    for s in stages:
+        op_tags.update(s.op_tags)
+
+    with warnings.catch_warnings():  # backfill_policy is marked beta
+        warnings.simplefilter("ignore", dg.BetaWarning)
+
+        @dg.multi_asset(
+            name=f"{name_prefix(stages)}{name}_lane",
+            specs=[s.spec() for s in stages],
+            check_specs=[c for s in stages for c in s.check_specs()],
+            partitions_def=partitions.pop(),
+            backfill_policy=backfill_policy or dg.BackfillPolicy.single_run(),
+            can_subset=True,
+            required_resource_keys=set().union(*(s.required_resource_keys for s in stages)),
+            op_tags={LANE_TAG: name, **op_tags},
+            pool=pools.pop() if pools else None,
+            resource_defs=(
+                {OUTPUTS_IO_MANAGER_KEY: stage_outputs_io_manager}
+                if any(s.loadable for s in stages)
+                else None
+            ),
+        )
+        def lane_fn(context: dg.AssetExecutionContext, config: StageConfig):
+            selected = [s for s in stages if s.key in context.selected_asset_keys]
+            dead: list[str] = []
+            for position, stage in enumerate(selected):
+                following = [s.stage for s in selected[position + 1 :]]
+                yield from run_stage(context, config, stage, following, dead)
+            if dead:  # after every stage of the lane: the batch's good items went on
+                raise dg.Failure(
+                    description=f"{len(dead)} items are dead: "
+                    + "; ".join(dead[:5])
+                    + (f" (and {len(dead) - 5} more)" if len(dead) > 5 else ""),
+                    metadata={"dead_items": len(dead)},
+                )
+
+    return lane_fn

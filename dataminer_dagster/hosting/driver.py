@@ -32,7 +32,7 @@ from dataminer_dagster.engine.run_health import reap_dead_work
 from dataminer_dagster.tags import DEADLINE_TAG
 
 if TYPE_CHECKING:
-    from dataminer_dagster.engine.stage import StageAsset
+    from dataminer_dagster.engine.stage_asset import StageAsset
 
 
 class ProjectsGone(LookupError):

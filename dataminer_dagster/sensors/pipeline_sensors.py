@@ -42,7 +42,7 @@ from dataminer_dagster.tags import STAGES_TAG
 
 if TYPE_CHECKING:  # the sensors must not import the stage modules (and their libraries)
     from dataminer_dagster.assets.catalog.config import RefreshConfig
-    from dataminer_dagster.engine.stage import StageAsset
+    from dataminer_dagster.engine.stage_asset import StageAsset
 
 RUNNING = dg.DefaultSensorStatus.RUNNING
 

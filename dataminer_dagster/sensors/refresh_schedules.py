@@ -38,7 +38,7 @@ from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.settings import Settings
 
 if TYPE_CHECKING:  # the schedules must not import the stage modules (and their libraries)
-    from dataminer_dagster.engine.stage import StageAsset
+    from dataminer_dagster.engine.stage_asset import StageAsset
 
 _log = logging.getLogger(__name__)
 _NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9_]")

@@ -15,7 +15,7 @@ from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_vi
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane, lane_of
 from dataminer_dagster.engine.planning import RunLimits
-from dataminer_dagster.engine.stage import StageAsset
+from dataminer_dagster.engine.stage_asset import StageAsset
 from dataminer_dagster.hosting.driver import DriveResult, drive
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import YtDlpClient

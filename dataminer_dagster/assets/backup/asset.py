@@ -21,7 +21,8 @@ from dataminer_dagster.core.rsync import copy_tree, is_remote, verify_tree
 from dataminer_dagster.db.retention import release_finished_frames
 from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.registry import BACKUP
-from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
+from dataminer_dagster.engine.stage import StageContext, StageItem
+from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import check_backup_dest
 
 

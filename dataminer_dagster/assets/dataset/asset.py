@@ -73,7 +73,8 @@ from dataminer_dagster.db.retention import release_finished_frames
 from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.previews import preview_metadata
 from dataminer_dagster.engine.registry import DATASET
-from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
+from dataminer_dagster.engine.stage import StageContext, StageItem
+from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import ProjectPaths
 
 

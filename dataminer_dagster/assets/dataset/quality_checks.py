@@ -22,7 +22,7 @@ import pandas as pd
 from dataminer_dagster.assets.dataset.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE
 from dataminer_dagster.assets.dataset.dataset_formats import format_file_counts
 from dataminer_dagster.assets.dataset.dataset_splits import SPLITS, pairs_across_splits
-from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
+from dataminer_dagster.engine.partition_checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.stage import StageContext
 from dataminer_dagster.paths import ProjectPaths
 

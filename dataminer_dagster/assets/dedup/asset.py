@@ -32,11 +32,12 @@ from dataminer_dagster.core.embedding_cache import EmbeddingCache
 from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.visualize import PALETTE, contact_sheet
-from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.outcomes import ItemResult
+from dataminer_dagster.engine.partition_checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.previews import preview_metadata
 from dataminer_dagster.engine.registry import DEDUP
-from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
+from dataminer_dagster.engine.stage import StageContext, StageItem
+from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import ProjectPaths
 
 

@@ -19,11 +19,12 @@ from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import read_image, write_image
 from dataminer_dagster.core.progress import Progress
 from dataminer_dagster.core.visualize import contact_sheet, draw_detections
-from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.outcomes import ItemResult
+from dataminer_dagster.engine.partition_checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.previews import preview_metadata
 from dataminer_dagster.engine.registry import DETECT
-from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
+from dataminer_dagster.engine.stage import StageContext, StageItem
+from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import ProjectPaths
 
 READ_CHUNK = 64  # frames read from disk at a time

@@ -36,7 +36,8 @@ from dataminer_dagster.db.video_records import VideoRow
 from dataminer_dagster.engine.outcomes import Blocked, ItemResult, PermanentFailure, Postponed
 from dataminer_dagster.engine.previews import megabytes
 from dataminer_dagster.engine.registry import DOWNLOAD
-from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
+from dataminer_dagster.engine.stage import StageContext, StageItem
+from dataminer_dagster.engine.stage_asset import stage_asset
 
 
 @stage_asset(

@@ -30,10 +30,11 @@ from dataminer_dagster.db.retention import (
     may_delete_video_file,
     release_unused_profiles,
 )
-from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.outcomes import ItemResult, PermanentFailure
+from dataminer_dagster.engine.partition_checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.registry import FRAMES
-from dataminer_dagster.engine.stage import StageContext, StageItem, stage_asset
+from dataminer_dagster.engine.stage import StageContext, StageItem
+from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import FRAMES_MANIFEST
 
 
