@@ -71,9 +71,29 @@ def _fast_retries(monkeypatch):
 
 
 SERVERS = ["embedded"] + (["external"] if EXTERNAL_URL else [])
-# For a test of pipeline behaviour that does not depend on the server (the claim tables, the
-# migrations and the storage have their tests on both): run on the embedded one only.
-ONE_SERVER = pytest.mark.parametrize("pg_server", ["embedded"], indirect=True)
+# Where the server matters, a test that takes a database runs on each server: the claim tables'
+# statements, the migrations, Dagster's storage, the sensors' planning and the services' choice of
+# server. The rest test the pipeline's behaviour through those statements and run on the
+# embedded server only.
+SERVER_MATTERS = (
+    "tests/db/",
+    "tests/test_sensors.py",
+    "tests/test_partition_order.py",
+    "tests/test_instance_storage.py",
+    "tests/test_services.py",
+    "tests/test_celery.py",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # a mark, read by the hooks that apply marks and fixture params
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "pg_server" not in metafunc.fixturenames or len(SERVERS) == 1:
+        return
+    module = Path(metafunc.definition.path).relative_to(Path(__file__).parents[1]).as_posix()
+    if not module.startswith(SERVER_MATTERS):
+        metafunc.definition.add_marker(
+            pytest.mark.parametrize("pg_server", ["embedded"], indirect=True)
+        )
 
 
 @pytest.fixture(scope="session", params=SERVERS)

@@ -22,7 +22,6 @@ from dataminer_dagster.definitions import build_definitions
 from dataminer_dagster.outputs import Dataset, projects_partitions
 from dataminer_dagster.settings import load_settings
 from dataminer_dagster.testing import run_projects
-from tests.conftest import ONE_SERVER
 
 PIPELINE_ASSETS = [
     "dataset",
@@ -38,8 +37,6 @@ PIPELINE_ASSETS = [
     "video_catalog",
     "video_catalog_config",
 ]
-
-pytestmark = ONE_SERVER  # nothing in it depends on the server
 
 
 @dg.asset(name="dataset")  # a user's asset of the same name as one of the pipeline's

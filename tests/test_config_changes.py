@@ -17,10 +17,9 @@ import yaml
 
 from dataminer_dagster.db.project_records import ProjectBusyError
 from dataminer_dagster.db.reports import work_summary
-from tests.conftest import ONE_SERVER
 from tests.helpers.project_runs import redone
 
-pytestmark = [pytest.mark.slow, ONE_SERVER]  # nothing in it depends on the server
+pytestmark = pytest.mark.slow
 
 
 def test_new_prompts_and_thresholds_filter_again_from_the_cache_and_redo_what_follows(changing):

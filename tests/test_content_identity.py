@@ -25,7 +25,6 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_lifecycle import force_stage
 from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.testing import keep_every_frame
-from tests.conftest import ONE_SERVER
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
     drive_quietly,
@@ -35,7 +34,7 @@ from tests.helpers.pipeline import (
     write_videos,
 )
 
-pytestmark = [pytest.mark.slow, ONE_SERVER]  # nothing in it depends on the server
+pytestmark = pytest.mark.slow
 
 SPEC = SyntheticVideoSpec(width=96, height=64, fps=10, seconds=2.0, scene_cuts=(1.0,), seed=3)
 FRAMES_PER_VIDEO = 4  # one every 0.5 s of 2 s

@@ -15,11 +15,10 @@ import yaml
 from dataminer_dagster.assets.dataset.dataset_splits import SPLITS
 from dataminer_dagster.engine.partitions import projects_partitions
 from dataminer_dagster.outputs import load_output
-from tests.conftest import ONE_SERVER
 from tests.helpers.pipeline import materialize_partitions
 from tests.helpers.stages import STAGES
 
-pytestmark = [pytest.mark.slow, ONE_SERVER]  # nothing in it depends on the server
+pytestmark = pytest.mark.slow
 
 HARD = ("dataset_complete", "splits_complete", "no_pairs_across_splits", "provenance_complete")
 SOFT = ("splits_filled", "image_quality")

@@ -12,10 +12,7 @@ from dataminer_dagster.assets.dataset.dataset_files import IMAGES_DIR, MANIFEST_
 from dataminer_dagster.assets.dataset.dataset_versions import diff_versions, list_versions
 from dataminer_dagster.cli import main
 from dataminer_dagster.testing import environment_for
-from tests.conftest import ONE_SERVER
 from tests.helpers.project_runs import dataminer, redone
-
-pytestmark = ONE_SERVER  # nothing in it depends on the server
 
 
 def test_a_changed_dataset_is_a_new_version_and_the_old_one_stays_readable(

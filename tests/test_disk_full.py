@@ -27,7 +27,6 @@ from dataminer_dagster.engine.partitions import (
 )
 from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.testing import keep_every_frame
-from tests.conftest import ONE_SERVER
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
     drive_quietly,
@@ -39,7 +38,7 @@ from tests.helpers.pipeline import (
 )
 from tests.helpers.small_disk import fill, small_disk
 
-pytestmark = [pytest.mark.slow, ONE_SERVER]  # nothing in it depends on the server
+pytestmark = pytest.mark.slow
 
 SMALL = SyntheticVideoSpec(width=160, height=120, fps=10, seconds=1.0)
 

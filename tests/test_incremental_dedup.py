@@ -12,7 +12,6 @@ from dataminer_dagster.assets.dedup.kept_index import KeptIndex
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.project_lifecycle import force_stage
 from dataminer_dagster.engine.registry import DEDUP
-from tests.conftest import ONE_SERVER
 from tests.helpers.pipeline import write_videos
 
 pytestmark = pytest.mark.slow
@@ -33,7 +32,6 @@ def index(project) -> KeptIndex:
     return found
 
 
-@ONE_SERVER
 def test_a_new_video_is_deduplicated_against_the_kept_frames_only(changing):
     changing.run()
     assert dedup_outcome(changing)["mode"] == "every frame"
@@ -67,7 +65,6 @@ def test_a_new_video_is_deduplicated_against_the_kept_frames_only(changing):
     assert len(changing.manifest()) == len(kept_after)
 
 
-@ONE_SERVER
 def test_a_changed_threshold_and_force_dedup_group_every_frame_again(changing):
     changing.run()
     changing.register(dedup={"threshold": 0.995})
@@ -81,7 +78,6 @@ def test_a_changed_threshold_and_force_dedup_group_every_frame_again(changing):
     assert dedup_outcome(changing)["mode"] == "every frame"
 
 
-@ONE_SERVER
 def test_incremental_off_groups_every_frame_each_time(changing):
     changing.register(dedup={"incremental": False})
     changing.run()
@@ -92,7 +88,6 @@ def test_incremental_off_groups_every_frame_each_time(changing):
     assert outcome["new_frames"] == outcome["frames_in"]
 
 
-@ONE_SERVER
 def test_with_replace_better_a_better_new_duplicate_takes_the_kept_frames_place(changing, tmp_path):
     """dedup.replace: better. A video added later holds the first clip again with other noise:
     its frames duplicate kept ones, some with a higher filter score. The best new frame of a

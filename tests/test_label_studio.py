@@ -15,7 +15,6 @@ import requests
 
 from dataminer_dagster.assets.dataset.dataset_files import COCO_FILE
 from dataminer_dagster.assets.dataset.dataset_versions import diff_versions, list_versions
-from tests.conftest import ONE_SERVER
 from tests.helpers.project_runs import dataminer
 from tests.helpers.review import (
     TOKEN,
@@ -25,7 +24,7 @@ from tests.helpers.review import (
     use_changing_data,
 )
 
-pytestmark = [ONE_SERVER, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import ONE_SERVER
-
-pytestmark = [pytest.mark.slow, ONE_SERVER]  # nothing in it depends on the server
+pytestmark = pytest.mark.slow
 
 HEAVY = ("torch", "transformers", "ultralytics")
 

@@ -30,13 +30,12 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.engine.partitions import projects_partitions, videos_partitions
 from dataminer_dagster.engine.registry import DOWNLOAD
 from dataminer_dagster.paths import DataPaths
-from tests.conftest import ONE_SERVER
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import materialize_partitions, resources, work_items
 from tests.helpers.processes import run_batches_at_once
 from tests.helpers.throttling_host import ThrottlingHost, write_videos
 
-pytestmark = [pytest.mark.slow, ONE_SERVER]  # nothing in it depends on the server
+pytestmark = pytest.mark.slow
 
 VIDEOS = 50
 RUNS = 3

@@ -44,7 +44,6 @@ from dataminer_dagster.paths import FRAMES_MANIFEST, DataPaths, ProjectPaths
 from dataminer_dagster.resources.models import ModelsResource
 from dataminer_dagster.settings import LeasePolicy, RunPolicy, load_settings
 from dataminer_dagster.testing import keep_every_frame
-from tests.conftest import ONE_SERVER
 from tests.helpers.pipeline import (
     CannedSearchClient,
     materialize_partitions,
@@ -364,7 +363,6 @@ def assert_same_outputs(got: dict, expected: dict) -> None:
     pd.testing.assert_frame_equal(got["dataset"][columns], expected["dataset"][columns])
 
 
-@ONE_SERVER  # the kills and their recovery run the same statements on either server
 def test_runs_killed_in_every_stage_resume_to_the_same_dataset_as_a_clean_run(
     pg_server, database_url, tmp_path, videos, tiny_siglip
 ):
@@ -506,7 +504,6 @@ def test_project_completes_across_postgres_restarts(
 # --- 4. an item that kills its process every time ----------------------------------------------------
 
 
-@ONE_SERVER  # the kills and their recovery run the same statements on either server
 @pytest.mark.parametrize(
     "poison_first",
     [False, True],
@@ -561,7 +558,6 @@ def test_an_item_that_kills_its_process_every_time_ends_dead_and_the_rest_comple
 # --- staging files of killed runs ------------------------------------------------------------------
 
 
-@ONE_SERVER  # the kills and their recovery run the same statements on either server
 def test_a_killed_runs_staging_files_are_removed_by_the_next_attempt(
     database_url, tmp_path, videos, tiny_siglip
 ):

@@ -11,12 +11,11 @@ import pytest
 
 from dataminer_dagster.engine.partitions import PARTITIONS
 from dataminer_dagster.engine.registry import PROJECTS, VIDEOS
-from tests.conftest import ONE_SERVER
 from tests.helpers.pipeline import materialize_partitions
 from tests.helpers.project_runs import redone
 from tests.helpers.stages import STAGES
 
-pytestmark = [pytest.mark.slow, ONE_SERVER]  # nothing in it depends on the server
+pytestmark = pytest.mark.slow
 
 
 def test_frames_extracted_again_are_filtered_again_and_the_project_follows(changing):

@@ -15,7 +15,6 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_lifecycle import force_stage
 from dataminer_dagster.paths import DataPaths
-from tests.conftest import ONE_SERVER
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
     drive_quietly,
@@ -25,7 +24,7 @@ from tests.helpers.pipeline import (
     write_videos,
 )
 
-pytestmark = [pytest.mark.slow, ONE_SERVER]  # nothing in it depends on the server
+pytestmark = pytest.mark.slow
 
 
 def _config(name, urls, model, out: Path, **sections):

@@ -15,11 +15,8 @@ from click.testing import CliRunner
 from dataminer_dagster.assets.dataset.dataset_files import COCO_FILE, MANIFEST_FILE
 from dataminer_dagster.assets.dataset.dataset_versions import diff_versions, list_versions
 from dataminer_dagster.cli import main
-from tests.conftest import ONE_SERVER
 from tests.helpers.project_runs import dataminer
 from tests.helpers.review import as_answered, boxes, use_changing_data
-
-pytestmark = ONE_SERVER
 
 
 def test_a_review_comes_back_as_corrections_and_a_new_version(

@@ -18,7 +18,6 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.engine.partitions import projects_partitions, videos_partitions
 from dataminer_dagster.paths import DataPaths
-from tests.conftest import ONE_SERVER
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
     drive_quietly,
@@ -29,7 +28,7 @@ from tests.helpers.pipeline import (
     write_videos,
 )
 
-pytestmark = [pytest.mark.slow, ONE_SERVER]  # nothing in it depends on the server
+pytestmark = pytest.mark.slow
 
 CLIP = SyntheticVideoSpec(width=160, height=120, fps=10, seconds=1.0)
 

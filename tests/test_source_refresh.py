@@ -25,7 +25,6 @@ from dataminer_dagster.db.reports import source_yield
 from dataminer_dagster.engine.refresh_schedule import due_projects, next_refresh, refresh_due
 from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.testing import keep_every_frame
-from tests.conftest import ONE_SERVER
 from tests.helpers.http_server import http_server_fixture
 from tests.helpers.pipeline import drive_quietly, pipeline_definitions, resources, write_videos
 
@@ -126,7 +125,6 @@ def following(tmp_path, database_url, engine, http_server, tiny_siglip):
         yield following
 
 
-@ONE_SERVER
 def test_a_refresh_takes_only_new_videos_and_one_with_nothing_new_does_no_work(following):
     following.drive()
     assert sorted(set(following.fetched())) == ["/clip0.mp4", "/clip1.mp4"]
@@ -179,7 +177,6 @@ def test_a_refresh_takes_only_new_videos_and_one_with_nothing_new_does_no_work(f
     assert row.data["source"] == f"listing: {following.feed}" and row.data["frames_kept"] == kept
 
 
-@ONE_SERVER
 def test_a_refresh_does_not_retry_videos_the_project_rejected(following):
     following.drive()
     with following.engine.begin() as c:  # clip0's download died (a host that refused it)
@@ -197,7 +194,6 @@ def test_a_refresh_does_not_retry_videos_the_project_rejected(following):
     assert status == "dead"
 
 
-@ONE_SERVER
 def test_a_failing_feed_is_recorded_and_waits_for_its_back_off(following, dataminer_env):
     following.drive()
     following.server.respond("/feed.xml", status=500)
@@ -234,14 +230,12 @@ def test_a_failing_feed_is_recorded_and_waits_for_its_back_off(following, datami
     assert result.exit_code != 0 and "no project named 'nobody'" in result.output
 
 
-@ONE_SERVER
 def test_a_refresh_while_the_listing_runs_is_merged_into_it(following):
     # registered, never listed: the catalog is queued, and a refresh adds nothing to it
     request = following.refresh()
     assert not request.queued and "queued" in request.reason
 
 
-@ONE_SERVER
 def test_the_sensor_asks_for_a_refresh_when_the_cron_is_due(following):
     from dataminer_dagster.definitions import defs as product_defs
 
@@ -276,7 +270,6 @@ def test_the_schedule_is_due_once_per_missed_tick():
     )
 
 
-@ONE_SERVER
 def test_due_projects_wait_for_a_finished_listing(following):
     project = following.catalog.project("follows")
     now = datetime.now(UTC)
@@ -350,7 +343,6 @@ def test_a_youtube_channel_listing_gives_watch_urls_and_skips_nested_playlists()
     ]
 
 
-@ONE_SERVER
 def test_refresh_wait_runs_the_refresh_in_this_process(following, dataminer_env):
     from dataminer_dagster.cli import main
 
@@ -373,7 +365,6 @@ def _product_definitions(followed):
     return build_definitions(followed=followed)
 
 
-@ONE_SERVER
 def test_a_followed_project_has_a_schedule_that_queues_and_requests_its_catalog_run(following):
     from dataminer_dagster.db.project_records import followed_sources
     from dataminer_dagster.db.scheduling import REREQUEST_AFTER_S, requestable
@@ -423,7 +414,6 @@ def test_a_followed_project_has_a_schedule_that_queues_and_requests_its_catalog_
     assert set(following.fetched()[fetched_before:]) == {"/clip2.mp4"}
 
 
-@ONE_SERVER
 def test_a_schedule_tick_keeps_to_the_lane_share_a_failed_listings_retry_and_its_own_cron(
     following,
 ):
@@ -481,7 +471,6 @@ def test_a_schedule_tick_keeps_to_the_lane_share_a_failed_listings_retry_and_its
     assert "refresh_sources" in moved.skip_message
 
 
-@ONE_SERVER
 def test_the_sensor_keeps_the_crons_no_loaded_schedule_has_unless_switched_off(following):
     from dataminer_dagster.assets.catalog.config import RefreshConfig
     from dataminer_dagster.sensors.refresh_schedules import left_to_sensor
@@ -523,7 +512,6 @@ def test_schedules_are_one_per_followed_project_and_named_for_dagster():
     prefixed.get_repository_def()  # the location loads
 
 
-@ONE_SERVER
 def test_the_schedules_are_read_when_a_code_server_initialises_the_definitions(
     following, dataminer_env, caplog, monkeypatch, tmp_path
 ):

@@ -20,7 +20,6 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.testing import keep_every_frame
-from tests.conftest import ONE_SERVER
 from tests.helpers.http_server import http_server_fixture
 from tests.helpers.pipeline import drive_quietly, pipeline_definitions, resources, write_videos
 
@@ -84,7 +83,6 @@ def run_project(tmp_path, database_url, engine, server, siglip, *, per_feed: int
     return state, linked, observed
 
 
-@ONE_SERVER
 def test_the_project_acquires_until_its_target_from_the_better_source(
     tmp_path, database_url, engine, http_server, tiny_siglip, dataminer_env
 ):
@@ -121,7 +119,6 @@ def test_the_project_acquires_until_its_target_from_the_better_source(
     assert continue_acquisition(LeaseStore(engine)) == []  # decided once
 
 
-@ONE_SERVER
 def test_a_spent_budget_and_exhausted_sources_stop_the_project_and_say_so(
     tmp_path, database_url, engine, http_server, tiny_siglip
 ):
@@ -138,7 +135,6 @@ def test_a_spent_budget_and_exhausted_sources_stop_the_project_and_say_so(
     assert len(linked) == 3
 
 
-@ONE_SERVER
 def test_sources_with_nothing_new_exhaust_the_acquisition(
     tmp_path, database_url, engine, http_server, tiny_siglip
 ):

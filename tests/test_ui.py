@@ -79,8 +79,6 @@ DATA_IMAGE = re.compile(r"!\[[^\]]*\]\(data:image/(jpeg|png);base64,([A-Za-z0-9+
 def ui_demo(pg_server, tmp_path_factory) -> Iterator[dict[str, str]]:
     """A finished demo project (3 videos) whose Dagster history is kept: the environment that
     reaches it (DAGSTER_HOME, the database, the data directory)."""
-    if pg_server.kind != "embedded":
-        pytest.skip("what the UI shows does not depend on the server: checked on the embedded one")
     database = pg_server.new_database()
     env = demo_environment(tmp_path_factory.mktemp("ui"), pg_server.url(database))
     with pytest.MonkeyPatch.context() as patch:
