@@ -72,8 +72,8 @@ def _project(url: str, data_dir: Path, video_urls: list[str]) -> list[str]:
 
 def _download(url: str, data_dir: Path, keys: list[str], tmp: Path) -> float:
     """Three download runs at once, each in its own process; seconds until all ended."""
-    from dataminer_dagster.engine.partitions import videos_partitions
-    from dataminer_dagster.engine.registry import DOWNLOAD
+    from dataminer_dagster.partitions import videos_partitions
+    from dataminer_dagster.registry import DOWNLOAD
     from tests.helpers.processes import run_batches_at_once
 
     started = time.monotonic()

@@ -25,8 +25,8 @@ def _timed(function):
 
 def build_noop_stages():
     from dataminer_dagster.engine.outcomes import ItemResult
-    from dataminer_dagster.engine.registry import DATASET, DEDUP, DETECT, DOWNLOAD, FILTER, FRAMES
     from dataminer_dagster.engine.stage_asset import stage_asset
+    from dataminer_dagster.registry import DATASET, DEDUP, DETECT, DOWNLOAD, FILTER, FRAMES
 
     @stage_asset(stage=DOWNLOAD)
     @_timed
@@ -74,7 +74,7 @@ def build_definitions(with_sensors: bool):
 
     from dataminer_dagster.engine.assembly import pipeline_assets
     from dataminer_dagster.engine.jobs import lane_jobs
-    from dataminer_dagster.engine.lanes import configured_lanes
+    from dataminer_dagster.lanes import configured_lanes
     from dataminer_dagster.resources.db import DatabaseResource
     from dataminer_dagster.sensors.pipeline_sensors import build_sensors
     from dataminer_dagster.settings import load_settings

@@ -45,8 +45,8 @@ def setup_project(videos: int, root: Path):
     from dataminer_dagster.db.schema import DONE
     from dataminer_dagster.db.server import claims_database_url
     from dataminer_dagster.db.video_records import Candidate
-    from dataminer_dagster.engine.registry import CATALOG
     from dataminer_dagster.paths import DataPaths
+    from dataminer_dagster.registry import CATALOG
     from dataminer_dagster.settings import load_settings
 
     settings = load_settings()

@@ -104,8 +104,8 @@ def main() -> None:
         whole_pass_s = time.time() - started
 
         from dataminer_dagster.db.leases import LeaseStore
-        from dataminer_dagster.engine.lanes import configured_lanes
         from dataminer_dagster.engine.planning import plan_runs
+        from dataminer_dagster.lanes import configured_lanes
         from dataminer_dagster.settings import load_settings
 
         store, lanes = LeaseStore(engine), configured_lanes(load_settings())

@@ -107,8 +107,8 @@ def measure(
     from dataminer_dagster.db.project_flow import advance_projects
     from dataminer_dagster.engine.assembly import stage_assets
     from dataminer_dagster.engine.discovery import DiscoveryCursor, plan_discovery
-    from dataminer_dagster.engine.lanes import configured_lanes
     from dataminer_dagster.engine.planning import RunLimits, plan_cycle, plan_runs
+    from dataminer_dagster.lanes import configured_lanes
     from dataminer_dagster.paths import DataPaths
     from dataminer_dagster.settings import load_settings
 

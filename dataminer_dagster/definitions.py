@@ -25,9 +25,9 @@ import dagster as dg
 from dataminer_dagster.assets.catalog.config import RefreshConfig
 from dataminer_dagster.engine.assembly import pipeline_assets, stage_assets, with_key_prefix
 from dataminer_dagster.engine.jobs import lane_jobs
-from dataminer_dagster.engine.lanes import configured_lanes
 from dataminer_dagster.engine.stage_asset import StageAsset
 from dataminer_dagster.hosting.run_heartbeat import with_run_heartbeat
+from dataminer_dagster.lanes import configured_lanes
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import YtDlpClient
 from dataminer_dagster.resources.models import ModelsResource

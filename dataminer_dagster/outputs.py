@@ -36,9 +36,9 @@ from dataminer_dagster.assets.dataset.dataset_formats import (
     YOLO_DIR,
 )
 from dataminer_dagster.assets.dataset.dataset_splits import SPLITS
-from dataminer_dagster.engine.partitions import projects_partitions
-from dataminer_dagster.engine.registry import DATASET, DEDUP, DETECT
+from dataminer_dagster.partitions import projects_partitions
 from dataminer_dagster.paths import ProjectPaths
+from dataminer_dagster.registry import DATASET, DEDUP, DETECT
 
 if TYPE_CHECKING:
     import pandas as pd

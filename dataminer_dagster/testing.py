@@ -226,7 +226,7 @@ def register_project(
     """Register the project in the environment's claim database (as `dataminer project add`
     does) and, given an instance, add its partition to the `projects` partition set."""
     from dataminer_dagster.config import parse_project_config
-    from dataminer_dagster.engine.partitions import projects_partitions
+    from dataminer_dagster.partitions import projects_partitions
     from dataminer_dagster.resources.db import DatabaseResource
 
     db = DatabaseResource()
@@ -252,9 +252,9 @@ def run_projects(
     through the lane jobs of `defs` (built with `build_definitions(prefix=prefix)`); returns
     each project's final stage and the number of runs."""
     from dataminer_dagster.definitions import pipeline_stages
-    from dataminer_dagster.engine.lanes import configured_lanes
     from dataminer_dagster.engine.planning import RunLimits
     from dataminer_dagster.hosting.driver import drive
+    from dataminer_dagster.lanes import configured_lanes
 
     db = defs.resources["db"]
     return drive(

@@ -17,10 +17,10 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import DONE
 from dataminer_dagster.db.video_records import Candidate
-from dataminer_dagster.engine.ahead import is_ahead, wait_for_input
 from dataminer_dagster.engine.discovery import DiscoveryCursor, plan_discovery
-from dataminer_dagster.engine.lanes import DEFAULT_LANES
-from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
+from dataminer_dagster.lanes import DEFAULT_LANES
+from dataminer_dagster.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
+from dataminer_dagster.resources.ahead import is_ahead, wait_for_input
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.tags import AHEAD_TAG, LANE_TAG, RANGE_END, RANGE_START
 from tests.helpers.pipeline import work_items

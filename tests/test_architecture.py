@@ -67,7 +67,7 @@ FORBIDDEN = {
     "assets": tuple(PKG + p for p in ("sensors", *ROOT_SIDE)),
 }
 # What the lower parts may take from the engine: the registry's types and names.
-ENGINE_FOR_ALL = (PKG + "engine.registry",)
+ENGINE_FOR_ALL = (PKG + "registry",)
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:

@@ -25,7 +25,8 @@ from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, PENDING, RUNNING
 from dataminer_dagster.db.video_records import Candidate
-from dataminer_dagster.engine.registry import (
+from dataminer_dagster.paths import DataPaths, ProjectPaths
+from dataminer_dagster.registry import (
     CATALOG,
     DATASET,
     DEDUP,
@@ -34,7 +35,6 @@ from dataminer_dagster.engine.registry import (
     FILTER,
     FRAMES,
 )
-from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.settings import load_settings
 from dataminer_dagster.testing import keep_every_frame
 

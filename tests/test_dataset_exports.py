@@ -13,8 +13,8 @@ import sqlalchemy as sa
 import yaml
 
 from dataminer_dagster.assets.dataset.dataset_splits import SPLITS
-from dataminer_dagster.engine.partitions import projects_partitions
 from dataminer_dagster.outputs import load_output
+from dataminer_dagster.partitions import projects_partitions
 from tests.helpers.pipeline import materialize_partitions
 from tests.helpers.stages import STAGES
 

@@ -17,8 +17,8 @@ from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_vi
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.engine.discovery import DiscoveryCursor, plan_discovery
-from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from dataminer_dagster.paths import DataPaths, ProjectPaths
+from dataminer_dagster.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from dataminer_dagster.resources.models import ModelsResource
 from dataminer_dagster.testing import keep_every_frame
 from tests.helpers.pipeline import materialize_partitions, resources, work_items

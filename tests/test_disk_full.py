@@ -20,7 +20,7 @@ from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.engine.partitions import (
+from dataminer_dagster.partitions import (
     project_videos_partitions,
     projects_partitions,
     videos_partitions,

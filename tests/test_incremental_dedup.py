@@ -11,7 +11,7 @@ import pytest
 from dataminer_dagster.assets.dedup.kept_index import KeptIndex
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.project_lifecycle import force_stage
-from dataminer_dagster.engine.registry import DEDUP
+from dataminer_dagster.registry import DEDUP
 from tests.helpers.pipeline import write_videos
 
 pytestmark = pytest.mark.slow

@@ -27,9 +27,9 @@ from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.engine.partitions import projects_partitions, videos_partitions
-from dataminer_dagster.engine.registry import DOWNLOAD
+from dataminer_dagster.partitions import projects_partitions, videos_partitions
 from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.registry import DOWNLOAD
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import materialize_partitions, resources, work_items
 from tests.helpers.processes import run_batches_at_once

@@ -70,7 +70,7 @@ def test_every_project_file_in_the_docs_is_valid():
 def test_the_settings_block_lists_every_setting_with_its_default():
     import yaml
 
-    from dataminer_dagster.engine.lanes import DEFAULT_LANES
+    from dataminer_dagster.lanes import DEFAULT_LANES
     from dataminer_dagster.settings import SettingsFile
 
     match = re.search(r"## Settings\n.*?```yaml\n(.*?)\n```", PAGES["configuration.md"], re.S)

@@ -36,11 +36,11 @@ from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import CLAIMABLE, DEAD, DONE, FAILED, PENDING
 from dataminer_dagster.engine.discovery import DiscoveryCursor, plan_discovery
-from dataminer_dagster.engine.lanes import DEFAULT_LANES
 from dataminer_dagster.engine.planning import RunLimits
-from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from dataminer_dagster.hosting.driver import DriveResult, drive
+from dataminer_dagster.lanes import DEFAULT_LANES
 from dataminer_dagster.paths import FRAMES_MANIFEST, DataPaths, ProjectPaths
+from dataminer_dagster.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from dataminer_dagster.resources.models import ModelsResource
 from dataminer_dagster.settings import LeasePolicy, RunPolicy, load_settings
 from dataminer_dagster.testing import keep_every_frame

@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from dataminer_dagster.engine.partitions import PARTITIONS
-from dataminer_dagster.engine.registry import PROJECTS, VIDEOS
+from dataminer_dagster.partitions import PARTITIONS
+from dataminer_dagster.registry import PROJECTS, VIDEOS
 from tests.helpers.pipeline import materialize_partitions
 from tests.helpers.project_runs import redone
 from tests.helpers.stages import STAGES

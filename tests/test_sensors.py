@@ -41,9 +41,9 @@ from dataminer_dagster.engine.discovery import (
     plan_discovery,
 )
 from dataminer_dagster.engine.jobs import lane_jobs
-from dataminer_dagster.engine.lanes import DEFAULT_LANES, LANES_BY_NAME, lane_of
 from dataminer_dagster.engine.planning import REREQUEST_UNCOVERED_S
-from dataminer_dagster.engine.registry import (
+from dataminer_dagster.lanes import DEFAULT_LANES, LANES_BY_NAME, lane_of
+from dataminer_dagster.registry import (
     CATALOG,
     DATASET,
     DEDUP,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from dataminer_dagster.engine.lanes import LANES_BY_NAME, configured_lanes
+from dataminer_dagster.lanes import LANES_BY_NAME, configured_lanes
 from dataminer_dagster.settings import SettingsError, load_settings
 
 

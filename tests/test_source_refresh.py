@@ -419,7 +419,7 @@ def test_a_schedule_tick_keeps_to_the_lane_share_a_failed_listings_retry_and_its
 ):
     from dataminer_dagster.db.project_records import followed_sources
     from dataminer_dagster.db.scheduling import REREQUEST_AFTER_S, requestable
-    from dataminer_dagster.engine.lanes import LANES_BY_NAME
+    from dataminer_dagster.lanes import LANES_BY_NAME
     from dataminer_dagster.tags import LANE_TAG
 
     following.drive()

@@ -21,9 +21,9 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_lifecycle import force_stage
 from dataminer_dagster.db.reports import stage_counts
-from dataminer_dagster.engine.lanes import DEFAULT_LANES
-from dataminer_dagster.engine.registry import DATASET, PROJECTS, StageSpec
+from dataminer_dagster.lanes import DEFAULT_LANES
 from dataminer_dagster.paths import DataPaths, ProjectPaths
+from dataminer_dagster.registry import DATASET, PROJECTS, StageSpec
 from dataminer_dagster.testing import keep_every_frame
 from tests.helpers.pipeline import (
     drive_quietly,
@@ -38,7 +38,7 @@ SUMMARY = "summary"
 
 # The stage's folder, as a user writes it: its registry entry, and its asset.
 SUMMARY_ENTRY = """
-from dataminer_dagster.engine.registry import DATASET, PROJECTS, StageSpec
+from dataminer_dagster.registry import DATASET, PROJECTS, StageSpec
 
 STAGE = StageSpec(
     "summary",
@@ -178,9 +178,9 @@ def test_the_registry_refuses_what_would_break_the_flow():
 
 
 def test_the_lanes_are_the_ones_the_registry_names():
-    """A stage names its lane from the registry's vocabulary; each has its job (engine/lanes.py)."""
-    from dataminer_dagster.engine.lanes import DEFAULT_LANES
-    from dataminer_dagster.engine.registry import LANE_NAMES
+    """A stage names its lane from the registry's vocabulary; each has its job (lanes.py)."""
+    from dataminer_dagster.lanes import DEFAULT_LANES
+    from dataminer_dagster.registry import LANE_NAMES
 
     assert tuple(lane.name for lane in DEFAULT_LANES) == LANE_NAMES
     assert {spec.lane for spec in REGISTRY.specs} <= set(LANE_NAMES)

@@ -21,7 +21,7 @@ from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.engine.partitions import projects_partitions, videos_partitions
+from dataminer_dagster.partitions import projects_partitions, videos_partitions
 from dataminer_dagster.paths import FRAMES_MANIFEST, DataPaths
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (

@@ -19,7 +19,7 @@ from dataminer_dagster.assets import (
     frames,
 )
 from dataminer_dagster.assets import filter as filtering
-from dataminer_dagster.engine.registry import StageRegistry
+from dataminer_dagster.registry import StageRegistry
 
 REGISTRY = StageRegistry(
     tuple(

@@ -111,7 +111,7 @@ def populate(config: str, dry_run: bool) -> None:
     from dataminer_dagster.core.redact import redact
     from dataminer_dagster.db.schema import DONE
     from dataminer_dagster.db.shared_throttle import SharedThrottle
-    from dataminer_dagster.engine.registry import CATALOG
+    from dataminer_dagster.registry import CATALOG
     from dataminer_dagster.resources.download_client import YtDlpClient
 
     cfg = load_config(config)

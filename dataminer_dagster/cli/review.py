@@ -153,7 +153,7 @@ def _import_and_rebuild(name: str, export: Path, wait: bool, timeout: float | No
         ReviewImportError,
     )
     from dataminer_dagster.cli.admin import force_and_report
-    from dataminer_dagster.engine.registry import DATASET
+    from dataminer_dagster.registry import DATASET
 
     project, paths, _ = _dataset(name)
     try:

@@ -197,7 +197,7 @@ def _show_status(project_name: str | None, as_json: bool, window: float) -> None
 
 def _link_items(data: dict, ui: UiPolicy) -> None:
     """Each failed and long-running item with the UI's page of its partition: item keys are
-    their stage's partition keys (engine/registry.py)."""
+    their stage's partition keys (registry.py)."""
     from dataminer_dagster.core.ui_links import partition_link
 
     prefix = [ui.asset_prefix] if ui.asset_prefix else []

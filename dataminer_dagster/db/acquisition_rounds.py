@@ -19,7 +19,7 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import DONE, SCHEMA
 from dataminer_dagster.db.source_refresh import request_refresh
 from dataminer_dagster.db.video_totals import VideoTotals, video_totals
-from dataminer_dagster.engine.registry import DATASET
+from dataminer_dagster.registry import DATASET
 
 S = SCHEMA
 ACQUIRING, REACHED, BUDGET, EXHAUSTED = "acquiring", "reached", "budget spent", "exhausted"

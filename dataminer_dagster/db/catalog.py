@@ -30,14 +30,14 @@ from dataminer_dagster.db.schema import (
     stale_sql,
 )
 from dataminer_dagster.db.video_records import Candidate, LinkResult, VideoRecords
-from dataminer_dagster.engine.registry import (
+from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.registry import (
     BACKUP,
     DOWNLOAD,
     FILTER,
     FRAMES,
     project_video_key,
 )
-from dataminer_dagster.paths import DataPaths
 
 S = SCHEMA
 

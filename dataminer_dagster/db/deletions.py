@@ -32,8 +32,8 @@ from dataminer_dagster.db.schema import (
     SCHEMA,
     STATUSES,
 )
-from dataminer_dagster.engine.registry import DOWNLOAD, FILTER, FRAMES, project_video_key
 from dataminer_dagster.paths import DataPaths, ProjectPaths, overlaps
+from dataminer_dagster.registry import DOWNLOAD, FILTER, FRAMES, project_video_key
 
 S = SCHEMA
 W = f"{S}.work_items"

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.db.delta_counts import read_count
 from dataminer_dagster.db.schema import SCHEMA, project_video_key_sql
-from dataminer_dagster.engine.registry import (
+from dataminer_dagster.registry import (
     PROJECT_VIDEOS,
     PROJECTS,
     VIDEOS,

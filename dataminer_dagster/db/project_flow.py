@@ -47,7 +47,7 @@ from dataminer_dagster.db.schema import (
     project_video_key_sql,
     stale_sql,
 )
-from dataminer_dagster.engine.registry import CATALOG, DOWNLOAD, FILTER, FRAMES
+from dataminer_dagster.registry import CATALOG, DOWNLOAD, FILTER, FRAMES
 
 S = SCHEMA
 ACTIVE, COMPLETE, PROJECT_FAILED = "active", "complete", "failed"

@@ -31,8 +31,8 @@ from dataminer_dagster.db.project_flow import (
     PROJECT_FAILED,
 )
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, PENDING, SCHEMA
-from dataminer_dagster.engine.registry import CATALOG, DEDUP
 from dataminer_dagster.paths import ProjectPaths
+from dataminer_dagster.registry import CATALOG, DEDUP
 
 S = SCHEMA
 W = f"{S}.work_items"

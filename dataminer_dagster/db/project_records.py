@@ -18,7 +18,6 @@ from dataminer_dagster.config import ProjectConfig
 from dataminer_dagster.core.rsync import is_remote
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import DEAD, DONE, RUNNING, SCHEMA
-from dataminer_dagster.engine.registry import CATALOG, FILTER
 from dataminer_dagster.paths import (
     DataPaths,
     ProjectPaths,
@@ -27,6 +26,7 @@ from dataminer_dagster.paths import (
     claim_output_dir,
     overlaps,
 )
+from dataminer_dagster.registry import CATALOG, FILTER
 
 S = SCHEMA
 

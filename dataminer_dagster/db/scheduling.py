@@ -8,7 +8,7 @@ claimed and leaves.
 
 Work is *in flight* when its item is running, or claimable and requested. A lane whose input is
 produced by work in flight may be requested ahead (`coming`): its run starts meanwhile and waits
-for that work (engine/ahead.py).
+for that work (resources/ahead.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataminer_dagster.db.schema import (
     SCHEMA,
     project_video_key_sql,
 )
-from dataminer_dagster.engine.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
+from dataminer_dagster.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 
 S = SCHEMA
 W = f"{SCHEMA}.work_items"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
-from dataminer_dagster.engine.registry import KEY_SEPARATOR
+from dataminer_dagster.registry import KEY_SEPARATOR
 
 SCHEMA = "dataminer"
 

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import DEAD, DONE, FAILED, PENDING, RUNNING, SCHEMA
-from dataminer_dagster.engine.registry import CATALOG
+from dataminer_dagster.registry import CATALOG
 
 S = SCHEMA
 FIRST_BACKOFF_S = 15 * 60

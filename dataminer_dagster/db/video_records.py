@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.db.project_records import ProjectRecords, ProjectRow
 from dataminer_dagster.db.schema import BLOCKED, LINKED_THROUGH_COPY, SCHEMA
-from dataminer_dagster.engine.registry import FILTER, project_video_key
+from dataminer_dagster.registry import FILTER, project_video_key
 
 S = SCHEMA
 _CONTENT_LOCKS = 0x68617368  # advisory lock namespace 'hash' (db/host_pauses.py has the others)

@@ -25,7 +25,7 @@ from dataminer_dagster.db.schema import (
     SCHEMA,
     finished_within_sql,
 )
-from dataminer_dagster.engine.registry import DOWNLOAD
+from dataminer_dagster.registry import DOWNLOAD
 
 S = SCHEMA
 

@@ -12,10 +12,10 @@ from collections.abc import Mapping, Sequence
 import dagster as dg
 
 from dataminer_dagster.assets import REGISTRY
-from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
-from dataminer_dagster.engine.registry import StageRegistry
 from dataminer_dagster.engine.stage_asset import StageAsset
 from dataminer_dagster.engine.stage_run import lane_asset
+from dataminer_dagster.lanes import DEFAULT_LANES, Lane
+from dataminer_dagster.registry import StageRegistry
 
 
 def stage_assets(registry: StageRegistry = REGISTRY) -> dict[str, StageAsset]:

@@ -22,8 +22,8 @@ from dataminer_dagster.db.partition_rows import (
     rows_before,
 )
 from dataminer_dagster.db.schema import LARGEST_ID
-from dataminer_dagster.engine.registry import PROJECT_VIDEOS, PROJECTS, VIDEOS
 from dataminer_dagster.engine.stored_partitions import partition_count
+from dataminer_dagster.registry import PROJECT_VIDEOS, PROJECTS, VIDEOS
 
 MAX_PARTITION_ADDS_PER_TICK = 25_000
 # The catalog is compared with Dagster on a tick that finds nothing new, at most this often: the

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from dataminer_dagster.engine.lanes import Lane
+from dataminer_dagster.lanes import Lane
 from dataminer_dagster.tags import LANE_TAG
 
 if TYPE_CHECKING:  # the sensors use this module; they must not import the stage machinery

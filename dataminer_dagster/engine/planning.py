@@ -30,14 +30,14 @@ from dataminer_dagster.db.scheduling import (
 )
 from dataminer_dagster.engine.config_versions import config_observations
 from dataminer_dagster.engine.discovery import Discovery, DiscoveryCursor, plan_discovery
-from dataminer_dagster.engine.lanes import Lane
-from dataminer_dagster.engine.registry import (
+from dataminer_dagster.engine.run_health import dead_runs, unfinished_runs
+from dataminer_dagster.engine.stored_partitions import PartitionOrder
+from dataminer_dagster.lanes import Lane
+from dataminer_dagster.registry import (
     PROJECT_VIDEOS,
     PROJECTS,
     split_project_video_key,
 )
-from dataminer_dagster.engine.run_health import dead_runs, unfinished_runs
-from dataminer_dagster.engine.stored_partitions import PartitionOrder
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.tags import (
     AHEAD_TAG,

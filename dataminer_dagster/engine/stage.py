@@ -16,7 +16,7 @@ from dataminer_dagster.core.files import staging_path
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import Lease
 from dataminer_dagster.engine.outcomes import PastDeadline
-from dataminer_dagster.engine.registry import split_project_video_key
+from dataminer_dagster.registry import split_project_video_key
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import DownloadClient
 from dataminer_dagster.resources.models import ModelsResource

@@ -1,6 +1,6 @@
 """Declaring a stage: one function `(item, ctx) -> ItemResult` declared as a dynamically
 partitioned asset by `@stage_asset` (`StageAsset`: its spec, its checks, its config asset). The
-stages of a lane (engine/registry.py) become one Dagster multi-asset, `lane_asset`
+stages of a lane (registry.py) become one Dagster multi-asset, `lane_asset`
 (engine/stage_run.py), whose step runs each selected stage in turn."""
 
 import warnings
@@ -15,10 +15,10 @@ from dataminer_dagster.db.project_records import stage_fingerprint
 from dataminer_dagster.engine.config_versions import provenance_tags
 from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.partition_checks import PartitionCheck
-from dataminer_dagster.engine.partitions import PARTITIONS
-from dataminer_dagster.engine.registry import PROJECTS
 from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.outputs import OUTPUTS_IO_MANAGER_KEY
+from dataminer_dagster.partitions import PARTITIONS
+from dataminer_dagster.registry import PROJECTS
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.tags import GPU_OP_TAGS, GPU_POOL, STAGE_TAG
 

@@ -20,15 +20,15 @@ from dataminer_dagster.db.scheduling import next_due
 from dataminer_dagster.db.source_refresh import listings_under_way
 from dataminer_dagster.engine.discovery import DiscoveryCursor
 from dataminer_dagster.engine.jobs import lane_jobs, lanes_of
-from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane
 from dataminer_dagster.engine.planning import (
     RunLimits,
     acquisition_observation,
     plan_cycle,
     record_requests,
 )
-from dataminer_dagster.engine.registry import DATASET
 from dataminer_dagster.engine.run_health import reap_dead_work
+from dataminer_dagster.lanes import DEFAULT_LANES, Lane
+from dataminer_dagster.registry import DATASET
 from dataminer_dagster.tags import DEADLINE_TAG
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.run_leases import RunLeases
 from dataminer_dagster.db.server import claims_database_url
 from dataminer_dagster.db.shared_throttle import SharedThrottle
-from dataminer_dagster.engine.ahead import is_ahead, wait_for_input
 from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.resources.ahead import is_ahead, wait_for_input
 from dataminer_dagster.settings import Settings, load_settings
 
 _log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ class DatabaseResource(dg.ConfigurableResource):
     $DATAMINER_DATABASE_URL, or the embedded PostgreSQL under $DATAMINER_HOME.
 
     Set up once per run (the in-process executor) it starts the run's heartbeat, and a run the
-    sensors requested ahead of its input waits here for that input (engine/ahead.py).
+    sensors requested ahead of its input waits here for that input (resources/ahead.py).
 
     `settings_file`: the settings file to read (default: $DATAMINER_SETTINGS, else
     $DATAMINER_HOME/settings.yaml), so that a code location built with another one

@@ -11,8 +11,8 @@ from typing import Any
 import dagster as dg
 
 from dataminer_dagster.db.reports import item_state
-from dataminer_dagster.engine.registry import DETECT
 from dataminer_dagster.outputs import OutputMissing, StageOutput, load_output
+from dataminer_dagster.registry import DETECT
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.tags import STAGE_TAG
 

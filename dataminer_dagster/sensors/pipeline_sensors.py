@@ -26,7 +26,6 @@ import dagster as dg
 from dataminer_dagster.db.scheduling import clear_requested
 from dataminer_dagster.engine.discovery import DiscoveryCursor
 from dataminer_dagster.engine.jobs import lanes_of, name_prefix
-from dataminer_dagster.engine.lanes import Lane
 from dataminer_dagster.engine.planning import (
     RunLimits,
     acquisition_observation,
@@ -34,8 +33,9 @@ from dataminer_dagster.engine.planning import (
     plan_cycle,
     record_requests,
 )
-from dataminer_dagster.engine.registry import DATASET
 from dataminer_dagster.engine.run_health import reap_dead_work
+from dataminer_dagster.lanes import Lane
+from dataminer_dagster.registry import DATASET
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.settings import EXECUTORS, Settings, executor_name
 from dataminer_dagster.tags import STAGES_TAG

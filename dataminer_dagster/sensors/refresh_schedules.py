@@ -32,8 +32,8 @@ from dataminer_dagster.assets.catalog.config import RefreshConfig
 from dataminer_dagster.db.project_records import ProjectRow, followed_sources
 from dataminer_dagster.db.server import running_claims_database_url
 from dataminer_dagster.engine.jobs import lanes_of, name_prefix
-from dataminer_dagster.engine.lanes import Lane
-from dataminer_dagster.engine.registry import CATALOG
+from dataminer_dagster.lanes import Lane
+from dataminer_dagster.registry import CATALOG
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.settings import Settings
 

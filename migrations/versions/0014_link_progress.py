@@ -26,7 +26,7 @@ branch_labels = None
 depends_on = None
 
 _S = "dataminer"
-# The per-video stages whose progress the links carry (the board's: engine/registry.py); a
+# The per-video stages whose progress the links carry (the board's: registry.py); a
 # per-video stage added to the board later needs its own columns and a migration like this one.
 _STAGES = ("download", "frames")
 _STAGE_LIST = ", ".join(f"'{stage}'" for stage in _STAGES)

@@ -21,8 +21,8 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import DONE
 from dataminer_dagster.db.video_records import Candidate
-from dataminer_dagster.engine.registry import DOWNLOAD
 from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.registry import DOWNLOAD
 from tests.helpers.pipeline import work_items
 
 HASH = "a" * 64

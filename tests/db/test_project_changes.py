@@ -13,8 +13,8 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_flow import advance_projects
 from dataminer_dagster.db.scheduling import mark_requested
-from dataminer_dagster.engine.registry import project_video_key
 from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.registry import project_video_key
 from tests.helpers.catalog_seed import add_project, seed_videos
 from tests.helpers.statements import statements_sent
 

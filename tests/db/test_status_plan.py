@@ -232,7 +232,7 @@ def test_what_is_coming_to_the_filter_is_found_from_the_work_in_flight(seeded):
     to the filter (`coming`): it starts from the items in flight, each kind by its own index (as
     one OR over the items it was a scan of every item: 0.1-2.8 s a tick at 1,000,000 videos)."""
     from dataminer_dagster.db.scheduling import coming
-    from dataminer_dagster.engine.registry import FILTER
+    from dataminer_dagster.registry import FILTER
 
     engine, _, _ = seeded
     with engine.begin() as c:  # every download waits, as in a catalog just filled; 50 requested
@@ -273,7 +273,7 @@ def test_the_items_to_request_are_read_in_due_order_up_to_the_limit(seeded):
     stages at once, every waiting item was read and sorted: 55 ms a tick at 100,000 waiting
     downloads)."""
     from dataminer_dagster.db.scheduling import requestable
-    from dataminer_dagster.engine.registry import DOWNLOAD, FRAMES
+    from dataminer_dagster.registry import DOWNLOAD, FRAMES
 
     engine, _, _ = seeded
     with engine.begin() as c:  # every download waits, as in a catalog just filled

@@ -13,10 +13,10 @@ import sqlalchemy as sa
 from dataminer_dagster.acquisition.ytdlp_search import SearchHit
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.engine.lanes import DEFAULT_LANES, Lane, lane_of
 from dataminer_dagster.engine.planning import RunLimits
 from dataminer_dagster.engine.stage_asset import StageAsset
 from dataminer_dagster.hosting.driver import DriveResult, drive
+from dataminer_dagster.lanes import DEFAULT_LANES, Lane, lane_of
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import YtDlpClient
 from dataminer_dagster.resources.models import ModelsResource

@@ -34,7 +34,7 @@ from pydantic import PrivateAttr
 
 from dataminer_dagster.db.leases import Lease
 from dataminer_dagster.db.run_leases import RunLeases
-from dataminer_dagster.engine.lanes import lane_of
+from dataminer_dagster.lanes import lane_of
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.models import ModelsResource
 from dataminer_dagster.tags import LANE_TAG, RANGE_END, RANGE_START, REQUESTED_BY_TAG, STAGES_TAG

@@ -1,6 +1,6 @@
 """backup: copy a video's frames to the backup destination (rsync, verified)."""
 
-from dataminer_dagster.engine.registry import BACKUP, BACKUP_LANE, FRAMES, INGEST, VIDEOS, StageSpec
+from dataminer_dagster.registry import BACKUP, BACKUP_LANE, FRAMES, INGEST, VIDEOS, StageSpec
 
 STAGE = StageSpec(
     BACKUP,

@@ -20,10 +20,10 @@ from dataminer_dagster.assets.backup.store import record_backup
 from dataminer_dagster.core.rsync import copy_tree, is_remote, verify_tree
 from dataminer_dagster.db.retention import release_finished_frames
 from dataminer_dagster.engine.outcomes import ItemResult
-from dataminer_dagster.engine.registry import BACKUP
 from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import check_backup_dest
+from dataminer_dagster.registry import BACKUP
 
 
 def _without_backup(ctx: StageContext, video_ids: Sequence[str]) -> dict[str, dict[str, str]]:

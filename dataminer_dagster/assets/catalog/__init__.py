@@ -1,6 +1,6 @@
 """catalog: find a project's videos (searches, URL lists, files) and link them to it."""
 
-from dataminer_dagster.engine.registry import CATALOG, CATALOG_LANE, INGEST, PROJECTS, StageSpec
+from dataminer_dagster.registry import CATALOG, CATALOG_LANE, INGEST, PROJECTS, StageSpec
 
 STAGE = StageSpec(
     CATALOG,

@@ -23,9 +23,9 @@ from dataminer_dagster.db.acquisition_rounds import (
 )
 from dataminer_dagster.db.video_totals import video_totals
 from dataminer_dagster.engine.outcomes import ItemResult, Postponed
-from dataminer_dagster.engine.registry import CATALOG
 from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.engine.stage_asset import stage_asset
+from dataminer_dagster.registry import CATALOG
 
 SOURCE_NAMES = {
     "search": "YouTube search",

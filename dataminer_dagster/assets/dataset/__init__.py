@@ -1,7 +1,7 @@
 """dataset: export a project's images, Parquet manifest and annotations, split by source, in
 the training formats its config names, with a quality report."""
 
-from dataminer_dagster.engine.registry import DATASET, DETECT, PROJECT_LANE, PROJECTS, StageSpec
+from dataminer_dagster.registry import DATASET, DETECT, PROJECT_LANE, PROJECTS, StageSpec
 
 STAGE = StageSpec(
     DATASET,

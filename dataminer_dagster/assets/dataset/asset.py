@@ -72,10 +72,10 @@ from dataminer_dagster.db.reports import source_yield
 from dataminer_dagster.db.retention import release_finished_frames
 from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.previews import preview_metadata
-from dataminer_dagster.engine.registry import DATASET
 from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import ProjectPaths
+from dataminer_dagster.registry import DATASET
 
 
 def _sources(catalog, project_id: int, videos: dict) -> dict[str, list[str]]:

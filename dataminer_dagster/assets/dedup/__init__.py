@@ -1,6 +1,6 @@
 """dedup: remove near-duplicates among a finished project's kept frames, across its videos."""
 
-from dataminer_dagster.engine.registry import DEDUP, FILTER, PROJECT_LANE, PROJECTS, StageSpec
+from dataminer_dagster.registry import DEDUP, FILTER, PROJECT_LANE, PROJECTS, StageSpec
 
 STAGE = StageSpec(
     DEDUP,

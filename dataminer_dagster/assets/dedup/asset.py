@@ -35,10 +35,10 @@ from dataminer_dagster.core.visualize import PALETTE, contact_sheet
 from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.partition_checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.previews import preview_metadata
-from dataminer_dagster.engine.registry import DEDUP
 from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import ProjectPaths
+from dataminer_dagster.registry import DEDUP
 
 
 def _no_duplicates_kept(ctx: StageContext, project_name: str) -> CheckResult:

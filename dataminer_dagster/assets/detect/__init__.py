@@ -1,6 +1,6 @@
 """detect: detect objects in a project's deduplicated frames (YOLO, OWLv2, Grounding DINO)."""
 
-from dataminer_dagster.engine.registry import DEDUP, DETECT, PROJECT_LANE, PROJECTS, StageSpec
+from dataminer_dagster.registry import DEDUP, DETECT, PROJECT_LANE, PROJECTS, StageSpec
 
 STAGE = StageSpec(
     DETECT,

@@ -22,10 +22,10 @@ from dataminer_dagster.core.visualize import contact_sheet, draw_detections
 from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.partition_checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.previews import preview_metadata
-from dataminer_dagster.engine.registry import DETECT
 from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import ProjectPaths
+from dataminer_dagster.registry import DETECT
 
 READ_CHUNK = 64  # frames read from disk at a time
 # Threads reading and decoding the next chunk while the detector works on the current one: a GPU

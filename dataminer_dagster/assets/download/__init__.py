@@ -1,6 +1,6 @@
 """download: fetch a video once for every project that links it (yt-dlp, polite per host)."""
 
-from dataminer_dagster.engine.registry import (
+from dataminer_dagster.registry import (
     CATALOG,
     DOWNLOAD,
     INGEST,

@@ -35,9 +35,9 @@ from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.video_records import VideoRow
 from dataminer_dagster.engine.outcomes import Blocked, ItemResult, PermanentFailure, Postponed
 from dataminer_dagster.engine.previews import megabytes
-from dataminer_dagster.engine.registry import DOWNLOAD
 from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.engine.stage_asset import stage_asset
+from dataminer_dagster.registry import DOWNLOAD
 
 
 @stage_asset(

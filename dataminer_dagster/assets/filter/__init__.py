@@ -1,6 +1,6 @@
 """filter: score each project video's frames against the project's prompts (SigLIP2)."""
 
-from dataminer_dagster.engine.registry import FILTER, FILTER_LANE, FRAMES, PROJECT_VIDEOS, StageSpec
+from dataminer_dagster.registry import FILTER, FILTER_LANE, FRAMES, PROJECT_VIDEOS, StageSpec
 
 STAGE = StageSpec(
     FILTER,

@@ -25,10 +25,10 @@ from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.visualize import contact_sheet, histogram
 from dataminer_dagster.engine.outcomes import ItemResult, RequeueFirst
 from dataminer_dagster.engine.previews import VIDEO_PREVIEW_BUDGET, preview_metadata
-from dataminer_dagster.engine.registry import FILTER
 from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import FRAMES_MANIFEST, ProjectPaths
+from dataminer_dagster.registry import FILTER
 
 
 @stage_asset(

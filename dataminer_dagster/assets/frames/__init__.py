@@ -1,6 +1,6 @@
 """frames: extract a video's frames, once per extraction profile the projects ask for."""
 
-from dataminer_dagster.engine.registry import (
+from dataminer_dagster.registry import (
     DOWNLOAD,
     FRAMES,
     INGEST,

@@ -32,10 +32,10 @@ from dataminer_dagster.db.retention import (
 )
 from dataminer_dagster.engine.outcomes import ItemResult, PermanentFailure
 from dataminer_dagster.engine.partition_checks import CheckResult, PartitionCheck
-from dataminer_dagster.engine.registry import FRAMES
 from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import FRAMES_MANIFEST
+from dataminer_dagster.registry import FRAMES
 
 
 def _frames_on_disk(ctx: StageContext, video_id: str) -> CheckResult:

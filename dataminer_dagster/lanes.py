@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from dataminer_dagster.assets import REGISTRY
-from dataminer_dagster.engine.registry import (
+from dataminer_dagster.registry import (
     BACKUP_LANE,
     CATALOG_LANE,
     FILTER_LANE,

@@ -36,7 +36,7 @@ PROJECTS = "projects"  # key: the project name
 VIDEOS = "videos"  # key: the video id
 PROJECT_VIDEOS = "project_videos"  # key: "<project>.<video id>"
 
-# The lanes (engine/lanes.py: one Dagster job each) a stage's runs are carried by, in flow order.
+# The lanes (lanes.py: one Dagster job each) a stage's runs are carried by, in flow order.
 CATALOG_LANE = "catalog"
 VIDEO_LANE = "video"
 FILTER_LANE = "filter"

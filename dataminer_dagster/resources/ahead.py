@@ -23,7 +23,7 @@ import dagster as dg
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_flow import advance_projects
 from dataminer_dagster.db.scheduling import claimable_keys, coming
-from dataminer_dagster.engine.lanes import LANES_BY_NAME, Lane
+from dataminer_dagster.lanes import LANES_BY_NAME, Lane
 from dataminer_dagster.tags import AHEAD_TAG, LANE_TAG, RANGE_END, RANGE_START
 
 POLL_S = 0.25
