@@ -4,9 +4,11 @@ Every fact about a stage that another part needs is in its `StageSpec`: its part
 lane, the stage it reads from, whether it is in the project chain, on the status boards,
 forceable, a GPU stage, how many items a run works on at once, and its folder. A stage declares
 its spec in its folder's `__init__.py` (`assets/<stage>/`); `dataminer_dagster.assets.REGISTRY`
-lists them in flow order, the one statement of the flow. The sensors' run requests, the status
-tables and progress bars, the CLI's choices and `force-<stage>` commands, the admin operations and
-the lease statements' stage lists are derived from it.
+lists them in flow order. The sensors' run requests, the status tables and progress bars, the CLI's
+choices and `force-<stage>` commands, the admin operations and the lease statements' stage lists
+are derived from it. The per-video chain's own rules (what a video needs next, db/catalog.py
+`advance_videos`; what is coming to the filter, db/scheduling.py) name the video stages they are
+about.
 
 Stage names are the `stage` column of work items. Video stages are keyed by video id,
 project-video stages by "<project>.<video id>" (video ids never contain a dot), project stages by

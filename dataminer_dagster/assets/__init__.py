@@ -4,7 +4,8 @@ has them its table (`table.py`) and its SQL (`store.py`), and its algorithm: pla
 know nothing of Dagster or SQL (the frames' sampling and decoding, dedup's grouping, the dataset's
 formats and splits, the filter's rule).
 
-`REGISTRY` lists the stages in flow order: the one statement of the flow. Importing this package
+`REGISTRY` lists the stages in flow order (dataminer_dagster/registry.py says what is derived
+from it). Importing this package
 imports only the stages' entries (no asset, no model library), so that the sensors, the database
 layer and the CLI can read it.
 """
