@@ -122,7 +122,8 @@ COMPLETE = sa.text(f"""
            attempts = CASE WHEN {STALE} THEN 0 ELSE w.attempts END,
            next_attempt_at = CASE WHEN {STALE} THEN now() ELSE w.next_attempt_at END,
            outcome = CAST(:outcome AS jsonb), last_error = NULL,
-           finished_at = CASE WHEN {STALE} THEN NULL ELSE now() END, {CLEAR_LEASE_KEEP_START}
+           finished_at = CASE WHEN {STALE} THEN NULL ELSE now() END,
+           finished_token = w.lease_token, {CLEAR_LEASE_KEEP_START}
       {HELD}
     RETURNING w.id
 """)

@@ -273,6 +273,9 @@ work_items = sa.Table(
     # The project's fingerprint of this stage when the item was last claimed (project stages only):
     # the config its output was made with; another than the project's current one means stale.
     sa.Column("fingerprint", sa.Text),
+    # The token of the lease whose completion finished the item: a holder whose connection was
+    # lost during the COMMIT reads back whether it went through (db/file_changes.py).
+    sa.Column("finished_token", UUID(as_uuid=True)),
     *_timestamps(),
     sa.UniqueConstraint("stage", "item_key", name="work_items_stage_key"),
     sa.CheckConstraint(f"status IN {STATUSES!r}", name="work_item_status"),

@@ -22,7 +22,6 @@ from dataminer_dagster.assets.filter.store import videos_with_passed_frames
 from dataminer_dagster.assets.filter.table import passed_frames
 from dataminer_dagster.core.dedup import deduplicate
 from dataminer_dagster.core.embedding_cache import EmbeddingCache
-from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.kept_index import (
     IndexWriter,
@@ -32,6 +31,7 @@ from dataminer_dagster.core.kept_index import (
 )
 from dataminer_dagster.core.pair_search import ENGINES
 from dataminer_dagster.core.visualize import PALETTE, contact_sheet
+from dataminer_dagster.db.file_changes import file_changes
 from dataminer_dagster.engine.checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.previews import preview_metadata
@@ -192,9 +192,9 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
 
     def commit(conn) -> None:
         record_kept(conn, project.id, kept_per_video)
-        publish(staged, final)
+        file_changes(conn).publish(staged, final)
         if staged_index is not None:
-            publish(staged_index, paths.dedup_index_dir)
+            file_changes(conn).publish(staged_index, paths.dedup_index_dir)
 
     return ItemResult(
         metadata={
