@@ -38,7 +38,7 @@ def context():
     from dataminer_dagster.settings import load_settings
 
     settings = load_settings()
-    engine = get_engine(claims_database_url(settings))
+    engine = get_engine(claims_database_url(settings), lease=settings.lease)
     migrate.ensure_schema(engine)
     store = LeaseStore(engine, settings.retry)
     return settings, store, Catalog(engine, store, DataPaths(settings.data_dir))

@@ -57,7 +57,6 @@ from dataminer_dagster.db.schema import DEAD, DONE
 from dataminer_dagster.engine.checks import evaluate_checks
 from dataminer_dagster.engine.outcomes import (
     Blocked,
-    ItemResult,
     PastDeadline,
     PermanentFailure,
     Postponed,
@@ -218,8 +217,7 @@ def _process_item(
     asset_key = stage_def.key
     leases = ctx.db.leases
     item = StageItem(lease)
-    ctx = ctx.for_item()
-    result: ItemResult | None = None
+    ctx = ctx.for_item(lease)
     try:
         leases.begin(lease)
         result = process(item, ctx)
@@ -294,7 +292,7 @@ def _process_item(
             dead.append(f"{lease.stage} {lease.key}: {message}")
         yield _observation(titles, asset_key, lease, outcome.status or "failed", message)
     finally:  # whatever became of the item: no staging is left to fill the disk
-        for path in [*ctx.staged, *(result.staged if result else ())]:
+        for path in ctx.staged:
             remove(path)
 
 

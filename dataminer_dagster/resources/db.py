@@ -50,7 +50,12 @@ class DatabaseResource(dg.ConfigurableResource):
         run = context.run
         if run is not None:
             heartbeat = self.heartbeat_seconds or settings.lease.heartbeat_s
-            self._run_leases = RunLeases(self._store, run.run_id, heartbeat_s=heartbeat)
+            self._run_leases = RunLeases(
+                self._store,
+                run.run_id,
+                heartbeat_s=heartbeat,
+                stale_after_s=settings.lease.stale_after_s,
+            )
             self._run_leases.start()
             if is_ahead(run):
                 wait_for_input(
@@ -146,6 +151,6 @@ def claims_store(settings: Settings, url: str | None = None) -> LeaseStore:
     `dataminer db upgrade`)."""
     from dataminer_dagster.db.migrate import ensure_schema
 
-    engine = get_engine(url or claims_database_url(settings))
+    engine = get_engine(url or claims_database_url(settings), lease=settings.lease)
     ensure_schema(engine)
     return LeaseStore(engine, settings.retry)
