@@ -276,7 +276,11 @@ def test_frames_whose_commit_fails_leave_no_folder_the_database_does_not_record(
     good = video_id_for_url(served.url("/good.mp4"))
     with dg.instance_for_test() as instance:
         materialize_partitions(
-            [video_catalog], ["p1"], instance=instance, resources=res, partitions=projects_partitions
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=res,
+            partitions=projects_partitions,
         )
         materialize_partitions(
             [downloads], [good], instance=instance, resources=res, partitions=videos_partitions

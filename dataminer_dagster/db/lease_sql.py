@@ -28,6 +28,7 @@ from dataminer_dagster.settings import RetryPolicy
 
 W = f"{SCHEMA}.work_items"
 H = f"{SCHEMA}.run_heartbeats"
+SIGHTINGS = f"{SCHEMA}.run_sightings"
 
 
 LEASE_COLUMNS = (

@@ -371,6 +371,16 @@ run_heartbeats = sa.Table(
     sa.Index("run_heartbeats_at", "heartbeat_at"),
 )
 
+# When the lease reaper first saw an unfinished run in a status (engine/run_health.py): its start
+# grace and queue timeout are judged from this, on the database's clock.
+run_sightings = sa.Table(
+    "run_sightings",
+    metadata,
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("status", sa.Text, primary_key=True),
+    sa.Column("seen_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
+)
+
 # Hosts that said "stop" (429, 503, a bot check, a Retry-After): no run sends them a request before
 # `paused_until` (db/host_pauses.py). One row per throttle key (a host, or a host via a proxy),
 # kept after the pause ends: `strikes` (pauses in a row without a success) sets the next pause.

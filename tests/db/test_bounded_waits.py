@@ -55,12 +55,14 @@ def test_a_statement_waiting_for_a_locked_row_gives_up_well_within_a_lease(
     releaser.start()  # without a lock timeout, the update would go through once this ran
     try:
         started = time.monotonic()
-        with pytest.raises(sa.exc.OperationalError, match="lock timeout"):
-            with product_engine.begin() as conn:
-                conn.execute(
-                    sa.text("UPDATE dataminer.work_items SET attempts = 9 WHERE id = :id"),
-                    {"id": item},
-                )
+        with (
+            pytest.raises(sa.exc.OperationalError, match="lock timeout"),
+            product_engine.begin() as conn,
+        ):
+            conn.execute(
+                sa.text("UPDATE dataminer.work_items SET attempts = 9 WHERE id = :id"),
+                {"id": item},
+            )
         assert time.monotonic() - started < LEASE.stale_after_s / 2
     finally:
         releaser.join()
@@ -90,9 +92,11 @@ def test_a_session_left_idle_in_a_transaction_is_ended_and_its_row_lock_freed(
 
 
 def test_a_statement_runs_no_longer_than_a_lease_lives(product_engine):
-    with pytest.raises(sa.exc.OperationalError, match="statement timeout"):
-        with product_engine.connect() as conn:
-            conn.execute(sa.text("SELECT pg_sleep(:s)"), {"s": LEASE.stale_after_s + 2})
+    with (
+        pytest.raises(sa.exc.OperationalError, match="statement timeout"),
+        product_engine.connect() as conn,
+    ):
+        conn.execute(sa.text("SELECT pg_sleep(:s)"), {"s": LEASE.stale_after_s + 2})
 
 
 def test_a_server_that_accepts_but_never_answers_fails_the_connect_in_seconds():
@@ -120,6 +124,16 @@ def test_a_server_that_accepts_but_never_answers_fails_the_connect_in_seconds():
         silent.close()
 
 
+def _within(seconds: float, call):
+    """`call()`'s result; fails the test when it takes longer than `seconds`."""
+    result = []
+    worker = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert result, f"still waiting after {seconds} s"
+    return result[0]
+
+
 def test_a_run_whose_heartbeats_stop_getting_through_stops_touching_files(
     product_engine, other_session
 ):
@@ -145,9 +159,7 @@ def test_a_run_whose_heartbeats_stop_getting_through_stops_touching_files(
             except LeaseFenced as fenced:
                 assert "no heartbeat of this run has reached the database" in str(fenced)
                 break
-            held = time.monotonic()
-            assert leases.held == [lease]
-            assert time.monotonic() - held < 0.5, "a stuck beat holds up no check"
+            assert _within(0.5, lambda: leases.held) == [lease], "a stuck beat holds up nothing"
             time.sleep(0.1)
         else:
             pytest.fail("the run kept touching files with its heartbeats failing")
