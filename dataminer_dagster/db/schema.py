@@ -371,6 +371,18 @@ run_heartbeats = sa.Table(
     sa.Index("run_heartbeats_at", "heartbeat_at"),
 )
 
+# The data directory this database serves (db/served_data.py): one row, written at first use.
+served_data_dir = sa.Table(
+    "served_data_dir",
+    metadata,
+    sa.Column("singleton", sa.Boolean, primary_key=True, server_default=sa.true()),
+    sa.Column("marker", sa.Text, nullable=False),  # also in the directory's marker file
+    sa.Column("path", sa.Text, nullable=False),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("recorded_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
+    sa.CheckConstraint("singleton", name="served_data_dir_one_row"),
+)
+
 # When the lease reaper first saw an unfinished run in a status (engine/run_health.py): its start
 # grace and queue timeout are judged from this, on the database's clock.
 run_sightings = sa.Table(

@@ -14,6 +14,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.run_leases import RunLeases
+from dataminer_dagster.db.served_data import require_served_data_dir
 from dataminer_dagster.db.server import claims_database_url
 from dataminer_dagster.db.shared_throttle import SharedThrottle
 from dataminer_dagster.engine.ahead import is_ahead, wait_for_input
@@ -104,9 +105,13 @@ class DatabaseResource(dg.ConfigurableResource):
 
     @property
     def paths(self) -> DataPaths:
+        """The data directory, once found to be the one the database serves (db/served_data.py:
+        raises DataDirectoryMismatch otherwise)."""
         from pathlib import Path
 
-        return DataPaths(Path(self.data_dir) if self.data_dir else self.settings.data_dir)
+        root = Path(self.data_dir) if self.data_dir else self.settings.data_dir
+        require_served_data_dir(self.store.engine, root)
+        return DataPaths(root)
 
     def host_throttle(
         self,
