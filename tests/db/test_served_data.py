@@ -30,7 +30,7 @@ def test_another_disk_at_the_same_path_is_refused(database_url, tmp_path):
     path, other files. Told apart by the marker the served directory holds."""
     data = tmp_path / "data"
     assert _paths(database_url, data).root == data
-    (data / "videos").mkdir()
+    (data / "videos").mkdir(parents=True)
     data.rename(tmp_path / "shared-storage")
     data.mkdir()  # the second machine's empty local disk at the same path
     check = (
