@@ -351,6 +351,15 @@ class LeaseStore(RunLiveness):
         """Whether the completion of `lease`, whose COMMIT lost its connection, went through:
         read back by its token once the row's lock is free (the lost transaction's backend has
         ended). None when the item has moved on since, whichever way."""
+        # A backend whose client was cut off holds the row until the server ends its idle
+        # transaction (db/engine.py): wait a little longer than that for the lock.
+        conn.execute(
+            sa.text(
+                "SELECT set_config('lock_timeout', (1000 * extract(epoch FROM current_setting("
+                "'idle_in_transaction_session_timeout')::interval + interval '5 s'))::bigint::text,"
+                " true)"
+            )
+        )
         row = conn.execute(
             sa.text(f"""SELECT status, lease_token, finished_token FROM {W}
                          WHERE id = :id FOR UPDATE"""),
