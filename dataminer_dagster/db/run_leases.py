@@ -7,9 +7,11 @@ from `check()` / `is_lost()` and stops that unit of work cleanly. Nothing here e
 
 A run also fences itself: once its last successful beat is older than `FENCE_AT` of a lease's
 life (`stale_after_s`), its leases may be about to go, or gone, without it hearing so (a
-partition, a paused machine), and `check()` raises `LeaseFenced`: the stage stops touching the
-item's files. No database call is made under the lock, so a beat stuck on the network never holds
-up the step's own checks and claims.
+partition, a paused machine, a database restarting). `check()` then touches nothing until a beat
+gets through: the lease still held, the work goes on (a short outage costs nothing); lost, it
+raises LeaseLost; no beat within another lease's life, it raises `LeaseFenced`, and the stage
+stops touching the item's files. No database call is made under the lock, so a beat stuck on the
+network never holds up the step's own checks and claims.
 """
 
 from __future__ import annotations
@@ -145,13 +147,27 @@ class RunLeases:
 
     def check(self, lease: Lease) -> None:
         """Call before changing the item's files: raises LeaseLost when the heartbeat found the
-        lease taken away, LeaseFenced when no beat has reached the database for `FENCE_AT` of a
-        lease's life."""
+        lease taken away. When no beat has reached the database for `FENCE_AT` of a lease's life,
+        waits for one first, and raises LeaseFenced if none comes within a lease's life."""
         if self.is_lost(lease):
             raise LeaseLost(lease)
-        silent = self.silent_s()
-        if silent > FENCE_AT * self.stale_after_s:
-            raise LeaseFenced(lease, silent, self.stale_after_s)
+        if self._fenced() and not self._wait_for_a_beat(self.stale_after_s):
+            raise LeaseFenced(lease, self.silent_s(), self.stale_after_s)
+        if self.is_lost(lease):
+            raise LeaseLost(lease)
+
+    def _fenced(self) -> bool:
+        return self.silent_s() > FENCE_AT * self.stale_after_s
+
+    def _wait_for_a_beat(self, within_s: float) -> bool:
+        """Wait up to `within_s` for a beat to get through (the heartbeat thread's). True when
+        one did."""
+        deadline = time.monotonic() + within_s
+        while self._fenced():
+            if time.monotonic() > deadline or self._stop.is_set():
+                return False
+            time.sleep(min(0.1, self.heartbeat_s / 4))
+        return True
 
     @property
     def held(self) -> list[Lease]:
