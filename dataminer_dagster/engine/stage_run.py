@@ -18,6 +18,8 @@ Outcomes per item:
 * the run's deadline passed meanwhile  -> given back as it was, no attempt used (PastDeadline,
                                           raised by StageContext.check_deadline: a download)
 * the lease was lost meanwhile         -> nothing is published; the new owner's work stands
+  (or the run's heartbeats stopped     (LeaseFenced, db/run_leases.py)
+  getting through for too long)
 
 A stage builds its files in staging paths it takes from `ctx.staging_path(final)` and publishes them
 in its commit; whatever becomes of the item, the machinery removes those paths once it is over, so
