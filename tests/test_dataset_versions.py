@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from dataminer_dagster.assets.dataset.dataset_files import IMAGES_DIR, MANIFEST_FILE, VERSION_FILE
 from dataminer_dagster.assets.dataset.dataset_versions import diff_versions, list_versions
 from dataminer_dagster.cli import main
-from dataminer_dagster.testing import environment_for
 from tests.helpers.project_runs import dataminer, redone
+from tests.helpers.review import use_changing_data
 
 
 def test_a_changed_dataset_is_a_new_version_and_the_old_one_stays_readable(
@@ -46,8 +46,7 @@ def test_a_changed_dataset_is_a_new_version_and_the_old_one_stays_readable(
     assert diff.added == diff.removed == [] and diff.relabelled, diff
     assert len(diff.relabelled) <= len(v1_manifest)
 
-    for name, value in environment_for(database_url, tmp_path / "home").items():
-        monkeypatch.setenv(name, value)
+    use_changing_data(database_url, tmp_path, monkeypatch)
     listed = dataminer("dataset", "versions", "changing")
     assert listed.startswith("v1  ") and "\nv2  " in listed
     said = dataminer("dataset", "diff", "changing")
@@ -62,8 +61,7 @@ def test_a_version_that_does_not_exist_is_named_with_the_ones_kept(
     changing, database_url, tmp_path, monkeypatch
 ):
     changing.run()
-    for name, value in environment_for(database_url, tmp_path / "home").items():
-        monkeypatch.setenv(name, value)
+    use_changing_data(database_url, tmp_path, monkeypatch)
     result = CliRunner().invoke(main, ["dataset", "diff", "changing", "--from", "1", "--to", "7"])
     assert result.exit_code != 0
     assert "no dataset version v7 (versions kept: v1)" in result.output

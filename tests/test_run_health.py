@@ -4,6 +4,7 @@ whether the process behind a heartbeat is gone."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -21,8 +22,14 @@ from dagster._core.remote_origin import (
 from dagster._core.storage.dagster_run import DagsterRun, RunRecord
 
 from dataminer_dagster.core.process_liveness import process_gone, process_space
+from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.run_liveness import Heartbeat
-from dataminer_dagster.engine.run_health import PROCESS_GONE_GRACE_S, judge, run_worker_owner
+from dataminer_dagster.engine.run_health import (
+    PROCESS_GONE_GRACE_S,
+    dead_runs,
+    judge,
+    run_worker_owner,
+)
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.tags import LANE_TAG
 
@@ -30,6 +37,8 @@ NOW = 1_800_000_000.0
 LEASE = LeasePolicy(heartbeat_s=15, stale_after_s=120)
 RUNS = RunPolicy(start_grace_s=180, queued_timeout_s=3600)
 S = dg.DagsterRunStatus
+# How long each run made by `record` has been in its status, as the reaper measures it.
+IN_STATUS_S: dict[str, float] = {}
 
 
 def record(status: S, *, since_s: float, ours: bool = True) -> RunRecord:
@@ -43,6 +52,7 @@ def record(status: S, *, since_s: float, ours: bool = True) -> RunRecord:
         tags={LANE_TAG: "filter"} if ours else {},
         remote_job_origin=RemoteJobOrigin(repository, job),
     )
+    IN_STATUS_S[run.run_id] = since_s
     moment = datetime.fromtimestamp(NOW - since_s, tz=UTC)
     started = NOW - since_s if status == S.STARTED else None
     return RunRecord(
@@ -55,7 +65,7 @@ def record(status: S, *, since_s: float, ours: bool = True) -> RunRecord:
 
 
 def dead(records, heartbeats=None):
-    found = judge(records, heartbeats or {}, lease=LEASE, runs=RUNS, now=NOW)
+    found = judge(records, heartbeats or {}, lease=LEASE, runs=RUNS, in_status_s=IN_STATUS_S)
     return {d.run_id: d for d in found}
 
 
@@ -169,7 +179,9 @@ def test_a_run_whose_process_is_gone_is_dead_soon_without_waiting_for_staleness(
             beat_age_s, "gpu-2", exited_pid(), "another-boot pid:[1]"
         ),
     }
-    found = judge([killed, alive, elsewhere], beats, lease=LEASE, runs=RUNS, now=NOW)
+    found = judge(
+        [killed, alive, elsewhere], beats, lease=LEASE, runs=RUNS, in_status_s=IN_STATUS_S
+    )
     assert [d.run_id for d in found] == [killed.dagster_run.run_id]
     assert found[0].reason.startswith("its process is gone (pid") and not found[0].cancel
 
@@ -199,5 +211,44 @@ def test_a_step_process_gone_between_two_steps_is_not_a_dead_run_while_its_run_w
             gone_for, "gpu-1", exited_pid(), here
         ),
     }
-    found = judge([between_steps, all_gone], beats, lease=LEASE, runs=RUNS, now=NOW)
+    found = judge([between_steps, all_gone], beats, lease=LEASE, runs=RUNS, in_status_s=IN_STATUS_S)
     assert [d.run_id for d in found] == [all_gone.dagster_run.run_id]
+
+
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or os.geteuid() != 0,
+    reason="making a pid namespace needs unshare(1) and root",
+)
+def test_a_process_whose_proc_is_another_pid_namespaces_looks_no_pid_up():
+    """A sandbox that gives a process its own pid namespace but leaves it the host's /proc: the
+    pids of its heartbeats would be looked up among the host's processes, so it judges none
+    (only silence tells); with a /proc of its own it does."""
+    code = (
+        "from dataminer_dagster.core.process_liveness import process_space; print(process_space())"
+    )
+
+    def space_in(*unshare: str) -> str:
+        return subprocess.run(
+            ["unshare", *unshare, sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    assert space_in("--pid", "--fork") == "None"
+    assert space_in("--pid", "--fork", "--mount-proc") != "None"
+
+
+def test_the_start_grace_is_measured_on_the_database_clock(engine):
+    """A run worker whose clock is two minutes behind wrote a start time two minutes early: the
+    grace is counted from when the reaper first saw the run started, on the database's clock."""
+    store = LeaseStore(engine)
+    runs = RunPolicy(start_grace_s=2, queued_timeout_s=3600)
+    behind = record(S.STARTED, since_s=0)
+    behind = behind._replace(start_time=time.time() - 120)
+    assert dead_runs(None, store, lease=LEASE, runs=runs, records=[behind]) == []
+    time.sleep(runs.start_grace_s + 0.5)
+    [found] = dead_runs(None, store, lease=LEASE, runs=runs, records=[behind])
+    assert (
+        found.run_id == behind.dagster_run.run_id and "never reported a heartbeat" in found.reason
+    )

@@ -302,6 +302,59 @@ def test_frames_reextracts_when_a_project_needs_another_profile_and_refetches_de
         shutil.rmtree(webp[0])
 
 
+def test_frames_whose_commit_fails_leave_no_folder_the_database_does_not_record(
+    served, tmp_path, database_url, engine
+):
+    """The frames are published in the completion's transaction; a COMMIT refused by a deferred
+    constraint takes them off the disk again, and the retry publishes them."""
+    config, _ = _project(served, tmp_path)
+    data_dir = tmp_path / "data"
+    catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
+    catalog.register_project(config)
+    res = resources(database_url, data_dir)
+    good = video_id_for_url(served.url("/good.mp4"))
+    with dg.instance_for_test() as instance:
+        materialize_partitions(
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=res,
+            partitions=projects_partitions,
+        )
+        materialize_partitions(
+            [downloads], [good], instance=instance, resources=res, partitions=videos_partitions
+        )
+        with engine.begin() as conn:
+            conn.exec_driver_sql("""
+                CREATE FUNCTION dataminer.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN RAISE EXCEPTION 'refused at commit'; END $$;
+                CREATE CONSTRAINT TRIGGER refuse AFTER UPDATE ON dataminer.work_items
+                  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+                  WHEN (NEW.stage = 'frames' AND NEW.status = 'done')
+                  EXECUTE FUNCTION dataminer.refuse();
+            """)
+        failed = materialize_partitions(
+            [frames],
+            [good],
+            instance=instance,
+            resources=res,
+            partitions=videos_partitions,
+            raise_on_error=False,
+        )
+        assert not failed.success
+        assert "refused at commit" in work_items(engine, "frames")[good].last_error
+        assert catalog.frame_profiles([good]) == {}
+        assert list((data_dir / "frames" / good).iterdir()) == [], "no folder without a row"
+
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TRIGGER refuse ON dataminer.work_items")
+        materialize_partitions(
+            [frames], [good], instance=instance, resources=res, partitions=videos_partitions
+        )
+        [(directory, count)] = catalog.frame_profiles([good])[good].values()
+        assert count == 4 and list((data_dir / "frames" / good).iterdir()) == [directory]
+
+
 def test_unbounded_downloads_are_stopped_and_a_full_disk_costs_no_attempt(
     served, tmp_path, database_url, engine
 ):

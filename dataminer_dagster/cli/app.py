@@ -33,13 +33,18 @@ def context():
     from dataminer_dagster.db.catalog import Catalog
     from dataminer_dagster.db.engine import get_engine
     from dataminer_dagster.db.leases import LeaseStore
+    from dataminer_dagster.db.served_data import DataDirectoryMismatch, require_served_data_dir
     from dataminer_dagster.db.server import claims_database_url
     from dataminer_dagster.paths import DataPaths
     from dataminer_dagster.settings import load_settings
 
     settings = load_settings()
-    engine = get_engine(claims_database_url(settings))
+    engine = get_engine(claims_database_url(settings), lease=settings.lease)
     migrate.ensure_schema(engine)
+    try:
+        require_served_data_dir(engine, settings.data_dir)
+    except DataDirectoryMismatch as mismatch:
+        raise UserError(str(mismatch)) from None
     store = LeaseStore(engine, settings.retry)
     return settings, store, Catalog(engine, store, DataPaths(settings.data_dir))
 

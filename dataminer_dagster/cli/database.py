@@ -21,8 +21,9 @@ def db_upgrade() -> None:
     from dataminer_dagster.db.server import claims_database_url
     from dataminer_dagster.settings import load_settings
 
-    url = claims_database_url(load_settings())
-    engine = get_engine(url)
+    settings = load_settings()
+    url = claims_database_url(settings)
+    engine = get_engine(url, lease=settings.lease)
     before = migrate.current_revision(engine)
     migrate.upgrade(engine)
     after = migrate.current_revision(engine)

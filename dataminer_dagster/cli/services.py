@@ -154,9 +154,10 @@ def _run_services(action) -> None:
         supervisor.require_config()
         # The sensors expect the claim tables; this also creates the embedded database once,
         # before several programs race to do it.
-        url = claims_database_url(load_settings())
+        settings = load_settings()
+        url = claims_database_url(settings)
         try:
-            migrate.ensure_schema(get_engine(url))
+            migrate.ensure_schema(get_engine(url, lease=settings.lease))
         except sa.exc.OperationalError as exc:
             raise UserError(f"cannot migrate {redact_url(url)}: {exc.orig}") from None
         states = action(supervisor)

@@ -6,6 +6,12 @@ one host or two boots of one machine are never confused). A reaper in the same p
 ask the operating system: a run whose process is gone is dead now, not only after
 `leases.stale_after_s` of silence. From anywhere else (another machine, another container) only the
 silence tells, and `process_gone` answers False.
+
+`/proc` is trusted only where it belongs to this process's own pid namespace (`/proc/self` names
+our pid): a sandbox that gives a process its own pid namespace without its own `/proc` mount would
+otherwise look heartbeat pids up among another namespace's processes, and call a live run gone.
+Across machines the boot id tells machines apart; a machine cloned from another's image after
+boot (a VM snapshot) shares its boot id and pid namespace ids, which docs/deployment.md warns of.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ def process_space() -> str | None:
     """This process's process space: the machine's boot id and the pid namespace; None where the
     system does not say (not Linux), and then no heartbeat is judged by its pid."""
     try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return None  # this /proc is another pid namespace's: its pids are not ours
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         namespace = os.readlink("/proc/self/ns/pid")
     except OSError:

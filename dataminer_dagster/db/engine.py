@@ -1,5 +1,9 @@
 """One SQLAlchemy engine per (database URL, process), created on first use, never at import.
 
+Every connection has bounded waits, sized from the lease settings (`bounded_waits`): a worker cut
+off from the database (a partition, a paused VM) never holds a row lock, nor waits for one, longer
+than a lease lives, so the reaper can take its items and another run can finish them.
+
 A forked child keeps the engines but not their pooled connections (`_drop_inherited_connections`):
 those sockets are the parent's.
 """
@@ -11,15 +15,53 @@ import threading
 
 import sqlalchemy as sa
 
+from dataminer_dagster.settings import LeasePolicy
+
 _lock = threading.Lock()
 _engines: dict[tuple[str, bool], sa.Engine] = {}
+_leases: dict[str, LeasePolicy] = {}  # the lease settings each URL's engines were sized from
 
 
-def get_engine(url: str, *, autocommit: bool = False) -> sa.Engine:
+def bounded_waits(lease: LeasePolicy) -> dict[str, str | int]:
+    """libpq connection parameters for a lease that goes stale after `stale_after_s` (s):
+
+    * connect timeout and TCP keepalives (and a TCP user timeout for unacknowledged data) notice
+      a lost server within a quarter of it, not after the kernel's two hours;
+    * `lock_timeout`: no statement waits for a lock longer than a quarter of it;
+    * `idle_in_transaction_session_timeout`: the server ends a session left idle in a transaction
+      (its client cut off mid-transaction) after half of it, releasing its row locks before its
+      lease goes stale;
+    * `statement_timeout`: no statement runs longer than a lease lives.
+    """
+    stale = lease.stale_after_s
+    quarter = max(1, int(stale / 4))
+    millis = {
+        "statement_timeout": int(stale * 1000),
+        "lock_timeout": quarter * 1000,
+        "idle_in_transaction_session_timeout": max(1, int(stale / 2)) * 1000,
+    }
+    return {
+        "connect_timeout": max(2, min(10, quarter)),
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(stale / 8)),
+        "keepalives_interval": max(1, int(stale / 24)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": quarter * 1000,
+        "options": " ".join(f"-c {name}={value}" for name, value in millis.items()),
+    }
+
+
+def get_engine(
+    url: str, *, autocommit: bool = False, lease: LeasePolicy | None = None
+) -> sa.Engine:
     """The process's engine for `url`. `autocommit`: a separate pool whose connections run each
-    statement on its own (one round trip, no BEGIN/COMMIT), for single-statement operations."""
+    statement on its own (one round trip, no BEGIN/COMMIT), for single-statement operations.
+    `lease`: the lease settings its connections' waits are sized from (`bounded_waits`); the
+    first given for a URL stands for every engine of it, the defaults where none is."""
     key = (url, autocommit)
     with _lock:
+        if lease is not None:
+            _leases.setdefault(url, lease)
         engine = _engines.get(key)
         if engine is None:
             engine = sa.create_engine(
@@ -27,7 +69,10 @@ def get_engine(url: str, *, autocommit: bool = False) -> sa.Engine:
                 pool_pre_ping=True,  # survive a database restart without failing the next statement
                 pool_size=4,
                 max_overflow=8,
-                connect_args={"application_name": "dataminer"},
+                connect_args={
+                    "application_name": "dataminer",
+                    **bounded_waits(_leases.get(url, LeasePolicy())),
+                },
                 **({"isolation_level": "AUTOCOMMIT"} if autocommit else {}),
             )
             _engines[key] = engine

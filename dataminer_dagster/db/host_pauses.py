@@ -182,6 +182,9 @@ def host_turn(engine: sa.Engine, key: str) -> Iterator[HostTurn]:
     with engine.connect() as conn:
         transaction = conn.begin()
         try:
+            # Waiting for the turn is what it is for; each holder's wait for its answer is bounded
+            # (the request's timeout, and the session's idle-in-transaction timeout: db/engine.py).
+            conn.execute(sa.text("SET LOCAL lock_timeout = 0"))
             conn.execute(_LOCK, {"space": _TURN_LOCKS, "key": key})
             row = conn.execute(_READ, {"key": key}).one_or_none()
             yield HostTurn(conn, key, None if row is None else _row(row))

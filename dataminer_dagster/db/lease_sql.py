@@ -28,6 +28,7 @@ from dataminer_dagster.settings import RetryPolicy
 
 W = f"{SCHEMA}.work_items"
 H = f"{SCHEMA}.run_heartbeats"
+SIGHTINGS = f"{SCHEMA}.run_sightings"
 
 
 LEASE_COLUMNS = (
@@ -122,7 +123,8 @@ COMPLETE = sa.text(f"""
            attempts = CASE WHEN {STALE} THEN 0 ELSE w.attempts END,
            next_attempt_at = CASE WHEN {STALE} THEN now() ELSE w.next_attempt_at END,
            outcome = CAST(:outcome AS jsonb), last_error = NULL,
-           finished_at = CASE WHEN {STALE} THEN NULL ELSE now() END, {CLEAR_LEASE_KEEP_START}
+           finished_at = CASE WHEN {STALE} THEN NULL ELSE now() END,
+           finished_token = w.lease_token, {CLEAR_LEASE_KEEP_START}
       {HELD}
     RETURNING w.id
 """)

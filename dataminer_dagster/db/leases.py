@@ -20,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from dataminer_dagster.core.redact import redact
+from dataminer_dagster.db.file_changes import committing
 from dataminer_dagster.db.lease_sql import (
     BACKOFF_AT,
     CLEAR_LEASE,
@@ -49,11 +50,29 @@ from dataminer_dagster.db.schema import (
 class LeaseLost(Exception):
     """The lease was taken from this run (reaped or released); its work must not be published."""
 
-    def __init__(self, lease: Lease):
+    def __init__(self, lease: Lease, reason: str | None = None):
         self.lease = lease
         super().__init__(
-            f"{lease.stage} {lease.key}: lease lost (another run owns this item now, or it was "
-            "released after this run stopped heartbeating); this run's result is discarded"
+            f"{lease.stage} {lease.key}: "
+            + (
+                reason
+                or "lease lost (another run owns this item now, or it was released after this "
+                "run stopped heartbeating)"
+            )
+            + "; this run's result is discarded"
+        )
+
+
+class LeaseFenced(LeaseLost):
+    """This run's heartbeats have not reached the database for most of a lease's life: its leases
+    may be another run's by now, so it stops touching their files (db/run_leases.py)."""
+
+    def __init__(self, lease: Lease, silent_s: float, stale_after_s: float):
+        super().__init__(
+            lease,
+            f"no heartbeat of this run has reached the database for {silent_s:.0f} s (a lease "
+            f"goes stale after {stale_after_s:g} s), so another run may own this item now: this "
+            "run stops touching its files",
         )
 
 
@@ -320,12 +339,39 @@ class LeaseStore(RunLiveness):
     @contextmanager
     def completing(self, lease: Lease, outcome: dict | None = None) -> Iterator[sa.Connection]:
         """Mark the item done and yield the transaction, in which the caller records its results
-        and publishes its files. The row stays locked until commit, so no reaper can take the
-        lease in between; an exception in the block rolls everything back. Raises LeaseLost."""
-        with self.engine.begin() as c:
+        and publishes its files (db/file_changes.py: they settle on the COMMIT's real outcome).
+        The row stays locked until commit, so no reaper can take the lease in between; an
+        exception in the block rolls everything back. Raises LeaseLost."""
+        with committing(self.engine, confirm=lambda c: self._completed(lease, c)) as c:
             if self._complete([lease], outcome, c):
                 raise LeaseLost(lease)
             yield c
+
+    def _completed(self, lease: Lease, conn: sa.Connection) -> bool | None:
+        """Whether the completion of `lease`, whose COMMIT lost its connection, went through:
+        read back by its token once the row's lock is free (the lost transaction's backend has
+        ended). None when the item has moved on since, whichever way."""
+        # A backend whose client was cut off holds the row until the server ends its idle
+        # transaction (db/engine.py): wait a little longer than that for the lock.
+        conn.execute(
+            sa.text(
+                "SELECT set_config('lock_timeout', (1000 * extract(epoch FROM current_setting("
+                "'idle_in_transaction_session_timeout')::interval + interval '5 s'))::bigint::text,"
+                " true)"
+            )
+        )
+        row = conn.execute(
+            sa.text(f"""SELECT status, lease_token, finished_token FROM {W}
+                         WHERE id = :id FOR UPDATE"""),
+            {"id": lease.item_id},
+        ).one_or_none()
+        if row is None:
+            return None
+        if row.finished_token == lease.token:
+            return True
+        if row.status == RUNNING and row.lease_token == lease.token:
+            return False
+        return None
 
     def complete(self, lease: Lease, outcome: dict | None = None) -> bool:
         """Mark done (nothing else to record); False, and nothing changed, when the lease was lost."""

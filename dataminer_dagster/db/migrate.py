@@ -74,6 +74,8 @@ def upgrade(engine: sa.Engine, revision: str = "head") -> None:
     from alembic import command
 
     with _lock, engine.begin() as connection:
+        # A migration takes as long as it takes, and so may the wait for another process's.
+        connection.execute(sa.text("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0"))
         connection.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK_ID})
         command.upgrade(_alembic_config(connection), revision)
     if revision == "head":

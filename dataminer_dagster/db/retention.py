@@ -10,9 +10,10 @@
 
 The videos' rows are locked while their frames are released, so a project linking one of them
 meanwhile waits and then finds the frames gone (and has them extracted again). A released
-directory is renamed aside in the transaction, put back if it rolls back, and deleted by the
-caller after the commit: a crash never leaves a half-deleted directory that looks present, and a
-hidden sibling left by a crash is removed with the next extraction into its place.
+directory is renamed aside in the transaction, which must be one of db/file_changes.py
+`committing`: it is deleted once the COMMIT went through and put back otherwise. A crash never
+leaves a half-deleted directory that looks present, and a hidden sibling left by a crash is
+removed with the next extraction into its place.
 
 Nothing is lost for good: the catalog forgets the deleted files, and a project that needs them
 again re-extracts the frames, re-downloading the video first if it is gone (Catalog.advance_videos).
@@ -20,15 +21,14 @@ again re-extracts the frames, re-downloading the video first if it is gone (Cata
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
 
-from dataminer_dagster.core.files import set_aside
 from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.file_changes import file_changes
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import SCHEMA
 
@@ -52,8 +52,8 @@ def delete_video_file(catalog: Catalog, conn: sa.Connection, video_id: str) -> b
 @dataclass(frozen=True)
 class Released:
     videos: list[str]  # the videos whose frames were released
-    # Their frame directories, moved aside in the transaction (a rollback puts them back): the
-    # caller removes them once it has committed, not while it holds the videos' rows.
+    # Their frame directories, moved aside in the transaction: deleted once it has committed,
+    # put back otherwise (db/file_changes.py).
     aside: list[Path]
 
 
@@ -120,26 +120,8 @@ def _lock_videos(conn: sa.Connection, video_ids: Sequence[str]) -> dict[str, set
 
 
 def _set_aside_until_commit(conn: sa.Connection, directories: Sequence[Path]) -> list[Path]:
-    """Move the directories aside and return their new names; if `conn`'s transaction rolls back,
-    put them back."""
-    if not directories:
-        return []
-    moved: list[tuple[Path, Path]] = []
-    settled = False
-
-    def settle(committed: bool) -> None:
-        nonlocal settled
-        if settled:  # the other event's listener stays on the connection, and does nothing
-            return
-        settled = True
-        if not committed:
-            for directory, set_aside_as in moved:
-                os.replace(set_aside_as, directory)
-
-    # Listening first: a directory moved before a later one fails to move is put back too.
-    sa.event.listen(conn, "commit", lambda _conn: settle(True), once=True)
-    sa.event.listen(conn, "rollback", lambda _conn: settle(False), once=True)
-    for directory in directories:
-        if directory.is_dir():
-            moved.append((directory, set_aside(directory)))
-    return [aside for _, aside in moved]
+    """Move the directories aside and return their new names: deleted once `conn`'s transaction
+    has committed, put back if it does not (db/file_changes.py)."""
+    changes = file_changes(conn)
+    moved = [changes.set_aside(directory) for directory in directories if directory.is_dir()]
+    return [aside for aside in moved if aside is not None]

@@ -16,6 +16,7 @@ from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.lease_sql import (
     CLEAR_LEASE,
     CONCERNS_PROJECTS,
+    SIGHTINGS,
     UNCOUNTED_STATUS,
     ClaimStatements,
     H,
@@ -108,6 +109,35 @@ class RunLiveness(ClaimStatements):
         """)
         rows = self._run(statement, {"owners": list(owners)})
         return {r.run_id: Heartbeat(float(r.age), r.host, r.pid, r.process_space) for r in rows}
+
+    def in_status_s(self, runs: Sequence[tuple[str, str]]) -> dict[str, float]:
+        """Seconds each of these (run id, status) pairs has been seen by the reaper, by the
+        database clock (0 for a pair seen first now). Their sightings in another status are
+        forgotten, and every sighting a week old (of a run finished long since)."""
+        if not runs:
+            return {}
+        ids, statuses = [r for r, _ in runs], [s for _, s in runs]
+        pairs = "unnest(CAST(:ids AS text[]), CAST(:statuses AS text[])) AS t(run_id, status)"
+        with self.engine.begin() as c:
+            c.execute(
+                sa.text(f"""DELETE FROM {SIGHTINGS} s
+                             WHERE s.seen_at < now() - interval '7 days'
+                                OR s.run_id = ANY(CAST(:ids AS text[])) AND NOT EXISTS (
+                                   SELECT 1 FROM {pairs} WHERE t.run_id = s.run_id
+                                                           AND t.status = s.status)"""),
+                {"ids": ids, "statuses": statuses},
+            )
+            c.execute(
+                sa.text(f"""INSERT INTO {SIGHTINGS} (run_id, status) SELECT run_id, status
+                              FROM {pairs} ON CONFLICT DO NOTHING"""),
+                {"ids": ids, "statuses": statuses},
+            )
+            rows = c.execute(
+                sa.text(f"""SELECT run_id, extract(epoch FROM now() - seen_at) AS age
+                              FROM {SIGHTINGS} WHERE run_id = ANY(CAST(:ids AS text[]))"""),
+                {"ids": ids},
+            ).all()
+        return {r.run_id: float(r.age) for r in rows}
 
     def reap(self, stale_after_s: float, finished_runs: Sequence[str] = ()) -> list[Reaped]:
         """Take back the leases of runs that stopped heartbeating (or that Dagster reports as

@@ -273,6 +273,9 @@ work_items = sa.Table(
     # The project's fingerprint of this stage when the item was last claimed (project stages only):
     # the config its output was made with; another than the project's current one means stale.
     sa.Column("fingerprint", sa.Text),
+    # The token of the lease whose completion finished the item: a holder whose connection was
+    # lost during the COMMIT reads back whether it went through (db/file_changes.py).
+    sa.Column("finished_token", UUID(as_uuid=True)),
     *_timestamps(),
     sa.UniqueConstraint("stage", "item_key", name="work_items_stage_key"),
     sa.CheckConstraint(f"status IN {STATUSES!r}", name="work_item_status"),
@@ -366,6 +369,28 @@ run_heartbeats = sa.Table(
     sa.Column("started_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
     sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
     sa.Index("run_heartbeats_at", "heartbeat_at"),
+)
+
+# The data directory this database serves (db/served_data.py): one row, written at first use.
+served_data_dir = sa.Table(
+    "served_data_dir",
+    metadata,
+    sa.Column("singleton", sa.Boolean, primary_key=True, server_default=sa.true()),
+    sa.Column("marker", sa.Text, nullable=False),  # also in the directory's marker file
+    sa.Column("path", sa.Text, nullable=False),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("recorded_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
+    sa.CheckConstraint("singleton", name="served_data_dir_one_row"),
+)
+
+# When the lease reaper first saw an unfinished run in a status (engine/run_health.py): its start
+# grace and queue timeout are judged from this, on the database's clock.
+run_sightings = sa.Table(
+    "run_sightings",
+    metadata,
+    sa.Column("run_id", sa.Text, primary_key=True),
+    sa.Column("status", sa.Text, primary_key=True),
+    sa.Column("seen_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
 )
 
 # Hosts that said "stop" (429, 503, a bot check, a Retry-After): no run sends them a request before

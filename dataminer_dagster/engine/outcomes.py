@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -54,10 +53,6 @@ class ItemResult:
     commit: Callable[[sa.Connection], None] | None = (
         None  # record + publish, inside the transaction
     )
-    # Paths removed once the item is over (committed or not), besides its staging paths
-    # (StageContext.staging_path): what the commit set aside for deletion (which a rollback has
-    # put back in place).
-    staged: list[Path] = field(default_factory=list)
     # What this item decided for another asset's same partition, recorded there as an observation
     # (asset name -> metadata): frames telling frames_backup that it has nothing to do.
     observed: dict[str, dict[str, Any]] = field(default_factory=dict)

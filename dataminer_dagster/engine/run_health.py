@@ -66,7 +66,7 @@ def judge(
     *,
     lease: LeasePolicy,
     runs: RunPolicy,
-    now: float,
+    in_status_s: Mapping[str, float],
     gone: Callable[[Heartbeat], bool] = Heartbeat.process_gone,
 ) -> list[DeadRun]:
     """The runs among `records` (unfinished in Dagster) that are dead. A run with a heartbeat
@@ -76,7 +76,9 @@ def judge(
     while its run worker beats (it waits for a step to start), else judged only if the sensors
     requested it (a person's run of another job may never use our resource): it must have a
     heartbeat within `start_grace_s` of starting, and the queue must start it within
-    `queued_timeout_s`."""
+    `queued_timeout_s`. How long each run has been in its status is `in_status_s` (by run id),
+    measured on the database's clock (`RunLiveness.in_status_s`), never with the run record's
+    times: the run worker's clock wrote those."""
     dead = []
     for record in records:
         run = record.dagster_run
@@ -114,7 +116,7 @@ def judge(
             continue
         if not requested_here:
             continue
-        waited = now - _since(record)
+        waited = in_status_s.get(run.run_id, 0.0)
         if run.status in (Status.STARTING, Status.STARTED) and waited > runs.start_grace_s:
             dead.append(
                 DeadRun(
@@ -147,13 +149,6 @@ def judge(
     return dead
 
 
-def _since(record: dg.RunRecord) -> float:
-    """When the run entered its current status, as far as the run record tells."""
-    if record.dagster_run.status == Status.STARTED and record.start_time:
-        return record.start_time
-    return record.update_timestamp.timestamp()
-
-
 def dead_runs(
     instance: dg.DagsterInstance,
     store: LeaseStore,
@@ -162,13 +157,14 @@ def dead_runs(
     runs: RunPolicy,
     records: Sequence[dg.RunRecord] | None = None,
 ) -> list[DeadRun]:
-    import time
-
     records = unfinished_runs(instance) if records is None else list(records)
     if not records:
         return []
     heartbeats = heartbeats_of(store, [r.dagster_run.run_id for r in records])
-    return judge(records, heartbeats, lease=lease, runs=runs, now=time.time())
+    in_status_s = store.in_status_s(
+        [(r.dagster_run.run_id, r.dagster_run.status.value) for r in records]
+    )
+    return judge(records, heartbeats, lease=lease, runs=runs, in_status_s=in_status_s)
 
 
 def end_dead_runs(instance: dg.DagsterInstance, dead: Iterable[DeadRun]) -> list[DeadRun]:

@@ -65,6 +65,7 @@ class StageContext:
         self.deadline = deadline
         self._memo: dict[Any, Any] = {}
         self._staged: list[Path] = []
+        self._lease: Lease | None = None  # the item's (`for_item`)
 
     @property
     def catalog(self) -> Catalog:
@@ -89,15 +90,19 @@ class StageContext:
     def staging_path(self, final: Path) -> Path:
         """A fresh hidden sibling of `final` to build it in (what an earlier attempt killed
         mid-way left there is removed first). The stage machinery removes it once the item is
-        over, whatever became of it: the item's commit publishes it (`publish`) before that."""
+        over, whatever became of it: the item's commit publishes it (`publish`) before that.
+        Raises LeaseLost (or LeaseFenced) first when the item's lease is no longer surely held."""
+        if self._lease is not None:
+            self.db.leases.check(self._lease)
         staged = staging_path(final)
         self._staged.append(staged)
         return staged
 
-    def for_item(self) -> "StageContext":
+    def for_item(self, lease: Lease) -> "StageContext":
         """This context for the work on one item: the run's memo, the item's own staging."""
         item_context = copy.copy(self)
         item_context._staged = []
+        item_context._lease = lease
         return item_context
 
     @property

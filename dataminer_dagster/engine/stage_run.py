@@ -18,6 +18,8 @@ Outcomes per item:
 * the run's deadline passed meanwhile  -> given back as it was, no attempt used (PastDeadline,
                                           raised by StageContext.check_deadline: a download)
 * the lease was lost meanwhile         -> nothing is published; the new owner's work stands
+  (or the run's heartbeats stopped     (LeaseFenced, db/run_leases.py)
+  getting through for too long)
 
 A stage builds its files in staging paths it takes from `ctx.staging_path(final)` and publishes them
 in its commit; whatever becomes of the item, the machinery removes those paths once it is over, so
@@ -59,7 +61,6 @@ from dataminer_dagster.engine.checks import evaluate_checks
 from dataminer_dagster.engine.jobs import name_prefix
 from dataminer_dagster.engine.outcomes import (
     Blocked,
-    ItemResult,
     PastDeadline,
     PermanentFailure,
     Postponed,
@@ -224,8 +225,7 @@ def _process_item(
     asset_key = stage_def.key
     leases = ctx.db.leases
     item = StageItem(lease)
-    ctx = ctx.for_item()
-    result: ItemResult | None = None
+    ctx = ctx.for_item(lease)
     try:
         leases.begin(lease)
         result = process(item, ctx)
@@ -300,7 +300,7 @@ def _process_item(
             dead.append(f"{lease.stage} {lease.key}: {message}")
         yield _observation(titles, asset_key, lease, outcome.status or "failed", message)
     finally:  # whatever became of the item: no staging is left to fill the disk
-        for path in [*ctx.staged, *(result.staged if result else ())]:
+        for path in ctx.staged:
             remove(path)
 
 

@@ -54,6 +54,7 @@ class _Heartbeating(Executor):
             claims_store(settings),
             run_worker_owner(plan_context.run_id),
             heartbeat_s=settings.lease.heartbeat_s,
+            stale_after_s=settings.lease.stale_after_s,
         )
         heartbeat.start()
         try:

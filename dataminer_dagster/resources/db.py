@@ -14,6 +14,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.run_leases import RunLeases
+from dataminer_dagster.db.served_data import require_served_data_dir
 from dataminer_dagster.db.server import claims_database_url
 from dataminer_dagster.db.shared_throttle import SharedThrottle
 from dataminer_dagster.paths import DataPaths
@@ -50,7 +51,12 @@ class DatabaseResource(dg.ConfigurableResource):
         run = context.run
         if run is not None:
             heartbeat = self.heartbeat_seconds or settings.lease.heartbeat_s
-            self._run_leases = RunLeases(self._store, run.run_id, heartbeat_s=heartbeat)
+            self._run_leases = RunLeases(
+                self._store,
+                run.run_id,
+                heartbeat_s=heartbeat,
+                stale_after_s=settings.lease.stale_after_s,
+            )
             self._run_leases.start()
             if is_ahead(run):
                 wait_for_input(
@@ -99,9 +105,13 @@ class DatabaseResource(dg.ConfigurableResource):
 
     @property
     def paths(self) -> DataPaths:
+        """The data directory, once found to be the one the database serves (db/served_data.py:
+        raises DataDirectoryMismatch otherwise)."""
         from pathlib import Path
 
-        return DataPaths(Path(self.data_dir) if self.data_dir else self.settings.data_dir)
+        root = Path(self.data_dir) if self.data_dir else self.settings.data_dir
+        require_served_data_dir(self.store.engine, root)
+        return DataPaths(root)
 
     def host_throttle(
         self,
@@ -146,6 +156,6 @@ def claims_store(settings: Settings, url: str | None = None) -> LeaseStore:
     `dataminer db upgrade`)."""
     from dataminer_dagster.db.migrate import ensure_schema
 
-    engine = get_engine(url or claims_database_url(settings))
+    engine = get_engine(url or claims_database_url(settings), lease=settings.lease)
     ensure_schema(engine)
     return LeaseStore(engine, settings.retry)

@@ -140,7 +140,9 @@ def test_claim_keys_explains_what_it_did_not_claim(engine):
 
 
 def _hold_leases(url: str, owner: str, keys: list[str], ready, heartbeat_s: float) -> None:
-    leases = RunLeases(LeaseStore(get_engine(url)), owner, heartbeat_s=heartbeat_s)
+    leases = RunLeases(
+        LeaseStore(get_engine(url)), owner, heartbeat_s=heartbeat_s, stale_after_s=4 * heartbeat_s
+    )
     leases.start()
     for lease in leases.claim_keys(STAGE, keys)[0]:
         leases.begin(lease)
@@ -210,7 +212,7 @@ def test_items_a_dead_run_never_began_go_back_without_counting_an_attempt(engine
 def test_heartbeat_notices_a_lease_taken_away(engine):
     store = LeaseStore(engine)
     _seed(store, 2)
-    leases = RunLeases(store, "run-a", heartbeat_s=60)
+    leases = RunLeases(store, "run-a", heartbeat_s=60, stale_after_s=120)
     leases.start()
     try:
         first, second = leases.claim_next(STAGE, 2)

@@ -12,8 +12,8 @@ import sqlalchemy as sa
 
 from dataminer_dagster.assets.backup.store import record_backup
 from dataminer_dagster.config import parse_project_config
-from dataminer_dagster.core.files import remove
 from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.file_changes import committing
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.retention import release_finished_frames
@@ -63,11 +63,10 @@ def _extracted(catalog: Catalog, project: ProjectRow, video_id: str) -> Path:
 
 
 def _release(catalog: Catalog, video_id: str) -> list[str]:
-    with catalog.engine.begin() as conn:
+    with committing(catalog.engine) as conn:
         released = release_finished_frames(catalog, conn, [video_id])
-    assert all(path.is_dir() for path in released.aside), "set aside, not deleted, until the commit"
-    for path in released.aside:  # what the stage does once it has committed
-        remove(path)
+        assert all(path.is_dir() for path in released.aside), "set aside until the commit"
+    assert not any(path.exists() for path in released.aside), "deleted once it committed"
     return released.videos
 
 
@@ -101,11 +100,10 @@ def test_frames_with_a_named_backup_go_only_once_it_is_verified(catalog, tmp_pat
 def test_a_release_rolled_back_puts_the_frames_back(catalog, tmp_path):
     project = _project(catalog, "alpha", tmp_path, cleanup={"delete_frames_when_done": True})
     frames = _extracted(catalog, project, "v0")
-    with catalog.engine.connect() as conn:
-        transaction = conn.begin()
+    with pytest.raises(RuntimeError, match="rolled back"), committing(catalog.engine) as conn:
         assert release_finished_frames(catalog, conn, ["v0"]).videos == ["v0"]
         assert not frames.exists(), "moved out of its place at once"
-        transaction.rollback()
+        raise RuntimeError("rolled back")
     assert (frames / "000001.jpg").read_bytes() == b"a frame"
     assert list(frames.parent.iterdir()) == [frames]
     assert catalog.frame_profiles(["v0"]) == {"v0": {frames.name: (frames, 1)}}
@@ -122,7 +120,7 @@ def test_a_project_linking_the_video_during_a_release_waits_for_it(catalog, tmp_
             _link(catalog, conn, beta, "v0")
         linked.set()
 
-    with catalog.engine.begin() as conn:
+    with committing(catalog.engine) as conn:
         assert release_finished_frames(catalog, conn, ["v0"]).videos == ["v0"]
         linker = threading.Thread(target=link_beta)
         linker.start()
@@ -194,7 +192,7 @@ def test_linking_and_releasing_the_same_videos_at_once_do_not_deadlock(catalog, 
     linker.start()
     time.sleep(0.5)  # the link is paused at v0, its check of v1 done
     try:
-        with catalog.engine.begin() as conn:
+        with committing(catalog.engine) as conn:
             released = release_finished_frames(catalog, conn, ["v0", "v1"]).videos
     except sa.exc.OperationalError as error:
         released = error
@@ -222,3 +220,54 @@ def test_frames_extracted_after_the_backup_are_backed_up_before_they_may_go(cata
         conn.execute(sa.text("UPDATE dataminer.work_items SET status = 'done'"))  # downloaded
         catalog.advance_videos(conn, ["v0"])
     assert work_items(catalog.engine, "backup")["v0"].status == "pending"
+
+
+# --- a completion whose COMMIT fails ----------------------------------------------------------
+
+
+def _refuse_completions_at_commit(engine: sa.Engine, body: str) -> None:
+    """A deferred constraint trigger: `body` (PL/pgSQL) runs at COMMIT of a transaction that
+    marked a work item done."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"""
+            CREATE FUNCTION dataminer.at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN {body} RETURN NULL; END $$;
+            CREATE CONSTRAINT TRIGGER at_commit AFTER UPDATE ON dataminer.work_items
+              DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.status = 'done')
+              EXECUTE FUNCTION dataminer.at_commit();
+        """)
+
+
+def _claimed_backup(catalog: Catalog, video_id: str):
+    store = catalog.store
+    store.enqueue("backup", [video_id], video_ids=[video_id])
+    [lease] = store.claim_next("backup", "run-1")
+    return lease
+
+
+@pytest.mark.parametrize(
+    "at_commit, error",
+    [
+        ("RAISE EXCEPTION 'refused at commit';", sa.exc.DBAPIError),
+        # The backend ends during COMMIT: the client only sees its connection lost, and reads the
+        # outcome back by the lease's token.
+        ("PERFORM pg_terminate_backend(pg_backend_pid()); PERFORM pg_sleep(5);", sa.exc.DBAPIError),
+    ],
+    ids=["deferred-constraint", "backend-terminated"],
+)
+def test_frames_released_by_a_completion_whose_commit_fails_go_back(
+    catalog, tmp_path, at_commit, error
+):
+    project = _project(catalog, "alpha", tmp_path, cleanup={"delete_frames_when_done": True})
+    frames = _extracted(catalog, project, "v0")
+    lease = _claimed_backup(catalog, "v0")
+    _refuse_completions_at_commit(catalog.engine, at_commit)
+
+    with pytest.raises(error), catalog.store.completing(lease) as conn:
+        assert release_finished_frames(catalog, conn, ["v0"]).videos == ["v0"]
+        assert not frames.exists()
+    assert (frames / "000001.jpg").read_bytes() == b"a frame", "put back: nothing committed"
+    assert list(frames.parent.iterdir()) == [frames], "nothing left aside"
+    assert catalog.frame_profiles(["v0"]) == {"v0": {frames.name: (frames, 1)}}
+    backup = work_items(catalog.engine, "backup")["v0"]
+    assert (backup.status, backup.lease_token) == ("running", lease.token), "still the holder's"

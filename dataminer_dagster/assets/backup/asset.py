@@ -77,11 +77,9 @@ def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
             checked[dest] += verify_tree(path, target)
             ctx.check_lease(item)
 
-    released: list[Path] = []  # removed once the commit is done
-
-    def commit(conn) -> None:
+    def commit(conn) -> None:  # the frames released are deleted once it has committed
         record_backup(conn, item.video_id, destinations)
-        released.extend(release_finished_frames(catalog, conn, [item.video_id]).aside)
+        release_finished_frames(catalog, conn, [item.video_id])
 
     return ItemResult(
         metadata={
@@ -91,5 +89,4 @@ def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
         },
         outcome={"destinations": destinations},
         commit=commit,
-        staged=released,
     )

@@ -59,14 +59,18 @@ from dataminer_dagster.assets.dataset.dataset_report import (
     write_report,
 )
 from dataminer_dagster.assets.dataset.dataset_splits import assign_splits, shared_group_links
-from dataminer_dagster.assets.dataset.dataset_versions import keep_version, next_version
+from dataminer_dagster.assets.dataset.dataset_versions import (
+    build_version,
+    next_version,
+    version_folder,
+)
 from dataminer_dagster.assets.dataset.quality_checks import DATASET_CHECKS
 from dataminer_dagster.assets.dataset.review_formats import REVIEW_STATES
 from dataminer_dagster.core.coco import Detection, write_coco
-from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import brightness_of_file, read_image
 from dataminer_dagster.core.redact import redact_url
 from dataminer_dagster.core.visualize import contact_sheet, draw_detections
+from dataminer_dagster.db.file_changes import file_changes
 from dataminer_dagster.db.project_flow import project_members
 from dataminer_dagster.db.reports import source_yield
 from dataminer_dagster.db.retention import release_finished_frames
@@ -130,13 +134,18 @@ def _produced_by(project, imports: list[dict]) -> dict:
     }
 
 
-def _publish(catalog, conn, project, staging: Path, paths: ProjectPaths, version) -> list[Path]:
-    """Publish the dataset, keep it as `version` where that is a new one, and release the
-    members' frames; returns the frames set aside."""
-    publish(staging, paths.dataset_dir)
-    keep_version(paths.dataset_dir, paths.dataset_versions_dir, version)
+def _publish(
+    catalog, conn, project, paths: ProjectPaths, staging: Path, kept: tuple[Path, Path] | None
+) -> None:
+    """Publish the dataset and, where it is a new version, its version folder (`kept`: staged,
+    final), and release the members' frames: on disk only if the transaction commits
+    (db/file_changes.py)."""
+    changes = file_changes(conn)
+    changes.publish(staging, paths.dataset_dir)
+    if kept is not None and not kept[1].exists():  # a kept version is never changed again
+        changes.publish(*kept)
     members = [row.video_id for row in project_members(catalog.engine, project.id)]
-    return release_finished_frames(catalog, conn, members, completing=project.name).aside
+    release_finished_frames(catalog, conn, members, completing=project.name)
 
 
 MANIFEST_COLUMNS = [
@@ -376,7 +385,6 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     manifest = kept[MANIFEST_COLUMNS + prompt_columns]
 
     staging = ctx.staging_path(paths.dataset_dir)
-    released: list[Path] = []  # removed once the commit is done
     (staging / IMAGES_DIR).mkdir(parents=True)
     linked = place_images(
         zip(map(Path, kept["file"]), kept["file_name"], strict=True),
@@ -405,6 +413,11 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     report, overview = _quality_report(
         project, manifest, contents, table, formats, warnings, staging, yields, review
     )
+    kept_version = None
+    if new_version:
+        final = version_folder(paths.dataset_versions_dir, version.number)
+        kept_version = (ctx.staging_path(final), final)
+        build_version(staging, kept_version[0], version)
     minutes = sum(y["downloaded_minutes"] for y in yields)
     ctx.log.info(
         f"dataset {project.name} v{version.number}"
@@ -443,8 +456,5 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
             **({"warnings": "\n".join(warnings)} if warnings else {}),
         },
         outcome={"images": len(manifest), "version": version.number, **report.per_split},
-        commit=lambda conn: released.extend(
-            _publish(catalog, conn, project, staging, paths, version)
-        ),
-        staged=released,
+        commit=lambda conn: _publish(catalog, conn, project, paths, staging, kept_version),
     )

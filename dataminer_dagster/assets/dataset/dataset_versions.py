@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -86,10 +85,6 @@ def content_hash(contents: DatasetContents) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _folder(versions_dir: Path, number: int) -> Path:
-    return versions_dir / f"{_PREFIX}{number}"
-
-
 def list_versions(versions_dir: Path) -> list[DatasetVersion]:
     """The kept versions, oldest first."""
     found = []
@@ -122,14 +117,14 @@ def next_version(
     return DatasetVersion(number, digest, len(contents.images), created, produced_by), True
 
 
-def keep_version(dataset_dir: Path, versions_dir: Path, version: DatasetVersion) -> Path:
-    """Keep the published dataset in `dataset_dir` as `version` (built aside, then renamed into
-    place: a crash leaves no half-written version). Returns its folder."""
-    final = _folder(versions_dir, version.number)
-    if final.exists():
-        return final
-    staging = versions_dir / f".staging-{final.name}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+def version_folder(versions_dir: Path, number: int) -> Path:
+    """Where version `number` is kept."""
+    return versions_dir / f"{_PREFIX}{number}"
+
+
+def build_version(dataset_dir: Path, staging: Path, version: DatasetVersion) -> None:
+    """Build, in `staging`, the folder that keeps the dataset built in `dataset_dir` as `version`
+    (the caller publishes it as `version_folder`, so that no half-written version is ever seen)."""
     (staging / IMAGES_DIR).mkdir(parents=True)
     for name in (MANIFEST_FILE, COCO_FILE):
         if (dataset_dir / name).is_file():
@@ -139,8 +134,6 @@ def keep_version(dataset_dir: Path, versions_dir: Path, version: DatasetVersion)
         ((dataset_dir / IMAGES_DIR / n, n) for n in images), staging / IMAGES_DIR, copy=False
     )
     (staging / VERSION_FILE).write_text(json.dumps(version.as_json(), indent=2) + "\n")
-    os.replace(staging, final)
-    return final
 
 
 @dataclass(frozen=True)
@@ -171,7 +164,7 @@ def diff_versions(versions_dir: Path, old: int, new: int) -> VersionDiff:
     """What changed from version `old` to version `new`."""
     labels = {}
     for number in (old, new):
-        folder = _folder(versions_dir, number)
+        folder = version_folder(versions_dir, number)
         if not (folder / VERSION_FILE).is_file():
             have = ", ".join(f"v{v.number}" for v in list_versions(versions_dir)) or "none"
             raise DatasetVersionError(f"no dataset version v{number} (versions kept: {have})")

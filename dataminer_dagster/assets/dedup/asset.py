@@ -29,9 +29,9 @@ from dataminer_dagster.assets.dedup.store import record_kept
 from dataminer_dagster.assets.filter.store import videos_with_passed_frames
 from dataminer_dagster.assets.filter.table import passed_frames
 from dataminer_dagster.core.embedding_cache import EmbeddingCache
-from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.visualize import PALETTE, contact_sheet
+from dataminer_dagster.db.file_changes import file_changes
 from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.partition_checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.previews import preview_metadata
@@ -193,9 +193,9 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
 
     def commit(conn) -> None:
         record_kept(conn, project.id, kept_per_video)
-        publish(staged, final)
+        file_changes(conn).publish(staged, final)
         if staged_index is not None:
-            publish(staged_index, paths.dedup_index_dir)
+            file_changes(conn).publish(staged_index, paths.dedup_index_dir)
 
     return ItemResult(
         metadata={

@@ -15,10 +15,10 @@ from pathlib import Path
 import pandas as pd
 
 from dataminer_dagster.core.coco import ImageDetections, build_coco, coco_problems, write_coco
-from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import read_image, write_image
 from dataminer_dagster.core.progress import Progress
 from dataminer_dagster.core.visualize import contact_sheet, draw_detections
+from dataminer_dagster.db.file_changes import file_changes
 from dataminer_dagster.engine.outcomes import ItemResult
 from dataminer_dagster.engine.partition_checks import CheckResult, PartitionCheck
 from dataminer_dagster.engine.previews import preview_metadata
@@ -199,5 +199,5 @@ def detections(item: StageItem, ctx: StageContext) -> ItemResult:
             "coco": paths.coco_file,
         },
         outcome={"frames": len(kept), "detections": len(table)},
-        commit=lambda conn: publish(staging, paths.detections_dir),
+        commit=lambda conn: file_changes(conn).publish(staging, paths.detections_dir),
     )

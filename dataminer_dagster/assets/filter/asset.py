@@ -20,9 +20,9 @@ from dataminer_dagster.assets.filter.store import record_filter
 from dataminer_dagster.assets.filter.table import prompt_columns
 from dataminer_dagster.assets.frames.frame_manifest import read_manifest
 from dataminer_dagster.core.embedding_cache import EmbeddingCache, quantize
-from dataminer_dagster.core.files import publish
 from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.visualize import contact_sheet, histogram
+from dataminer_dagster.db.file_changes import file_changes
 from dataminer_dagster.engine.outcomes import ItemResult, RequeueFirst
 from dataminer_dagster.engine.previews import VIDEO_PREVIEW_BUDGET, preview_metadata
 from dataminer_dagster.engine.stage import StageContext, StageItem
@@ -86,7 +86,7 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
     table.to_parquet(staged, index=False)
 
     def commit(conn) -> None:
-        publish(staged, final)
+        file_changes(conn).publish(staged, final)
         record_filter(conn, project.id, item.video_id, total=len(table), passed=passed)
 
     model = Path(config.model)

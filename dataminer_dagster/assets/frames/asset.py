@@ -18,12 +18,12 @@ from dataminer_dagster.assets.frames.frame_extraction import extract_frames
 from dataminer_dagster.assets.frames.frame_manifest import read_manifest, write_manifest
 from dataminer_dagster.core.files import (
     make_read_only,
-    publish,
     remove_leftovers,
     require_free_space,
 )
 from dataminer_dagster.core.media import VideoDecodeError
 from dataminer_dagster.core.progress import format_seconds
+from dataminer_dagster.db.file_changes import file_changes
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.retention import (
     delete_video_file,
@@ -168,13 +168,11 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
         summary[profile] = len(result.frames)
         ctx.check_lease(item)
 
-    released: list[Path] = []  # frames of a profile no project uses: removed after the commit
-
-    def commit(conn) -> None:
+    def commit(conn) -> None:  # the folders are published, and unused ones go, if it commits
         for profile, options, staging, final, count in made:
-            publish(staging, final)
+            file_changes(conn).publish(staging, final)
             catalog.record_frames(conn, item.video_id, profile, asdict(options), final, count)
-        released.extend(release_unused_profiles(catalog, conn, item.video_id).aside)
+        release_unused_profiles(catalog, conn, item.video_id)
         catalog.refilter_new_frames(conn, item.video_id, {profile for profile, *_ in made})
         if may_delete_video_file(projects) and delete_video_file(catalog, conn, item.video_id):
             ctx.log.info(
@@ -196,7 +194,6 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
         },
         outcome={"frames": summary},
         commit=commit,
-        staged=released,
         observed={} if any(p.config.backup for p in projects) else {"frames_backup": NO_BACKUP},
     )
 

@@ -1,0 +1,169 @@
+"""Files changed for a transaction, settled on the COMMIT's real outcome (`committing`).
+
+A stage publishes its outputs and moves released frames aside inside the transaction that records
+them, so that the database and the disk change together. But a COMMIT can fail after everything
+before it went through: a deferred constraint, a backend terminated, a lost connection. And
+SQLAlchemy's `commit` event fires *before* the COMMIT reaches the server. So the changes are
+settled only once `commit()` has returned or failed:
+
+* committed: what was set aside (released frames, an output replaced) is deleted;
+* not committed (the server answered with an error, or the block raised): every change is undone,
+  in reverse order: a published output goes back to its staging path, what it replaced and what
+  was set aside go back in place;
+* unknown (the connection was lost during COMMIT): `committing`'s `confirm` reads the outcome
+  back on a new connection (a completion: its item, by its lease token) and settles on that. Where
+  it cannot be told, nothing is deleted: set-aside folders go back in place and a published
+  output stays, what it replaced left as a hidden leftover (`core/files.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from dataminer_dagster.core.files import remove, set_aside
+
+# The transactions `committing` has open, by connection (not the connection's `info`: that is
+# the pooled connection's, and cannot be read once a lost connection has been invalidated).
+_open: weakref.WeakKeyDictionary[sa.Connection, FileChanges] = weakref.WeakKeyDictionary()
+
+
+class CommitOutcomeUnknown(Exception):
+    """The connection was lost during COMMIT and the outcome could not be read back: nothing was
+    deleted; the next holder of the work finds out what stands."""
+
+
+@dataclass(frozen=True)
+class _Change:
+    committed: Callable[[], None]
+    undo: Callable[[], None]
+    unknown: Callable[[], None]
+
+
+def _nothing() -> None:
+    return None
+
+
+class FileChanges:
+    """The file changes of one transaction, settled once its outcome is known."""
+
+    def __init__(self) -> None:
+        self._changes: list[_Change] = []
+
+    def set_aside(self, path: Path) -> Path | None:
+        """Move `path` out of its place now (one rename: never left half-deleted there); delete it
+        once the transaction committed, put it back otherwise. None when there is nothing."""
+        if not path.exists():
+            return None
+        aside = set_aside(path)
+
+        def put_back() -> None:
+            os.replace(aside, path)
+
+        self._changes.append(_Change(lambda: remove(aside), put_back, put_back))
+        return aside
+
+    def publish(self, staged: Path, final: Path) -> None:
+        """Move `staged` into `final`'s place now, setting aside what was there: the old one is
+        deleted once the transaction committed; otherwise the new one goes back to `staged` and
+        the old one back in place."""
+        old = set_aside(final) if final.exists() else None
+        os.replace(staged, final)
+
+        def delete_old() -> None:
+            if old is not None:
+                remove(old)
+
+        def undo() -> None:
+            os.replace(final, staged)
+            if old is not None:
+                os.replace(old, final)
+
+        self._changes.append(_Change(delete_old, undo, _nothing))
+
+    def settle(self, committed: bool | None) -> None:
+        """Apply the outcome to every change (undoing in reverse order); the first error is
+        raised once every change has been tried."""
+        changes = self._changes if committed else list(reversed(self._changes))
+        self._changes = []
+        first: BaseException | None = None
+        for change in changes:
+            action = {True: change.committed, False: change.undo, None: change.unknown}[committed]
+            try:
+                action()
+            except OSError as error:
+                first = first or error
+        if first is not None:
+            raise first
+
+
+def file_changes(conn: sa.Connection) -> FileChanges:
+    """The file changes of `conn`'s transaction, which `committing` opened."""
+    changes = _open.get(conn)
+    if changes is None:
+        raise RuntimeError(
+            "file changes need a transaction opened by db.file_changes.committing, which settles "
+            "them on the COMMIT's outcome"
+        )
+    return changes
+
+
+@contextmanager
+def committing(
+    engine: sa.Engine, confirm: Callable[[sa.Connection], bool | None] | None = None
+) -> Iterator[sa.Connection]:
+    """A transaction (as `engine.begin()`) whose file changes (`file_changes`) settle on the
+    outcome of its COMMIT. `confirm` reads, on a new connection, whether a commit whose
+    connection was lost went through (True), did not (False) or cannot be told (None)."""
+    changes = FileChanges()
+    with engine.connect() as conn:
+        _open[conn] = changes
+        try:
+            transaction = conn.begin()
+            try:
+                yield conn
+            except BaseException:
+                try:
+                    transaction.rollback()
+                finally:
+                    changes.settle(False)
+                raise
+            try:
+                transaction.commit()
+            except BaseException as error:
+                outcome = _read_back(engine, error, confirm)
+                changes.settle(outcome)
+                if outcome is None:
+                    raise CommitOutcomeUnknown(
+                        f"the connection to the database was lost during COMMIT and whether it "
+                        f"went through could not be read back ({error}); no file was deleted"
+                    ) from error
+                if not outcome:
+                    raise
+            else:
+                changes.settle(True)
+        finally:
+            _open.pop(conn, None)
+
+
+def _read_back(
+    engine: sa.Engine,
+    error: BaseException,
+    confirm: Callable[[sa.Connection], bool | None] | None,
+) -> bool | None:
+    """The outcome of a COMMIT that raised `error`."""
+    if isinstance(error, sa.exc.DBAPIError) and not error.connection_invalidated:
+        return False  # the server answered: the transaction was rolled back
+    if confirm is None:
+        return None
+    try:
+        with engine.begin() as conn:
+            return confirm(conn)
+    except sa.exc.DBAPIError:
+        return None
