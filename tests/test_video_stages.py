@@ -363,3 +363,49 @@ def test_a_huge_file_of_bad_urls_logs_the_first_problems_and_a_count(
         "problems": 99_999,
         "refresh": False,
     }
+
+
+def _catalog_of_url_file(tmp_path, database_url, engine, content: bytes):
+    url_file = tmp_path / "urls.txt"
+    url_file.write_bytes(content)
+    config = parse_project_config(
+        {
+            "name": "p1",
+            "inputs": {"url_file": str(url_file)},
+            "filter": {"positive_prompts": ["a thing"]},
+        }
+    )
+    data_dir = tmp_path / "data"
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    with dg.instance_for_test() as instance:
+        materialize_partitions(
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=resources(database_url, data_dir),
+            partitions=projects_partitions,
+            raise_on_error=False,
+        )
+    [item] = work_items(engine, "catalog").values()
+    return item
+
+
+def test_a_nul_byte_in_a_url_file_costs_its_line_not_the_project(tmp_path, database_url, engine):
+    """The line passed the URL check and failed the catalog's insert, four times, and the
+    project with it."""
+    item = _catalog_of_url_file(
+        tmp_path,
+        database_url,
+        engine,
+        b"https://example.com/a.mp4\nhttp://127.0.0.1:47400/x\x00y.mp4\n"
+        b"https://example.com/b.mp4\nhttps://example.com/c.mp4\n",
+    )
+    assert item.status == "done" and item.outcome["videos"] == 3, item
+    assert item.outcome["problems"] == 1
+
+
+def test_a_url_file_that_cannot_be_used_at_all_is_not_retried(tmp_path, database_url, engine):
+    """Every line is bad for good: the catalog is dead after one attempt, not retried 4 times."""
+    item = _catalog_of_url_file(tmp_path, database_url, engine, b"\xff\xfe\x00\x01\n\xc3\x28\n")
+    assert item.status == "dead" and item.attempts == 1, item
+    assert "line 1: not UTF-8 text" in item.last_error and "\n" not in item.last_error
