@@ -13,8 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.assets.backup.config import BackupConfig
@@ -42,7 +41,10 @@ class CleanupConfig(Section):
 
 
 class ProjectConfig(Section):
-    name: str = Field(pattern=SAFE_NAME, description="Project name: letters, digits, _ and -.")
+    name: str = Field(
+        pattern=SAFE_NAME,
+        description="Project name: at most 64 letters, digits, _ and -, not starting with -.",
+    )
     output_dir: Path | None = Field(
         None,
         description="Where the project's results go: a new or empty directory of its own, not "
@@ -83,6 +85,16 @@ class ProjectConfig(Section):
     backup: BackupConfig | None = Field(
         None, description="Copy raw frames elsewhere with rsync, verified by checksum."
     )
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _not_an_option(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("-"):
+            raise ValueError(
+                f"a project name may not start with '-' ({shown(value, 40)} would read as an "
+                "option of the dataminer command)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _boxes_for_yolo(self) -> ProjectConfig:

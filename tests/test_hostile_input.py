@@ -40,7 +40,9 @@ def _laughs(levels: int = 9) -> str:
 )
 def test_a_billion_laughs_config_is_refused_at_once_in_one_line(tmp_path: Path, placed):
     path = tmp_path / "project.yaml"
-    path.write_text("x-anchors:\n" + _laughs().replace("\nl", "\n  l").replace("l0:", "  l0:", 1) + placed)
+    path.write_text(
+        "x-anchors:\n" + _laughs().replace("\nl", "\n  l").replace("l0:", "  l0:", 1) + placed
+    )
     started = time.monotonic()
     with pytest.raises(ConfigError) as error:
         load_project_config(path)
@@ -79,8 +81,11 @@ def test_a_value_in_an_error_is_shown_by_a_bounded_prefix_of_it():
 def test_texts_of_a_config_are_bounded_and_hold_no_control_characters(value, expected):
     with pytest.raises(ConfigError, match=r"filter\.positive_prompts: .*" + re.escape(expected)):
         parse_project_config(
-            {"name": "p", "inputs": {"urls": ["https://youtu.be/dQw4w9WgXcQ"]},
-             "filter": {"positive_prompts": [value]}}
+            {
+                "name": "p",
+                "inputs": {"urls": ["https://youtu.be/dQw4w9WgXcQ"]},
+                "filter": {"positive_prompts": [value]},
+            }
         )
 
 
@@ -165,3 +170,17 @@ def test_a_metadata_address_is_refused_when_the_inputs_are_read(tmp_path: Path):
         "url 'http://[fe80::1]/x.mp4': refused: fe80::1 is a link-local or cloud metadata "
         "address, never fetched from",
     ]
+
+
+@pytest.mark.parametrize("name", ["-rf", "--help", "-"])
+def test_a_project_name_that_reads_as_an_option_is_refused(name):
+    with pytest.raises(ConfigError) as error:
+        parse_project_config(
+            {
+                "name": name,
+                "inputs": {"urls": ["https://youtu.be/dQw4w9WgXcQ"]},
+                "filter": {"positive_prompts": ["a door"]},
+            }
+        )
+    [line] = str(error.value).splitlines()[1:]
+    assert line.startswith(f"  name: a project name may not start with '-' ({name!r}"), line

@@ -409,3 +409,73 @@ def test_a_url_file_that_cannot_be_used_at_all_is_not_retried(tmp_path, database
     item = _catalog_of_url_file(tmp_path, database_url, engine, b"\xff\xfe\x00\x01\n\xc3\x28\n")
     assert item.status == "dead" and item.attempts == 1, item
     assert "line 1: not UTF-8 text" in item.last_error and "\n" not in item.last_error
+
+
+def test_a_local_file_longer_than_max_duration_is_left_out_as_a_url_is(
+    tmp_path, database_url, engine
+):
+    """max_duration_s was applied to downloads only: a local clip of any length was extracted."""
+    local = write_videos(tmp_path / "local", {"long.mp4": SPEC})["long.mp4"]  # 2 s
+    config = parse_project_config(
+        {
+            "name": "p1",
+            "inputs": {"files": [str(local)]},
+            "download": {"max_duration_s": 1},
+            "filter": {"positive_prompts": ["a thing"]},
+        }
+    )
+    data_dir = tmp_path / "data"
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    video_id = video_id_for_file(local)
+    with dg.instance_for_test() as instance:
+        for stage, keys, partitions in [
+            (video_catalog, ["p1"], projects_partitions),
+            (downloads, [video_id], videos_partitions),
+        ]:
+            materialize_partitions(
+                [stage],
+                keys,
+                instance=instance,
+                resources=resources(database_url, data_dir),
+                partitions=partitions,
+            )
+    rule = work_items(engine, "filter")[f"p1.{video_id}"]
+    assert rule.status == "blocked" and "over the limit of 1 s" in rule.last_error, rule
+
+
+def test_a_stored_error_is_cut_to_a_bound_with_a_marker(served, tmp_path, database_url, engine):
+    """Forty 64 KB URLs stored last_error values of 131 KB each and 500 KB log lines."""
+    url = served.url("/" + "a" * 7000 + ".mp4")  # not served: 404
+    config = parse_project_config(
+        {
+            "name": "p1",
+            "inputs": {"urls": [url]},
+            "download": {"allow_private_networks": True},
+            "filter": {"positive_prompts": ["a thing"]},
+        }
+    )
+    data_dir = tmp_path / "data"
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    video_id = video_id_for_url(url)
+    with dg.instance_for_test() as instance:
+        res = resources(database_url, data_dir)
+        materialize_partitions(
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=res,
+            partitions=projects_partitions,
+        )
+        result = materialize_partitions(
+            [downloads],
+            [video_id],
+            instance=instance,
+            resources=res,
+            partitions=videos_partitions,
+            raise_on_error=False,
+        )
+        lines = [e.user_message for e in instance.all_logs(result.run_id)]
+    item = work_items(engine, "download")[video_id]
+    assert item.status == "dead" and "404" in item.last_error
+    assert len(item.last_error) < 2100 and "... [cut: " in item.last_error, len(item.last_error)
+    assert max(len(line) for line in lines) < 3000

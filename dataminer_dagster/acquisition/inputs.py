@@ -235,7 +235,9 @@ def _queries_file(path: Path, inputs: InputsConfig, found: Collected) -> list[st
     key = "queries_file"
     lines = _usable_lines(path, key, inputs, found)
     try:
-        data = load_yaml("\n".join(text for _, text in lines), max_values=inputs.max_list_file_lines)
+        data = load_yaml(
+            "\n".join(text for _, text in lines), max_values=inputs.max_list_file_lines
+        )
     except NotYaml:
         data = None
     except BoundedTextError as exc:
@@ -244,7 +246,11 @@ def _queries_file(path: Path, inputs: InputsConfig, found: Collected) -> list[st
     if isinstance(data, dict) and isinstance(data.get("queries"), list):
         queries = []
         for number, query in enumerate(data["queries"], start=1):
-            if isinstance(query, str) and len(query) <= MAX_LINE_CHARS and not _CONTROL & set(query):
+            if (
+                isinstance(query, str)
+                and len(query) <= MAX_LINE_CHARS
+                and not _CONTROL & set(query)
+            ):
                 queries.append(query)
             else:
                 found.problem(

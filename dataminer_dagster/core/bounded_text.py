@@ -57,7 +57,9 @@ def load_yaml(text: str, *, max_values: int) -> Any:
         except yaml.YAMLError as exc:
             raise NotYaml(_one_line_yaml_error(exc)) from None
         except (ValueError, TypeError, OverflowError) as exc:  # e.g. an integer of 10,000 digits
-            raise BoundedTextError(f"a value cannot be read: {cut(_first_line(str(exc)), 80)}") from None
+            raise BoundedTextError(
+                f"a value cannot be read: {cut(_first_line(str(exc)), 80)}"
+            ) from None
     finally:
         loader.dispose()
 

@@ -10,7 +10,9 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-SAFE_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+# Not starting with '-': a name that reads as an option could not be given to a command
+# (`dataminer status -rf`) without a `--` before it.
+SAFE_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
 
 # The largest number any key may hold. Every number of a config ends up in a call with a limit
 # (itertools.islice, socket timeouts, datetime arithmetic, PostgreSQL integer columns), and
@@ -60,7 +62,9 @@ class Section(BaseModel):
     @classmethod
     def _bounded_text_and_lists(cls, value: Any) -> Any:
         if isinstance(value, list | tuple) and len(value) > MAX_LIST_ITEMS:
-            raise ValueError(f"has {len(value):,} items; a list may have at most {MAX_LIST_ITEMS:,}")
+            raise ValueError(
+                f"has {len(value):,} items; a list may have at most {MAX_LIST_ITEMS:,}"
+            )
         for text in value if isinstance(value, list | tuple) else (value,):
             if isinstance(text, str):
                 check_text(text)
