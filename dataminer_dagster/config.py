@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -249,7 +250,7 @@ def shown_key(part: Any) -> str:
     """One part of a key's path as an error line names it: a key someone wrote may be long or
     hold line breaks."""
     text = str(part)
-    return text if len(text) <= 64 and text.isprintable() else shown(text, 64)
+    return text if re.fullmatch(r"[\w-]{1,64}", text) else shown(text, 64)
 
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:

