@@ -95,8 +95,8 @@ def _check_expansion(root: yaml.Node, max_values: int) -> None:
         on_path.discard(id(node))
         if total > max_values:
             raise BoundedTextError(
-                f"{_where(path)}holds more than {max_values:,} values once its YAML aliases "
-                "are expanded"
+                f"{_where(path)}holds more than {max_values:,} values (each YAML alias "
+                "counted as often as it is used)"
             )
         sizes[id(node)] = total
         return total
