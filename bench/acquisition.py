@@ -78,6 +78,7 @@ def run(admin_url: str, feeds: list[str], siglip: Path, order: str, target: int)
                     "name": "aims",
                     "output_dir": str(home / "out"),
                     "inputs": {"listings": feeds, "max_per_listing": 3},
+                    "download": {"allow_private_networks": True},  # served on 127.0.0.1
                     "target": {"images": target, "order": order},
                     "extract": {"strategy": "time", "every_seconds": 0.5},
                     "filter": keep_every_frame(siglip, ["a shape"]),

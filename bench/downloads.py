@@ -53,6 +53,7 @@ def _project(url: str, data_dir: Path, video_urls: list[str]) -> list[str]:
             "name": "bench",
             "inputs": {"urls": video_urls},
             "download": {
+                "allow_private_networks": True,  # served on 127.0.0.1
                 "max_downloads_per_host": 2,
                 "max_pause_wait_s": 600,  # every pause is waited out in the runs
                 "sleep_interval_s": 0,

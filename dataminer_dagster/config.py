@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.assets.backup.config import BackupConfig
@@ -24,6 +25,7 @@ from dataminer_dagster.assets.detect.config import DetectConfig
 from dataminer_dagster.assets.download.config import DownloadConfig
 from dataminer_dagster.assets.filter.config import FilterConfig
 from dataminer_dagster.assets.frames.config import ExtractConfig
+from dataminer_dagster.core.bounded_text import BoundedTextError, cut, load_yaml, shown
 from dataminer_dagster.core.config_section import SAFE_NAME, ConfigError, Section
 from dataminer_dagster.core.rsync import is_remote
 
@@ -40,7 +42,10 @@ class CleanupConfig(Section):
 
 
 class ProjectConfig(Section):
-    name: str = Field(pattern=SAFE_NAME, description="Project name: letters, digits, _ and -.")
+    name: str = Field(
+        pattern=SAFE_NAME,
+        description="Project name: at most 64 letters, digits, _ and -, not starting with -.",
+    )
     output_dir: Path | None = Field(
         None,
         description="Where the project's results go: a new or empty directory of its own, not "
@@ -81,6 +86,16 @@ class ProjectConfig(Section):
     backup: BackupConfig | None = Field(
         None, description="Copy raw frames elsewhere with rsync, verified by checksum."
     )
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _not_an_option(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.startswith("-"):
+            raise ValueError(
+                f"a project name may not start with '-' ({shown(value, 40)} would read as an "
+                "option of the dataminer command)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _boxes_for_yolo(self) -> ProjectConfig:
@@ -144,15 +159,48 @@ def _results_view(section: Section | None) -> dict[str, Any] | None:
     return None if section is None else section.results_view()
 
 
-def load_project_config(path: Path) -> ProjectConfig:
-    """Read and validate a project YAML; relative paths in it are taken relative to the file."""
-    path = Path(path)
+# A project config is read whole into memory and validated: it is refused past this size
+# (DATAMINER_MAX_CONFIG_MB raises it) and past this many values once its YAML aliases are expanded.
+ENV_MAX_CONFIG_MB = "DATAMINER_MAX_CONFIG_MB"
+DEFAULT_MAX_CONFIG_MB = 4.0
+MAX_CONFIG_VALUES = 100_000
+
+
+def max_config_bytes() -> int:
+    """The largest project config read: $DATAMINER_MAX_CONFIG_MB megabytes, else 4."""
+    text = os.environ.get(ENV_MAX_CONFIG_MB) or ""
     try:
-        raw = yaml.safe_load(path.read_text())
+        megabytes = float(text) if text else DEFAULT_MAX_CONFIG_MB
+    except ValueError:
+        raise ConfigError(f"{ENV_MAX_CONFIG_MB}={shown(text)}: not a number of megabytes") from None
+    if not 0 < megabytes <= 1024:
+        raise ConfigError(f"{ENV_MAX_CONFIG_MB}={text}: must be more than 0 and at most 1024")
+    return int(megabytes * 2**20)
+
+
+def load_project_config(path: Path) -> ProjectConfig:
+    """Read and validate a project YAML; relative paths in it are taken relative to the file.
+    Every refusal is a ConfigError whose lines name the file and the key."""
+    path = Path(path)
+    limit = max_config_bytes()
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(limit + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise ConfigError(
+            f"{path}: larger than {limit / 2**20:g} MB, the most a project config may be "
+            f"({ENV_MAX_CONFIG_MB} raises it)"
+        )
+    try:
+        raw = load_yaml(data.decode("utf-8"), max_values=MAX_CONFIG_VALUES)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except BoundedTextError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level")
     config = parse_project_config(raw, source=str(path))
@@ -168,8 +216,8 @@ def parse_project_config(raw: dict[str, Any], *, source: str = "config") -> Proj
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"{source}: {exc.error_count()} problem(s)"]
-    for error in exc.errors():
-        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    for error in exc.errors()[:PROBLEMS_SHOWN]:
+        key = ".".join(shown_key(part) for part in error["loc"]) or "(top level)"
         if error["type"] == "extra_forbidden":
             parent = _model_at(error["loc"][:-1])
             allowed = ", ".join(parent.model_fields) if parent else "see the config reference"
@@ -178,27 +226,31 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             lines.append(f"  {key}: required")
         elif error["type"] == "literal_error":
             lines.append(
-                f"  {key}: {error['msg'].replace('Input should be', 'must be')}, got {error['input']!r}"
+                f"  {key}: {error['msg'].replace('Input should be', 'must be')}, "
+                f"got {shown(error['input'])}"
             )
         else:
-            message = error["msg"].removeprefix("Value error, ")
+            # One line per problem, the value cut short without walking the whole of it: an
+            # error line, not a copy of a pasted file.
+            message = cut(" ".join(error["msg"].removeprefix("Value error, ").split()), 400)
             lines.append(
-                f"  {key}: {message} (got {_shown_input(error['input'])})"
+                f"  {key}: {message} (got {shown(error['input'])})"
                 if "input" in error
                 else f"  {key}: {message}"
             )
+    if exc.error_count() > PROBLEMS_SHOWN:
+        lines.append(f"  (and {exc.error_count() - PROBLEMS_SHOWN:,} more problems)")
     return "\n".join(lines)
 
 
-SHOWN_INPUT_CHARS = 200
+PROBLEMS_SHOWN = 20
 
 
-def _shown_input(value: Any) -> str:
-    """The value a key was given, cut short: an error line, not a copy of a pasted file."""
-    text = repr(value)
-    if len(text) <= SHOWN_INPUT_CHARS:
-        return text
-    return f"{text[:SHOWN_INPUT_CHARS]}... ({len(text):,} characters)"
+def shown_key(part: Any) -> str:
+    """One part of a key's path as an error line names it: a key someone wrote may be long or
+    hold line breaks."""
+    text = str(part)
+    return text if re.fullmatch(r"[\w-]{1,64}", text) else shown(text, 64)
 
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:

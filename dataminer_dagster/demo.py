@@ -118,7 +118,7 @@ def demo_config(name: str, urls: list[str], models: DemoModels, output_dir: Path
         "name": name,
         "output_dir": str(output_dir),
         "inputs": {"urls": urls},
-        "download": {"max_height": 480},
+        "download": {"max_height": 480, "allow_private_networks": True},  # served on 127.0.0.1
         "extract": {"strategy": "time", "every_seconds": 1.0, "image_format": "jpg"},
         "filter": {
             "model": models.filter_model,

@@ -207,6 +207,7 @@ def sample_project_config(
         "name": name,
         "output_dir": str(output_dir),
         "inputs": {"urls": list(urls)} if urls else {"files": [str(f) for f in files]},
+        "download": {"allow_private_networks": True},  # the videos are served on 127.0.0.1
         "extract": {"strategy": "time", "every_seconds": 0.5},
         "filter": keep_every_frame(models.filter_model),
         "dedup": {"threshold": 0.99},

@@ -874,6 +874,7 @@ def test_run_fails_a_project_whose_every_video_is_dead(world, tmp_path):
             **CONFIG,
             "name": "gone",
             "inputs": {"urls": [server.url("/missing1.mp4"), server.url("/missing2.mp4")]},
+            "download": {"allow_private_networks": True},  # served on 127.0.0.1
         }
         path = _write_config(tmp_path / "gone.yaml", raw)
         result = CliRunner().invoke(main, ["run", str(path), "--no-progress", "--timeout", "120"])

@@ -46,6 +46,7 @@ def _config(name: str, out: Path, model: Path, **inputs):
             "name": name,
             "output_dir": str(out / name),
             "inputs": inputs,
+            "download": {"allow_private_networks": True},  # served on 127.0.0.1
             "extract": {"strategy": "time", "every_seconds": 0.5},
             "filter": keep_every_frame(model),
             "dedup": {"threshold": 0.9999},

@@ -73,7 +73,11 @@ def test_a_disk_that_fills_during_a_download_postpones_it_and_frees_the_space(
                 "name": "p1",
                 "inputs": {"urls": [server.url(f"/{n}") for n in names]},
                 # No reserve: the disk is found full by the write that fills it.
-                "download": {"min_free_disk_mb": 0, "max_filesize_mb": 1024},
+                "download": {
+                    "allow_private_networks": True,
+                    "min_free_disk_mb": 0,
+                    "max_filesize_mb": 1024,
+                },
                 "filter": {"positive_prompts": ["a thing"]},
             }
         )

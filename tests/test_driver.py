@@ -30,6 +30,7 @@ def _config(name: str, urls: list[str], model: Path, out: Path):
             "name": name,
             "output_dir": str(out / name),
             "inputs": {"urls": urls},
+            "download": {"allow_private_networks": True},  # served on 127.0.0.1
             "extract": {"strategy": "time", "every_seconds": 0.5},
             "filter": {"model": str(model), "device": "cpu", "positive_prompts": ["a shape"]},
         }

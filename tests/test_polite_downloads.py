@@ -56,7 +56,7 @@ def _register(catalog: Catalog, name: str, urls: list[str]):
         {
             "name": name,
             "inputs": {"urls": urls},
-            "download": POLITE,
+            "download": {"allow_private_networks": True, **POLITE},
             "filter": {"positive_prompts": ["a thing"]},
         }
     )

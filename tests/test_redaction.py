@@ -93,6 +93,7 @@ def test_a_failing_video_url_with_secrets_never_shows_them(
             {
                 "name": "p1",
                 "inputs": {"urls": [url]},
+                "download": {"allow_private_networks": True},  # served on 127.0.0.1
                 "filter": {"positive_prompts": ["a thing"]},
             }
         )

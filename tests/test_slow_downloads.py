@@ -48,7 +48,7 @@ def _project(server: LocalHTTPServer, **download) -> tuple:
         {
             "name": "p1",
             "inputs": {"urls": [server.url(f"/{n}") for n in names]},
-            "download": download,
+            "download": {"allow_private_networks": True, **download},
             "filter": {"positive_prompts": ["a thing"]},
         }
     )

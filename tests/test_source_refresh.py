@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from dataminer_dagster.acquisition.ytdlp_search import list_videos
+from dataminer_dagster.assets.download.config import DownloadConfig
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.config_section import ConfigError
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
@@ -64,7 +65,7 @@ def test_a_feed_is_listed_newest_first_and_bounded(http_server):
     clip_files(http_server.root, 3)
     url = write_feed(http_server, ["clip0.mp4", "clip1.mp4", "clip2.mp4"])
 
-    hits = list_videos(url, 2)
+    hits = list_videos(url, 2, options=DownloadConfig(allow_private_networks=True))
 
     assert [h.title for h in hits] == ["clip2.mp4", "clip1.mp4"]
     assert [h.url for h in hits] == [http_server.url("/clip2.mp4"), http_server.url("/clip1.mp4")]
@@ -86,6 +87,7 @@ class Following:
             "name": "follows",
             "output_dir": str(self.output),
             "inputs": {"listings": [self.feed], "refresh": {"cron": "0 * * * *"}},
+            "download": {"allow_private_networks": True},  # served on 127.0.0.1
             "extract": {"strategy": "time", "every_seconds": 0.5},
             "filter": keep_every_frame(siglip, ["a shape"]),
             "dedup": {"threshold": 0.9999},

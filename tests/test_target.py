@@ -59,6 +59,7 @@ def run_project(tmp_path, database_url, engine, server, siglip, *, per_feed: int
             "name": "aims",
             "output_dir": str(tmp_path / "out"),
             "inputs": {"listings": [short, long], "max_per_listing": 2},
+            "download": {"allow_private_networks": True},  # served on 127.0.0.1
             "target": target,
             "extract": {"strategy": "time", "every_seconds": 0.5},
             "filter": keep_every_frame(siglip, ["a shape"]),

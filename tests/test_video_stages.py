@@ -60,6 +60,7 @@ def _project(server, tmp_path, **extract):
         {
             "name": "p1",
             "inputs": {"urls": [server.url(f"/{n}") for n in names], "files": [str(local)]},
+            "download": {"allow_private_networks": True},  # served on 127.0.0.1
             "extract": {"strategy": "time", "every_seconds": 0.5, **extract},
             "filter": {"positive_prompts": ["a thing"]},
         }
@@ -370,7 +371,7 @@ def test_unbounded_downloads_are_stopped_and_a_full_disk_costs_no_attempt(
             {
                 "name": "p1",
                 "inputs": {"urls": [served.url(f"/{n}") for n in names]},
-                "download": {"max_filesize_mb": 1, **download},
+                "download": {"allow_private_networks": True, "max_filesize_mb": 1, **download},
                 "filter": {"positive_prompts": ["a thing"]},
             }
         )
@@ -455,3 +456,162 @@ def test_a_huge_file_of_bad_urls_logs_the_first_problems_and_a_count(
         "problems": 99_999,
         "refresh": False,
     }
+
+
+def _catalog_of_url_file(tmp_path, database_url, engine, content: bytes):
+    url_file = tmp_path / "urls.txt"
+    url_file.write_bytes(content)
+    config = parse_project_config(
+        {
+            "name": "p1",
+            "inputs": {"url_file": str(url_file)},
+            "filter": {"positive_prompts": ["a thing"]},
+        }
+    )
+    data_dir = tmp_path / "data"
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    with dg.instance_for_test() as instance:
+        materialize_partitions(
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=resources(database_url, data_dir),
+            partitions=projects_partitions,
+            raise_on_error=False,
+        )
+    [item] = work_items(engine, "catalog").values()
+    return item
+
+
+def test_a_nul_byte_in_a_url_file_costs_its_line_not_the_project(tmp_path, database_url, engine):
+    """The line passed the URL check and failed the catalog's insert, four times, and the
+    project with it."""
+    item = _catalog_of_url_file(
+        tmp_path,
+        database_url,
+        engine,
+        b"https://example.com/a.mp4\nhttp://127.0.0.1:47400/x\x00y.mp4\n"
+        b"https://example.com/b.mp4\nhttps://example.com/c.mp4\n",
+    )
+    assert item.status == "done" and item.outcome["videos"] == 3, item
+    assert item.outcome["problems"] == 1
+
+
+def test_a_url_file_that_cannot_be_used_at_all_is_not_retried(tmp_path, database_url, engine):
+    """Every line is bad for good: the catalog is dead after one attempt, not retried 4 times."""
+    item = _catalog_of_url_file(tmp_path, database_url, engine, b"\xff\xfe\x00\x01\n\xc3\x28\n")
+    assert item.status == "dead" and item.attempts == 1, item
+    assert "line 1: not UTF-8 text" in item.last_error and "\n" not in item.last_error
+
+
+def test_a_local_file_longer_than_max_duration_is_left_out_as_a_url_is(
+    tmp_path, database_url, engine
+):
+    """max_duration_s was applied to downloads only: a local clip of any length was extracted."""
+    local = write_videos(tmp_path / "local", {"long.mp4": SPEC})["long.mp4"]  # 2 s
+    config = parse_project_config(
+        {
+            "name": "p1",
+            "inputs": {"files": [str(local)]},
+            "download": {"max_duration_s": 1},
+            "filter": {"positive_prompts": ["a thing"]},
+        }
+    )
+    data_dir = tmp_path / "data"
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    video_id = video_id_for_file(local)
+    with dg.instance_for_test() as instance:
+        for stage, keys, partitions in [
+            (video_catalog, ["p1"], projects_partitions),
+            (downloads, [video_id], videos_partitions),
+        ]:
+            materialize_partitions(
+                [stage],
+                keys,
+                instance=instance,
+                resources=resources(database_url, data_dir),
+                partitions=partitions,
+            )
+    rule = work_items(engine, "filter")[f"p1.{video_id}"]
+    assert rule.status == "blocked" and "over the limit of 1 s" in rule.last_error, rule
+
+
+def test_a_stored_error_is_cut_to_a_bound_with_a_marker(served, tmp_path, database_url, engine):
+    """Forty 64 KB URLs stored last_error values of 131 KB each and 500 KB log lines."""
+    url = served.url("/" + "a" * 7000 + ".mp4")  # not served: 404
+    config = parse_project_config(
+        {
+            "name": "p1",
+            "inputs": {"urls": [url]},
+            "download": {"allow_private_networks": True},
+            "filter": {"positive_prompts": ["a thing"]},
+        }
+    )
+    data_dir = tmp_path / "data"
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    video_id = video_id_for_url(url)
+    with dg.instance_for_test() as instance:
+        res = resources(database_url, data_dir)
+        materialize_partitions(
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=res,
+            partitions=projects_partitions,
+        )
+        result = materialize_partitions(
+            [downloads],
+            [video_id],
+            instance=instance,
+            resources=res,
+            partitions=videos_partitions,
+            raise_on_error=False,
+        )
+        lines = [e.user_message for e in instance.all_logs(result.run_id)]
+    item = work_items(engine, "download")[video_id]
+    assert item.status in ("failed", "dead") and "\n" not in item.last_error
+    assert len(item.last_error) < 2100 and "... [cut: " in item.last_error, len(item.last_error)
+    assert max(len(line) for line in lines) < 3000
+
+
+def test_a_private_address_is_one_dead_item_and_the_rest_goes_on(
+    served, tmp_path, database_url, engine
+):
+    """Nothing checked an address before fetching: a config could reach the local network."""
+    url = served.url("/good.mp4")
+    local = write_videos(tmp_path / "local", {"clip.mp4": replace(SPEC, seed=1)})["clip.mp4"]
+    config = parse_project_config(
+        {
+            "name": "p1",
+            "inputs": {"urls": [url], "files": [str(local)]},
+            "filter": {"positive_prompts": ["a thing"]},
+        }
+    )
+    data_dir = tmp_path / "data"
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    ids = [video_id_for_url(url), video_id_for_file(local)]
+    with dg.instance_for_test() as instance:
+        res = resources(database_url, data_dir)
+        materialize_partitions(
+            [video_catalog],
+            ["p1"],
+            instance=instance,
+            resources=res,
+            partitions=projects_partitions,
+        )
+        materialize_partitions(
+            [downloads],
+            ids,
+            instance=instance,
+            resources=res,
+            partitions=videos_partitions,
+            raise_on_error=False,
+        )
+    items = work_items(engine, "download")
+    refused, local_item = items[ids[0]], items[ids[1]]
+    assert refused.status == "dead" and refused.attempts == 1, refused
+    assert "connection to 127.0.0.1 refused" in refused.last_error
+    assert "download.allow_private_networks: true" in refused.last_error
+    assert "\n" not in refused.last_error
+    assert local_item.status == "done"
+    assert not [r for r in served.requests if r.path == "/good.mp4"], "nothing was sent"

@@ -49,6 +49,11 @@ SPEC = SyntheticVideoSpec(width=320, height=240, fps=10.0, seconds=1.0)
 http_server = http_server_fixture(scope="module")
 
 
+def local_options(**settings) -> DownloadConfig:
+    """Download settings for the local HTTP server, on 127.0.0.1: a private address."""
+    return DownloadConfig(allow_private_networks=True, **settings)
+
+
 @pytest.fixture(scope="module")
 def clips(http_server):
     """One real mp4 and one real webm in the served directory; tests copy them under new names."""
@@ -74,7 +79,7 @@ def test_download_puts_one_probed_file_in_place(http_server, clips, tmp_path, ex
     url = serve_copy(http_server, clips[ext], f"ok.{ext}")
     events: list[DownloadProgress] = []
 
-    result = download_video(url, "vid_ok", tmp_path, DownloadConfig(), progress=events.append)
+    result = download_video(url, "vid_ok", tmp_path, local_options(), progress=events.append)
 
     assert result.path == tmp_path / f"vid_ok.{ext}"
     assert result.path.read_bytes() == clips[ext].read_bytes()
@@ -95,7 +100,7 @@ def test_ytdlp_output_goes_to_logging_not_the_terminal(http_server, clips, tmp_p
     url = serve_copy(http_server, clips["mp4"], "quiet.mp4")
     capfd.readouterr()
     with caplog.at_level(logging.DEBUG, logger="dataminer_dagster.acquisition.ytdlp_params"):
-        download_video(url, "vid", tmp_path, DownloadConfig())
+        download_video(url, "vid", tmp_path, local_options())
     assert capfd.readouterr() == ("", "")
     ytdlp_lines = [r.message for r in caplog.records if r.name.endswith(".yt_dlp")]
     assert any("Destination" in line for line in ytdlp_lines)
@@ -104,7 +109,7 @@ def test_ytdlp_output_goes_to_logging_not_the_terminal(http_server, clips, tmp_p
 def test_redownload_replaces_the_file_atomically(http_server, clips, tmp_path):
     url = serve_copy(http_server, clips["mp4"], "again.mp4")
     (tmp_path / "vid.mp4").write_bytes(b"stale")
-    result = download_video(url, "vid", tmp_path, DownloadConfig())
+    result = download_video(url, "vid", tmp_path, local_options())
     assert result.path.read_bytes() == clips["mp4"].read_bytes()
     assert_nothing_left_but(tmp_path, "vid.mp4")
 
@@ -114,14 +119,14 @@ def test_work_dirs_of_a_killed_attempt_are_removed(http_server, clips, tmp_path)
     stale.mkdir()
     (stale / "video.mp4.part").write_bytes(b"partial")
     url = serve_copy(http_server, clips["mp4"], "after_crash.mp4")
-    download_video(url, "vid", tmp_path, DownloadConfig())
+    download_video(url, "vid", tmp_path, local_options())
     assert_nothing_left_but(tmp_path, "vid.mp4")
 
 
 def test_server_errors_during_the_download_are_retried_by_ytdlp(http_server, clips, tmp_path):
     url = serve_copy(http_server, clips["mp4"], "flaky.mp4")
     http_server.fail_then_serve("/flaky.mp4", status=500, times=1, after=1)
-    result = download_video(url, "vid", tmp_path, DownloadConfig(retries=2))
+    result = download_video(url, "vid", tmp_path, local_options(retries=2))
     assert result.path.is_file()
     assert http_server.hits("/flaky.mp4") == 3  # metadata, 500, retried download
 
@@ -132,7 +137,7 @@ def test_cookies_are_sent_and_the_users_file_is_left_alone(http_server, clips, t
     cookies.write_text(text)
     url = serve_copy(http_server, clips["mp4"], "cookies.mp4")
     dest = tmp_path / "videos"
-    download_video(url, "vid", dest, DownloadConfig(cookies_file=cookies))
+    download_video(url, "vid", dest, local_options(cookies_file=cookies))
     sent = [r.headers.get("Cookie") for r in http_server.requests if r.path == "/cookies.mp4"]
     assert sent and all(c == "session=abc" for c in sent)
     assert cookies.read_text() == text
@@ -161,7 +166,7 @@ def video_page(server: LocalHTTPServer, clip: Path, name: str) -> str:
 
 def test_metadata_from_the_extractor_is_kept(http_server, clips, tmp_path):
     url = video_page(http_server, clips["mp4"], "described")
-    options = DownloadConfig(blocked_hashtags=("cover", "game"))  # no whole-tag match
+    options = local_options(blocked_hashtags=("cover", "game"))  # no whole-tag match
     meta = download_video(url, "vid", tmp_path, options).metadata
     assert (meta.title, meta.uploader, meta.upload_date) == ("Street scene", "Alice", "2024-05-06")
     assert meta.tags == ("walk", "Endgame", "street")
@@ -172,9 +177,9 @@ def test_metadata_from_the_extractor_is_kept(http_server, clips, tmp_path):
 @pytest.mark.parametrize(
     ("options", "rule"),
     [
-        (DownloadConfig(blocked_hashtags=("#city",)), "hashtag"),
-        (DownloadConfig(blocked_hashtags=("STREET",)), "hashtag"),
-        (DownloadConfig(max_duration_s=0.5), "duration"),
+        (local_options(blocked_hashtags=("#city",)), "hashtag"),
+        (local_options(blocked_hashtags=("STREET",)), "hashtag"),
+        (local_options(max_duration_s=0.5), "duration"),
     ],
 )
 def test_rules_are_checked_on_the_metadata_before_any_media_request(
@@ -206,7 +211,7 @@ def test_rules_are_checked_on_the_metadata_before_any_media_request(
 def test_http_errors_are_classified(http_server, tmp_path, status, expected, reason):
     http_server.respond(f"/status{status}.mp4", status=status)
     with pytest.raises(expected, match=reason) as raised:
-        download_video(http_server.url(f"status{status}.mp4"), "vid", tmp_path, DownloadConfig())
+        download_video(http_server.url(f"status{status}.mp4"), "vid", tmp_path, local_options())
     assert "Video vid (http://127.0.0.1" in str(raised.value)
     assert_nothing_left_but(tmp_path)
 
@@ -219,7 +224,7 @@ def test_a_redirect_loop_is_permanent_and_named(http_server, tmp_path, hops):
     for here, there in itertools.pairwise(hops):
         http_server.respond(here, status=302, headers={"Location": there})
     with pytest.raises(PermanentDownloadError) as raised:
-        download_video(http_server.url(hops[0]), "vid", tmp_path, DownloadConfig())
+        download_video(http_server.url(hops[0]), "vid", tmp_path, local_options())
     assert str(raised.value).startswith(
         f"Video vid ({http_server.url(hops[0])}): the address redirects in a loop and never "
         "reaches a video: "
@@ -231,7 +236,7 @@ def test_429_is_not_retried_by_ytdlp_but_carries_retry_after(http_server, clips,
     """yt-dlp's generic extractor and HTTP downloader do not retry 429: the caller backs off."""
     url = serve_copy(http_server, clips["mp4"], "busy.mp4")
     http_server.fail_then_serve("/busy.mp4", status=429, times=2, headers={"Retry-After": "7"})
-    options = DownloadConfig(retries=5)
+    options = local_options(retries=5)
 
     for attempt in (1, 2):
         with pytest.raises(RetryableDownloadError) as raised:
@@ -247,7 +252,7 @@ def test_429_on_the_download_request_is_retryable(http_server, clips, tmp_path):
         "/busy_later.mp4", status=429, times=1, after=1, headers={"Retry-After": "3"}
     )
     with pytest.raises(RetryableDownloadError, match="rate limited") as raised:
-        download_video(url, "vid", tmp_path, DownloadConfig())
+        download_video(url, "vid", tmp_path, local_options())
     assert raised.value.retry_after == 3
     assert_nothing_left_but(tmp_path)
 
@@ -255,7 +260,7 @@ def test_429_on_the_download_request_is_retryable(http_server, clips, tmp_path):
 def test_text_served_as_mp4_is_not_a_video(http_server, tmp_path):
     (http_server.root / "text.mp4").write_text("this is not a video\n" * 50)
     with pytest.raises(PermanentDownloadError, match="not a usable video: Invalid data"):
-        download_video(http_server.url("text.mp4"), "vid", tmp_path, DownloadConfig())
+        download_video(http_server.url("text.mp4"), "vid", tmp_path, local_options())
     assert_nothing_left_but(tmp_path)
 
 
@@ -263,21 +268,21 @@ def test_truncated_mp4_is_rejected_with_the_reason(http_server, clips, tmp_path)
     data = clips["mp4"].read_bytes()
     (http_server.root / "truncated.mp4").write_bytes(data[: len(data) // 2])
     with pytest.raises(PermanentDownloadError, match="not a usable video: .+"):
-        download_video(http_server.url("truncated.mp4"), "vid", tmp_path, DownloadConfig())
+        download_video(http_server.url("truncated.mp4"), "vid", tmp_path, local_options())
     assert_nothing_left_but(tmp_path)
 
 
 def test_empty_file_is_rejected(http_server, tmp_path):
     (http_server.root / "empty.mp4").write_bytes(b"")
     with pytest.raises(PermanentDownloadError, match="empty file"):
-        download_video(http_server.url("empty.mp4"), "vid", tmp_path, DownloadConfig())
+        download_video(http_server.url("empty.mp4"), "vid", tmp_path, local_options())
     assert_nothing_left_but(tmp_path)
 
 
 def test_html_page_without_video_is_unsupported(http_server, tmp_path):
     (http_server.root / "page.html").write_text("<html><head><title>x</title></head></html>")
     with pytest.raises(PermanentDownloadError, match="Unsupported URL"):
-        download_video(http_server.url("page.html"), "vid", tmp_path, DownloadConfig())
+        download_video(http_server.url("page.html"), "vid", tmp_path, local_options())
     assert_nothing_left_but(tmp_path)
 
 
@@ -287,7 +292,7 @@ def test_a_page_with_several_videos_is_not_a_single_video(http_server, clips, tm
     body = f'<video src="{first}"></video><video src="{second}"></video>'
     (http_server.root / "gallery.html").write_text(f"<html><body>{body}</body></html>")
     with pytest.raises(PermanentDownloadError, match="not a single video"):
-        download_video(http_server.url("gallery.html"), "vid", tmp_path, DownloadConfig())
+        download_video(http_server.url("gallery.html"), "vid", tmp_path, local_options())
     assert http_server.hits("/first.mp4") == http_server.hits("/second.webm") == 0
     assert_nothing_left_but(tmp_path)
 
@@ -296,7 +301,7 @@ def test_connection_cut_mid_file_is_retryable_and_leaves_no_part_file(http_serve
     url = serve_copy(http_server, clips["mp4"], "cut.mp4")
     http_server.cut_off("/cut.mp4", after_bytes=20_000)
     with pytest.raises(RetryableDownloadError, match="cut short"):
-        download_video(url, "vid", tmp_path, DownloadConfig(retries=0))
+        download_video(url, "vid", tmp_path, local_options(retries=0))
     assert_nothing_left_but(tmp_path)
 
 
@@ -304,7 +309,7 @@ def test_slow_server_times_out_as_retryable(http_server, clips, tmp_path):
     url = serve_copy(http_server, clips["mp4"], "slow.mp4")
     http_server.delay("/slow.mp4", seconds=1.5)
     with pytest.raises(RetryableDownloadError, match="timed out"):
-        download_video(url, "vid", tmp_path, DownloadConfig(timeout_s=0.3, retries=0))
+        download_video(url, "vid", tmp_path, local_options(timeout_s=0.3, retries=0))
     assert_nothing_left_but(tmp_path)
 
 
@@ -314,7 +319,7 @@ def test_a_trickling_host_is_given_up_once_the_speed_window_is_too_slow(
     """512 bytes every 2 s with a correct Content-Length: no read ever times out."""
     url = serve_copy(http_server, clips["mp4"], "trickle.mp4")
     http_server.trickle("/trickle.mp4", bytes_per_step=512, every_s=2.0)
-    options = DownloadConfig(min_speed_kb_s=16, min_speed_window_s=4, retries=0)
+    options = local_options(min_speed_kb_s=16, min_speed_window_s=4, retries=0)
     with pytest.raises(DownloadTooSlow, match="download.min_speed_kb_s") as raised:
         download_video(url, "vid", tmp_path, options)
     assert "KB in the last" in str(raised.value) and "given up after" in str(raised.value)
@@ -327,7 +332,7 @@ def test_a_trickling_host_is_given_up_once_the_speed_window_is_too_slow(
 def test_a_download_past_its_deadline_is_given_up(http_server, clips, tmp_path):
     url = serve_copy(http_server, clips["mp4"], "late.mp4")
     http_server.trickle("/late.mp4", bytes_per_step=4096, every_s=1.0)  # fast enough per window
-    options = DownloadConfig(max_download_s=3, retries=0)
+    options = local_options(max_download_s=3, retries=0)
     with pytest.raises(DownloadTooSlow, match=r"longer than download.max_download_s \(3 s\)"):
         download_video(url, "vid", tmp_path, options)
     assert_nothing_left_but(tmp_path)
@@ -336,7 +341,7 @@ def test_a_download_past_its_deadline_is_given_up(http_server, clips, tmp_path):
 def test_duration_limit_blocks_and_removes_the_file(http_server, clips, tmp_path):
     url = serve_copy(http_server, clips["webm"], "long.webm")
     with pytest.raises(DownloadBlocked, match="over the limit of 0.5 s") as raised:
-        download_video(url, "vid", tmp_path, DownloadConfig(max_duration_s=0.5))
+        download_video(url, "vid", tmp_path, local_options(max_duration_s=0.5))
     assert raised.value.rule == "duration"
     assert_nothing_left_but(tmp_path)
 
@@ -344,7 +349,7 @@ def test_duration_limit_blocks_and_removes_the_file(http_server, clips, tmp_path
 def test_size_limit_blocks_before_the_body_is_downloaded(http_server, clips, tmp_path):
     url = serve_copy(http_server, clips["mp4"], "big.mp4")
     with pytest.raises(DownloadBlocked, match="over the limit of 0.01 MB") as raised:
-        download_video(url, "vid", tmp_path, DownloadConfig(max_filesize_mb=0.01))
+        download_video(url, "vid", tmp_path, local_options(max_filesize_mb=0.01))
     assert raised.value.rule == "filesize"
     assert_nothing_left_but(tmp_path)
 
@@ -354,7 +359,7 @@ def test_a_body_without_a_length_is_cut_off_once_past_the_size_cap(http_server, 
     http_server.stream("/endless.mp4", total_bytes=40 * 2**20)
     url = http_server.url("/endless.mp4")
     with pytest.raises(DownloadBlocked, match="over the limit of 1 MB") as raised:
-        download_video(url, "vid", tmp_path, DownloadConfig(max_filesize_mb=1))
+        download_video(url, "vid", tmp_path, local_options(max_filesize_mb=1))
     assert raised.value.rule == "filesize"
     sent = [r.bytes_sent for r in http_server.requests if r.path == "/endless.mp4"]
     assert max(sent) < 6 * 2**20, f"the download went on past the cap: {sent} bytes sent"
@@ -368,7 +373,7 @@ def test_a_live_stream_is_refused_before_any_media_request(http_server, tmp_path
         "#EXTINF:2.0,\nsegment0.ts\n"
     )
     with pytest.raises(DownloadBlocked, match="live stream") as raised:
-        download_video(http_server.url("/live.m3u8"), "vid", tmp_path, DownloadConfig())
+        download_video(http_server.url("/live.m3u8"), "vid", tmp_path, local_options())
     assert raised.value.rule == "live"
     assert http_server.hits("/segment0.ts") == 0
     assert_nothing_left_but(tmp_path)
@@ -391,7 +396,7 @@ def test_an_endless_playlist_is_not_enumerated_past_its_first_entry():
 
             return self.playlist_result(entries(), "endless")
 
-    with YoutubeDL(download_params(DownloadConfig())) as ydl:
+    with YoutubeDL(download_params(local_options())) as ydl:
         ydl.add_info_extractor(EndlessIE())
         info = ydl.extract_info("endless:", download=False, ie_key="Endless")
     assert info["_type"] == "playlist"  # which download_video refuses as "not a single video"
@@ -401,7 +406,7 @@ def test_an_endless_playlist_is_not_enumerated_past_its_first_entry():
 def test_a_download_needs_free_disk_space_for_its_size_and_a_reserve(http_server, clips, tmp_path):
     url = serve_copy(http_server, clips["mp4"], "roomy.mp4")
     with pytest.raises(InsufficientDiskSpace, match="download.min_free_disk_mb") as raised:
-        download_video(url, "vid", tmp_path, DownloadConfig(min_free_disk_mb=2**31 - 1))
+        download_video(url, "vid", tmp_path, local_options(min_free_disk_mb=2**31 - 1))
     assert "free" in str(raised.value) and "vid" in str(raised.value)
     assert http_server.hits("/roomy.mp4") == 1, "refused after the metadata, before the media"
     assert_nothing_left_but(tmp_path)
@@ -415,7 +420,7 @@ def test_a_disk_that_fills_mid_download_is_a_full_disk_and_leaves_nothing(http_s
                 http_server.url("/filling.mp4"),
                 "vid",
                 disk,
-                DownloadConfig(min_free_disk_mb=0, max_filesize_mb=64),
+                local_options(min_free_disk_mb=0, max_filesize_mb=64),
             )
         assert "No space left on device" in str(raised.value)
         assert str(raised.value).startswith("Video vid (")
@@ -431,18 +436,18 @@ def test_an_error_from_the_progress_callback_aborts_and_propagates(http_server, 
 
     url = serve_copy(http_server, clips["mp4"], "lease.mp4")
     with pytest.raises(LeaseLost):
-        download_video(url, "vid", tmp_path, DownloadConfig(), progress=progress)
+        download_video(url, "vid", tmp_path, local_options(), progress=progress)
     assert_nothing_left_but(tmp_path)
 
 
 @pytest.mark.parametrize("video_id", ["", "a.b", "../x", "a/b", "a b"])
 def test_unsafe_video_ids_are_refused(tmp_path, video_id):
     with pytest.raises(ValueError, match="may only contain"):
-        download_video("http://127.0.0.1:9/x.mp4", video_id, tmp_path, DownloadConfig())
+        download_video("http://127.0.0.1:9/x.mp4", video_id, tmp_path, local_options())
 
 
 def test_missing_cookies_file_is_reported(tmp_path):
-    options = DownloadConfig(cookies_file=tmp_path / "nope.txt")
+    options = local_options(cookies_file=tmp_path / "nope.txt")
     with pytest.raises(FileNotFoundError, match="cookies file .*nope.txt .* does not exist"):
         download_video("http://127.0.0.1:9/x.mp4", "vid", tmp_path / "videos", options)
     assert_nothing_left_but(tmp_path / "videos")
@@ -477,7 +482,7 @@ def test_blocked_hashtags_match_whole_tags_only(info, blocked, expected):
 
 
 def test_rules_on_metadata_name_the_reason():
-    options = DownloadConfig(blocked_hashtags=("cover",), max_duration_s=60, max_filesize_mb=1)
+    options = local_options(blocked_hashtags=("cover",), max_duration_s=60, max_filesize_mb=1)
     check_download_rules({"tags": ["discover"], "duration": 59}, options, subject="Video v")
     with pytest.raises(DownloadBlocked, match=r"Video v is blocked: .*hashtag #cover") as raised:
         check_download_rules({"description": "a #cover"}, options, subject="Video v")
@@ -497,7 +502,7 @@ def test_rules_on_metadata_name_the_reason():
 def test_params_hand_ytdlp_the_deno_runtime_from_the_deno_package():
     from yt_dlp import YoutubeDL
 
-    params = ytdlp_params(DownloadConfig())
+    params = ytdlp_params(local_options())
     assert deno_path() is not None
     assert params["js_runtimes"] == {"deno": {"path": deno_path()}}
     with YoutubeDL(params) as ydl:
@@ -508,7 +513,7 @@ def test_params_hand_ytdlp_the_deno_runtime_from_the_deno_package():
 
 def test_params_map_the_options():
     cookies = Path("/secrets/cookies.txt")
-    options = DownloadConfig(
+    options = local_options(
         max_height=480, timeout_s=12, max_filesize_mb=1.5, cookies_file=cookies, retries=4
     )
     params = ytdlp_params(options)
@@ -518,8 +523,8 @@ def test_params_map_the_options():
     assert params["cookiefile"] == str(cookies)
     assert params["retries"] == params["fragment_retries"] == params["extractor_retries"] == 4
     assert params["quiet"] and params["noprogress"] and params["noplaylist"]
-    assert ytdlp_params(DownloadConfig(format="best", max_height=480))["format"] == "best"
-    assert "cookiefile" not in ytdlp_params(DownloadConfig())
+    assert ytdlp_params(local_options(format="best", max_height=480))["format"] == "best"
+    assert "cookiefile" not in ytdlp_params(local_options())
 
 
 YOUTUBE_LIKE_FORMATS = [
@@ -554,7 +559,7 @@ def test_default_format_selects_one_format_without_merging(formats, max_height, 
         "webpage_url": "https://example.com/x",
         "formats": [dict(f, url=f"https://example.com/{f['format_id']}") for f in formats],
     }
-    with YoutubeDL(ytdlp_params(DownloadConfig(max_height=max_height))) as ydl:
+    with YoutubeDL(ytdlp_params(local_options(max_height=max_height))) as ydl:
         result = ydl.process_ie_result(info, download=False)
     assert "+" not in default_format(max_height)
     assert result["format_id"] == chosen
@@ -770,7 +775,7 @@ def test_a_short_retry_after_is_waited_out_and_the_download_goes_on(http_server,
     lines: list[str] = []
     throttle = LocalThrottle(max_wait_s=5, log=lines.append)
 
-    result = download_video(url, "vid", tmp_path, DownloadConfig(), throttle=throttle)
+    result = download_video(url, "vid", tmp_path, local_options(), throttle=throttle)
 
     assert result.path.is_file()
     assert _statuses(http_server, "/wait.mp4") == [429, 200, 200], "asked again once, after"
@@ -789,7 +794,7 @@ def test_a_bot_check_page_pauses_the_host_and_is_not_taken_for_an_expired_url(
     http_server.routes[f"/bot{after}.mp4"].body = page
 
     with pytest.raises(HostPaused) as raised:
-        download_video(url, "vid", tmp_path, DownloadConfig())
+        download_video(url, "vid", tmp_path, local_options())
 
     assert raised.value.met and raised.value.pause.kind == "bot check"
     assert "host 127.0.0.1" in str(raised.value) and "not a bot" in str(raised.value)
@@ -813,7 +818,7 @@ def test_an_expired_stream_url_is_extracted_again_at_once(http_server, clips, tm
     url = serve_copy(http_server, clips["mp4"], "expiring.mp4")
     http_server.fail_then_serve("/expiring.mp4", status=403, times=1, after=1)
 
-    result = download_video(url, "vid", tmp_path, DownloadConfig())
+    result = download_video(url, "vid", tmp_path, local_options())
 
     assert result.path.read_bytes() == clips["mp4"].read_bytes()
     assert _statuses(http_server, "/expiring.mp4") == [200, 403, 200, 200]
@@ -823,7 +828,7 @@ def test_a_stream_url_refused_for_good_is_an_ordinary_retryable_error(http_serve
     url = serve_copy(http_server, clips["mp4"], "refused.mp4")
     http_server.fail_then_serve("/refused.mp4", status=403, times=99, after=1)
     with pytest.raises(RetryableDownloadError, match="HTTP 403") as raised:
-        download_video(url, "vid", tmp_path, DownloadConfig())
+        download_video(url, "vid", tmp_path, local_options())
     assert not isinstance(raised.value, HostPaused), "a 403 without a bot page is not a stop"
     assert _statuses(http_server, "/refused.mp4") == [200, 403, 403]
     assert_nothing_left_but(tmp_path)
@@ -836,7 +841,7 @@ def test_proxies_are_used_in_turn_and_one_the_host_paused_is_skipped(clips, tmp_
         shutil.copyfile(clips["mp4"], root / "p.mp4")
     with LocalHTTPServer(roots[0]) as a, LocalHTTPServer(roots[1]) as b:
         proxies = (f"http://127.0.0.1:{a.port}", f"http://127.0.0.1:{b.port}")
-        options = DownloadConfig(proxies=proxies)
+        options = local_options(proxies=proxies)
         throttle = LocalThrottle()
         url = "http://videos.example/p.mp4"  # only the proxies are asked
         for n in range(4):
@@ -852,7 +857,7 @@ def test_proxies_are_used_in_turn_and_one_the_host_paused_is_skipped(clips, tmp_
 
 def test_searches_use_the_proxies(tmp_path):
     with LocalHTTPServer(tmp_path) as proxy:
-        options = DownloadConfig(proxies=(f"http://127.0.0.1:{proxy.port}",), retries=0)
+        options = local_options(proxies=(f"http://127.0.0.1:{proxy.port}",), retries=0)
         with pytest.raises(RetryableDownloadError):
             search_videos("cats", 1, options=options)
     assert any(r.method == "CONNECT" and r.path == "www.youtube.com:443" for r in proxy.requests), (
@@ -861,13 +866,13 @@ def test_searches_use_the_proxies(tmp_path):
 
 
 def test_params_map_the_politeness_options():
-    options = DownloadConfig(sleep_requests_s=0.75, rate_limit="500K")
+    options = local_options(sleep_requests_s=0.75, rate_limit="500K")
     params = ytdlp_params(options, proxy="socks5://10.0.0.7:1080")
     assert params["sleep_interval_requests"] == 0.75
     assert params["ratelimit"] == 512_000
     assert params["proxy"] == "socks5://10.0.0.7:1080"
     assert {"sleep_interval_requests", "ratelimit", "proxy"}.isdisjoint(
-        ytdlp_params(DownloadConfig())
+        ytdlp_params(local_options())
     )
 
 
@@ -875,7 +880,7 @@ def test_the_speed_is_judged_on_the_last_window_and_the_deadline_on_the_whole():
     from dataminer_dagster.assets.download.pace import DownloadPace
 
     now = [0.0]
-    options = DownloadConfig(min_speed_kb_s=1000 / 1024, min_speed_window_s=10, max_download_s=100)
+    options = local_options(min_speed_kb_s=1000 / 1024, min_speed_window_s=10, max_download_s=100)
     pace = DownloadPace(options, "Video v", clock=lambda: now[0])
     late = DownloadPace(options, "Video v", clock=lambda: now[0])
     downloaded = 0

@@ -9,7 +9,10 @@ it is found twice.
 
 Bad input is bounded: URL and query files are read up to a size and a number of lines, a glob up
 to a number of matches (inputs.max_*; over a cap the source is refused whole, not cut short), and
-only the first PROBLEMS_KEPT problems are kept word for word; the others are counted.
+only the first PROBLEMS_KEPT problems are kept word for word, each cut to PROBLEM_CHARS; the
+others are counted. A bad line of a URL or query file (bytes that are not UTF-8, a control
+character, longer than MAX_LINE_CHARS) is refused with its line number and the other lines are
+used; a YAML query file is read within the bounds of `core.bounded_text.load_yaml`.
 """
 
 from __future__ import annotations
@@ -21,8 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from dataminer_dagster.acquisition.egress import refused_literal_address
 from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.acquisition.video_ids import (
@@ -34,6 +36,7 @@ from dataminer_dagster.acquisition.video_ids import (
 from dataminer_dagster.acquisition.ytdlp_search import YOUTUBE
 from dataminer_dagster.assets.catalog.config import InputsConfig
 from dataminer_dagster.assets.download.config import DownloadConfig
+from dataminer_dagster.core.bounded_text import BoundedTextError, NotYaml, cut, load_yaml, shown
 from dataminer_dagster.core.path_kinds import not_a_regular_file
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.video_records import Candidate
@@ -43,6 +46,10 @@ VIDEO_SUFFIXES = {".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".mpg", ".mpe
 SearchFunction = Callable[[str, int], list]  # (query, max_results) -> hits with .video_id
 ListFunction = Callable[[str, int], list]  # (listing URL, max_entries) -> hits, newest first
 PROBLEMS_KEPT = 20
+PROBLEM_CHARS = 500  # a problem as logged and kept: a line, not a copy of a pasted file
+# The longest line of a URL or query file used (web servers refuse longer URLs).
+MAX_LINE_CHARS = 8192
+_CONTROL = frozenset(chr(c) for c in (*range(32), 127)) - {"\t"}
 NAMES_SHOWN = 5  # file names quoted in a problem about several files
 
 
@@ -53,6 +60,9 @@ class Collected:
     problem_count: int = 0
     per_source: dict[str, int] = field(default_factory=dict)  # "search: <query>" -> videos found
     failed_sources: dict[str, str] = field(default_factory=dict)  # searches and listings: error
+    # Whether a problem may go away by itself (a search or listing that failed, a file that could
+    # not be read): a catalog that found nothing is then tried again, else it is dead at once.
+    transient: bool = False
     _seen: set[str] = field(default_factory=set)
 
     def add(self, candidate: Candidate) -> None:
@@ -60,10 +70,11 @@ class Collected:
             self._seen.add(candidate.video_id)
             self.candidates.append(candidate)
 
-    def problem(self, text: str) -> None:
+    def problem(self, text: str, *, transient: bool = False) -> None:
         self.problem_count += 1
+        self.transient = self.transient or transient
         if len(self.problems) < PROBLEMS_KEPT:
-            self.problems.append(redact(text))  # logged and kept as metadata
+            self.problems.append(cut(redact(text), PROBLEM_CHARS))  # logged and kept as metadata
 
     @property
     def problems_not_kept(self) -> int:
@@ -117,7 +128,7 @@ def collect_candidates(
             except HostPaused:
                 raise  # YouTube said stop: not this query's fault, the whole search waits
             except Exception as exc:
-                found.problem(f"search {query!r} failed: {exc}")
+                found.problem(f"search {shown(query)} failed: {exc}", transient=True)
                 found.failed_sources[f"search: {query}"] = redact(str(exc))
                 continue
             found.per_source[f"search: {query}"] = len(hits)
@@ -135,20 +146,20 @@ def collect_candidates(
         except HostPaused:
             raise  # the host said stop: every source of it waits
         except Exception as exc:
-            found.problem(f"listing {redact(url)} failed: {exc}")
+            found.problem(f"listing {redact(url)} failed: {exc}", transient=True)
             found.failed_sources[f"listing: {url}"] = redact(str(exc))
             continue
         found.per_source[f"listing: {url}"] = len(hits)
         for hit in hits:
             found.add(Candidate(hit.video_id, "listing", url, url=hit.url))
     for url in inputs.urls:
-        _add_url(found, url, "url", "config")
+        _add_url(found, url, "url", "config", f"url {shown(url, 100)}")
     if inputs.url_file:
-        text = _read_list_file(Path(inputs.url_file), "url_file", inputs, found) or ""
-        for line in text.splitlines():
+        path = Path(inputs.url_file)
+        for number, line in _usable_lines(path, "url_file", inputs, found):
             line = line.strip()
             if line and not line.startswith(("#", "//")):  # comments
-                _add_url(found, line, "url_file", str(inputs.url_file))
+                _add_url(found, line, "url_file", str(path), f"url_file {path} line {number}")
     for pattern in inputs.files:
         _add_files(found, pattern, inputs.max_file_matches)
     return found
@@ -158,20 +169,19 @@ def _queries(inputs: InputsConfig, found: Collected) -> list[str]:
     search = inputs.search
     queries = list(search.queries)
     if search.queries_file:
-        text = _read_list_file(Path(search.queries_file), "queries_file", inputs, found)
-        queries += _parse_queries_file(text or "")
+        queries += _queries_file(Path(search.queries_file), inputs, found)
     return list(dict.fromkeys(q.strip() for q in queries if q.strip()))
 
 
-def _read_list_file(path: Path, key: str, inputs: InputsConfig, found: Collected) -> str | None:
-    """The text of a URL or query file; None (and a problem) when it is unreadable or over a cap.
+def _read_list_file(path: Path, key: str, inputs: InputsConfig, found: Collected) -> bytes | None:
+    """The bytes of a URL or query file; None (and a problem) when it is unreadable or over a cap.
     Reads at most the cap, so that /dev/zero or a runaway log cannot exhaust memory."""
     limit = int(inputs.max_list_file_mb * 2**20)
     try:
         with path.open("rb") as handle:
             data = handle.read(limit + 1)
-    except OSError as exc:
-        found.problem(f"{key} {path}: {exc.strerror or exc}")
+    except OSError as exc:  # a missing file may yet be written, a share come back
+        found.problem(f"{key} {path}: {exc.strerror or exc}", transient=True)
         return None
     if len(data) > limit:
         found.problem(
@@ -179,18 +189,76 @@ def _read_list_file(path: Path, key: str, inputs: InputsConfig, found: Collected
             "(inputs.max_list_file_mb); none of it was used"
         )
         return None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        found.problem(f"{key} {path}: not UTF-8 text; none of it was used")
-        return None
-    if len(text.splitlines()) > inputs.max_list_file_lines:
+    if len(data.splitlines()) > inputs.max_list_file_lines:
         found.problem(
             f"{key} {path}: more than {inputs.max_list_file_lines:,} lines "
             "(inputs.max_list_file_lines); none of it was used"
         )
         return None
-    return text
+    return data
+
+
+def _usable_lines(
+    path: Path, key: str, inputs: InputsConfig, found: Collected
+) -> list[tuple[int, str]]:
+    """The lines of a URL or query file with their numbers (from 1), but those refused, each
+    named by its number: bytes that are not UTF-8, a control character, over MAX_LINE_CHARS."""
+    data = _read_list_file(path, key, inputs, found)
+    if data is None:
+        return []
+    lines = []
+    for number, raw in enumerate(data.splitlines(), start=1):
+        reason = _bad_line(raw)
+        if reason:
+            found.problem(f"{key} {path} line {number}: {reason}; the line was not used")
+        else:
+            lines.append((number, raw.decode("utf-8")))
+    return lines
+
+
+def _bad_line(raw: bytes) -> str | None:
+    if len(raw) > MAX_LINE_CHARS:
+        return f"{len(raw):,} bytes long, over {MAX_LINE_CHARS:,}"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not UTF-8 text (byte {exc.start + 1} is {raw[exc.start : exc.start + 1]!r})"
+    bad = next((c for c in text if c in _CONTROL), None)
+    if bad is not None:
+        return f"holds the control character {bad!r} at position {text.index(bad) + 1}"
+    return None
+
+
+def _queries_file(path: Path, inputs: InputsConfig, found: Collected) -> list[str]:
+    """The queries of a query file: a YAML mapping with `queries: [...]`, or plain text with one
+    query per line ('//' starts a comment line)."""
+    key = "queries_file"
+    lines = _usable_lines(path, key, inputs, found)
+    try:
+        data = load_yaml(
+            "\n".join(text for _, text in lines), max_values=inputs.max_list_file_lines
+        )
+    except NotYaml:
+        data = None
+    except BoundedTextError as exc:
+        found.problem(f"{key} {path}: {exc}; none of it was used")
+        return []
+    if isinstance(data, dict) and isinstance(data.get("queries"), list):
+        queries = []
+        for number, query in enumerate(data["queries"], start=1):
+            if (
+                isinstance(query, str)
+                and len(query) <= MAX_LINE_CHARS
+                and not _CONTROL & set(query)
+            ):
+                queries.append(query)
+            else:
+                found.problem(
+                    f"{key} {path} query {number}: {shown(query, 100)} is not a line of text; "
+                    "it was not used"
+                )
+        return queries
+    return [text for _, text in lines if text.strip() and not text.lstrip().startswith("//")]
 
 
 def _add_files(found: Collected, pattern: str, limit: int) -> None:
@@ -266,24 +334,17 @@ def _printable(path: str) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
-def _parse_queries_file(text: str) -> list[str]:
-    """A YAML mapping with `queries: [...]`, or plain text with one query per line."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        data = None
-    if isinstance(data, dict) and isinstance(data.get("queries"), list):
-        return [str(q) for q in data["queries"]]
-    return [
-        line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("//")
-    ]
-
-
-def _add_url(found: Collected, url: str, source: str, info: str) -> None:
+def _add_url(found: Collected, url: str, source: str, info: str, where: str) -> None:
+    """`url` as a candidate; a URL without a usable id, or one naming an address no project may
+    fetch from, is a problem named by `where` (the key, or the file and line)."""
     try:
         video_id = video_id_for_url(url)
     except ValueError as exc:
-        found.problem(f"{source} {url!r}: {exc}")
+        found.problem(f"{where}: {exc}")
+        return
+    refused = refused_literal_address(url)
+    if refused:
+        found.problem(f"{where}: {refused}")
         return
     found.per_source[f"{source}: {info}"] = found.per_source.get(f"{source}: {info}", 0) + 1
     canonical = youtube_watch_url(video_id) if is_youtube_url(url) else url

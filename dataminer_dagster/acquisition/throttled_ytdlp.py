@@ -17,6 +17,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+from dataminer_dagster.acquisition.egress import egress_checked
 from dataminer_dagster.acquisition.errors import (
     HostPaused,
     RetryableDownloadError,
@@ -80,21 +81,33 @@ def classified(
 @functools.cache
 def gated_ytdlp():
     """YoutubeDL whose every HTTP request (pages, APIs, media) takes its host's turn, waits out the
-    host's pause, and pauses the host when the answer says stop."""
+    host's pause, pauses the host when the answer says stop, and connects only where the egress
+    policy allows (`acquisition.egress`; redirects included)."""
     from yt_dlp import YoutubeDL
     from yt_dlp.networking.exceptions import HTTPError
 
     class GatedYoutubeDL(YoutubeDL):
-        def __init__(self, params: dict[str, Any], *, throttle: HostThrottle, proxy: str | None):
+        def __init__(
+            self,
+            params: dict[str, Any],
+            *,
+            throttle: HostThrottle,
+            proxy: str | None,
+            allow_private_networks: bool,
+        ):
             super().__init__(params)
             self._throttle = throttle
             self._proxy = proxy
+            self._allow_private = allow_private_networks
 
         def urlopen(self, req):
             url = getattr(req, "url", None) or getattr(req, "full_url", None) or str(req)
             with self._throttle.request_turn(throttle_key(host_key(url), self._proxy)) as turn:
                 try:
-                    response = super().urlopen(req)
+                    with egress_checked(
+                        allow_private=self._allow_private, url=url, proxy=self._proxy
+                    ):
+                        response = super().urlopen(req)
                 except HTTPError as err:
                     headers = err.response.headers
                     signal = throttle_signal(err.status, headers, _error_page(err.response))

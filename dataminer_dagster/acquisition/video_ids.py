@@ -16,6 +16,8 @@ import unicodedata
 from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
+from dataminer_dagster.core.bounded_text import shown
+
 YOUTUBE_ID = re.compile(r"[A-Za-z0-9_-]{11}")
 YOUTUBE_HOSTS = frozenset(
     {
@@ -36,6 +38,8 @@ _SLUG_MAX = 20
 _HASH_CHARS = 16  # 64 bits of SHA-256: collisions are negligible at millions of videos
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# Longer URLs are refused: web servers refuse them too, and a pasted file is not a URL.
+MAX_URL_CHARS = 8192
 
 
 def is_youtube_url(url: str) -> bool:
@@ -76,10 +80,19 @@ def video_id_for_file(path: str | os.PathLike[str]) -> str:
 
 def _split_http_url(url: str):
     if not isinstance(url, str) or not url.strip():
-        raise ValueError(f"cannot derive a video id from an empty URL: {url!r}")
+        raise ValueError(f"cannot derive a video id from an empty URL: {shown(url, 100)}")
     text = url.strip()
+    if len(text) > MAX_URL_CHARS:
+        raise ValueError(
+            f"cannot derive a video id from {shown(url, 100)}: the URL is longer than "
+            f"{MAX_URL_CHARS:,} characters"
+        )
     if any(ch.isspace() for ch in text):
         raise ValueError(f"cannot derive a video id from {url!r}: the URL contains whitespace")
+    if any(ch < " " or ch == "\x7f" for ch in text):
+        raise ValueError(
+            f"cannot derive a video id from {url!r}: the URL contains a control character"
+        )
     try:
         parts = urlsplit(text)
         parts.port  # noqa: B018 - raises ValueError for a malformed port

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dataminer_dagster.acquisition.egress import EgressRefused
 from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.politeness import (
     HostThrottle,
@@ -127,10 +128,17 @@ def _extract(target, subject, host, extra, options, throttle, proxy) -> dict[str
             params["cookiefile"] = str(private_cookies(options.cookies_file, Path(scratch)))
         try:
             throttle.before_starting(key)
-            with gated_ytdlp()(params, throttle=throttle, proxy=proxy) as ydl:
+            with gated_ytdlp()(
+                params,
+                throttle=throttle,
+                proxy=proxy,
+                allow_private_networks=options.allow_private_networks,
+            ) as ydl:
                 return ydl.extract_info(target, download=False)
         except HostPaused as exc:
             raise exc.about(subject) from exc
+        except EgressRefused as exc:
+            raise EgressRefused(f"{subject}: {exc}") from exc
         except YoutubeDLError as exc:
             raise classified(exc, subject, throttle, key) from exc
 

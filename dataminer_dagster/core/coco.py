@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dataminer_dagster.core.files import write_atomically
 
 # Boxes are stored to 1/100 pixel: finer digits are noise and only make the file larger.
 BOX_DECIMALS = 2
@@ -185,16 +186,7 @@ def write_coco(document: Mapping[str, Any], path: str | os.PathLike[str]) -> Pat
     """Validate and write `document` atomically (temporary sibling, then rename)."""
     path = Path(path)
     validate_coco(document, source=str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(document, f, ensure_ascii=False, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomically(path, json.dumps(document, ensure_ascii=False, separators=(",", ":")))
 
 
 def read_coco(path: str | os.PathLike[str]) -> dict[str, Any]:

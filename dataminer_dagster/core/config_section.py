@@ -10,7 +10,9 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-SAFE_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+# Not starting with '-': a name that reads as an option could not be given to a command
+# (`dataminer status -rf`) without a `--` before it.
+SAFE_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"
 
 # The largest number any key may hold. Every number of a config ends up in a call with a limit
 # (itertools.islice, socket timeouts, datetime arithmetic, PostgreSQL integer columns), and
@@ -22,6 +24,13 @@ MAX_NUMBER = 2**31 - 1
 # prompt. Which model cuts where is known only once it is loaded: the stage that embeds the
 # prompts warns about those it cuts.
 MAX_PROMPT_CHARS = 1000
+# A config is read from a file someone may have handed over: every list and text in it is bounded
+# (a URL list longer than this belongs in a url_file, which is read line by line), and text may
+# not hold control characters (a NUL cannot be stored in PostgreSQL text and failed the project's
+# catalog; line breaks and tabs are kept, a YAML block scalar ends in one).
+MAX_LIST_ITEMS = 10_000
+MAX_TEXT_CHARS = 16_384
+_CONTROL_CHARACTERS = frozenset(chr(c) for c in (*range(32), 127)) - {"\t", "\n", "\r"}
 
 
 class ConfigError(ValueError):
@@ -49,6 +58,18 @@ class Section(BaseModel):
         }
         return self.model_dump(mode="json", exclude=set(self.RUN_SETTINGS) | defaults)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _bounded_text_and_lists(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple) and len(value) > MAX_LIST_ITEMS:
+            raise ValueError(
+                f"has {len(value):,} items; a list may have at most {MAX_LIST_ITEMS:,}"
+            )
+        for text in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(text, str):
+                check_text(text)
+        return value
+
     @field_validator("*")
     @classmethod
     def _bounded_number(cls, value: Any) -> Any:
@@ -57,6 +78,21 @@ class Section(BaseModel):
         if not math.isfinite(value) or abs(value) > MAX_NUMBER:
             raise ValueError(f"must be a finite number no larger than {MAX_NUMBER:,}")
         return value
+
+
+def check_text(text: str) -> str:
+    """A text of a config as every key takes it: at most MAX_TEXT_CHARS, no control characters
+    (but tab and line breaks)."""
+    if len(text) > MAX_TEXT_CHARS:
+        raise ValueError(
+            f"a text of {len(text):,} characters; a text may have at most {MAX_TEXT_CHARS:,}"
+        )
+    bad = next((c for c in text if c in _CONTROL_CHARACTERS), None)
+    if bad is not None:
+        raise ValueError(
+            f"holds the control character {bad!r} at position {text.index(bad)}; remove it"
+        )
+    return text
 
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]

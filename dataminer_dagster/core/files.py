@@ -61,6 +61,25 @@ def require_free_space(directory: Path, needed_bytes: int, purpose: str) -> None
         )
 
 
+def write_atomically(path: Path, data: bytes | str) -> Path:
+    """Write one file atomically (a hidden sibling, then rename), with the mode every output has:
+    0666 less the process's umask, as `open` gives (a temporary file's 0600 would make one output
+    of a dataset unreadable to the others who read it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+    content = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+        os.replace(staged, path)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def staging_path(final: Path) -> Path:
     """A fresh hidden sibling of `final` on the same filesystem (so that rename is atomic).
     Leftovers of an earlier attempt at the same output (killed mid-way) are removed first: one

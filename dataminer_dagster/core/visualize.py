@@ -8,7 +8,6 @@ as '?'. Nothing here reads or writes state except `write_png`.
 from __future__ import annotations
 
 import os
-import tempfile
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from dataminer_dagster.core.coco import Detection
+from dataminer_dagster.core.files import write_atomically
 
 FONT = 0  # cv2.FONT_HERSHEY_SIMPLEX, spelled out so importing this module does not load cv2
 # Distinct, saturated colours (RGB); a label always gets the same one.
@@ -186,17 +186,7 @@ def encode_png(image: np.ndarray) -> bytes:
 def write_png(path: str | os.PathLike[str], image: np.ndarray) -> Path:
     """Write an RGB image as PNG atomically (temporary sibling, then rename)."""
     path = Path(path)
-    data = encode_png(image)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomically(path, encode_png(image))
 
 
 def as_rgb(image: np.ndarray) -> np.ndarray:

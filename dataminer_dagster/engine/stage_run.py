@@ -50,6 +50,7 @@ from typing import Any
 import dagster as dg
 
 from dataminer_dagster.assets import REGISTRY
+from dataminer_dagster.core.bounded_text import cut
 from dataminer_dagster.core.files import InsufficientDiskSpace, disk_full, remove
 from dataminer_dagster.core.progress import Progress, RepeatedLines
 from dataminer_dagster.core.redact import redact
@@ -258,7 +259,7 @@ def _process_item(
             f"{lease.stage} {lease.key}: {past}; given back for a later run (no attempt used)"
         )
     except Blocked as blocked:
-        reason = redact(str(blocked))
+        reason = cut(redact(str(blocked)), ERROR_CHARS)
         leases.block(lease, reason)
         context.log.info(f"{lease.stage} {lease.key}: skipped: {reason}")
         yield _observation(titles, asset_key, lease, "blocked", reason)
@@ -276,10 +277,13 @@ def _process_item(
             yield from _postpone(context, asset_key, ctx, lease, titles, reason, topic=_DISK_FULL)
             return
         permanent = isinstance(error, PermanentFailure)
-        message = redact(  # what the log, the run's failure and last_error show
-            str(error)
-            if isinstance(error, (PermanentFailure, RequeueFirst, ValueError, OSError))
-            else f"{type(error).__name__}: {error}"
+        message = cut(  # what the log, the run's failure and last_error show
+            redact(
+                str(error)
+                if isinstance(error, (PermanentFailure, RequeueFirst, ValueError, OSError))
+                else f"{type(error).__name__}: {error}"
+            ),
+            ERROR_CHARS,
         )
         requeue = error.requeue if isinstance(error, RequeueFirst) else None
         outcome = leases.fail(lease, message, retryable=not permanent, then=requeue)
@@ -304,6 +308,10 @@ def _process_item(
             remove(path)
 
 
+# The most of an item's error kept (last_error) and logged: a pasted file in a URL is not copied
+# into every log line and row that names the error.
+ERROR_CHARS = 2000
+
 # A postponement is said at most once a minute for each topic: a full disk (any stage) or a
 # stage's other waits (a paused host). One per process, so that the runs `dataminer run`
 # executes one after another say it once a minute too, each partition's observation saying
@@ -324,7 +332,7 @@ def _postpone(
 ) -> Iterator[dg.AssetObservation]:
     """Not the item's fault: it waits without using an attempt, and it is not a failure of the
     run (a one-partition run that meets it succeeds, its observation saying why)."""
-    reason = redact(reason)
+    reason = cut(redact(reason), ERROR_CHARS)
     outcome = ctx.db.leases.postpone(lease, reason, not_before=not_before)
     if not outcome.applied:
         return

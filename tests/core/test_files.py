@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import errno
+import os
+import stat
 
+import numpy as np
 import pytest
 
 from dataminer_dagster.core.files import InsufficientDiskSpace, disk_full
@@ -60,3 +63,27 @@ def test_a_write_to_a_really_full_disk_is_recognised(tmp_path):
         with pytest.raises(OSError) as raised:
             (disk / "more").write_bytes(bytes(64 * 1024))
     assert disk_full(raised.value) is raised.value
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_coco_files_and_pictures_have_the_mode_of_every_other_output(tmp_path, umask):
+    """annotations.coco.json and coco/<split>.json were 0600 where every other output is 0644."""
+    from dataminer_dagster.core.coco import write_coco
+    from dataminer_dagster.core.visualize import write_png
+
+    old = os.umask(umask)
+    try:
+        plain = tmp_path / "manifest.txt"
+        plain.write_text("x")
+        document = {
+            "images": [],
+            "annotations": [],
+            "categories": [{"id": 1, "name": "car", "supercategory": "x"}],
+        }
+        coco = write_coco(document, tmp_path / "a.json")
+        png = write_png(tmp_path / "p.png", np.zeros((2, 2, 3), dtype=np.uint8))
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (plain, coco, png)}
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask), modes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "manifest.txt", "p.png"]

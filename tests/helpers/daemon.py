@@ -48,6 +48,7 @@ def demo_project(name: str, urls: list[str], siglip: Path, yolo: Path) -> dict:
     return {
         "name": name,
         "inputs": {"urls": urls},
+        "download": {"allow_private_networks": True},  # served on 127.0.0.1
         "extract": {"strategy": "time", "every_seconds": 1.0},
         "filter": {
             "model": str(siglip),

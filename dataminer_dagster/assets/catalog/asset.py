@@ -22,7 +22,7 @@ from dataminer_dagster.db.acquisition_rounds import (
     spent_of,
 )
 from dataminer_dagster.db.video_totals import video_totals
-from dataminer_dagster.engine.outcomes import ItemResult, Postponed
+from dataminer_dagster.engine.outcomes import ItemResult, PermanentFailure, Postponed
 from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.registry import CATALOG
@@ -87,7 +87,10 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
             f"({found.problem_count} in all)"
         )
     if not found.candidates and found.problems and not refresh:
-        raise RuntimeError(f"no video found for project {project.name}: {found.summary()}")
+        # Retried only when a problem may pass (a search or listing that failed, a file that
+        # could not be read); bad lines and URLs stay bad, and the project fails at once.
+        fault = RuntimeError if found.transient else PermanentFailure
+        raise fault(f"no video found for project {project.name}: {found.summary()}")
 
     with catalog.engine.connect() as conn:
         unseen = source_refresh.unseen(conn, project.id, [c.video_id for c in found.candidates])

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,6 +37,7 @@ from dataminer_dagster.assets.dataset.review_formats import (
     summarize_review,
 )
 from dataminer_dagster.core.coco import BOX_DECIMALS, clip_box
+from dataminer_dagster.core.files import write_atomically
 
 CORRECTIONS_FILE = "corrections.json"
 IMPORTS_FILE = "imports.jsonl"
@@ -100,24 +99,13 @@ def import_review(export: Path, dataset_dir: Path, review_dir: Path) -> ImportDo
         "states": dict(summary.states),
     }
     review_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomically(
+    write_atomically(
         review_dir / CORRECTIONS_FILE,
         json.dumps({name: c.as_json() for name, c in sorted(corrections.items())}, indent=1),
     )
     with open(review_dir / IMPORTS_FILE, "a", encoding="utf-8") as log:
         log.write(json.dumps(record) + "\n")
     return ImportDone(fmt, len(reviewed), summary)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)

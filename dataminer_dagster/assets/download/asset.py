@@ -56,7 +56,7 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
         return _known_copy(item, ctx, video.same_as)
 
     if video.source_path:
-        return _local_file(item, ctx, video)
+        return _local_file(item, ctx, video, projects)
     if video.file_path and (
         existing := _valid_file(ctx.db.paths.absolute(video.file_path), item.video_id)
     ):
@@ -107,7 +107,13 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
         raise PermanentFailure(str(exc)) from exc
 
     meta = downloaded.metadata
-    rejected = _rejecting_projects(projects, meta, item.video_id)
+    info = {
+        "tags": list(meta.tags),
+        "title": meta.title,
+        "duration": meta.duration,
+        "filesize": meta.size_bytes,
+    }
+    rejected = _rejecting_projects(projects, info, item.video_id)
     facts = {
         "size_bytes": meta.size_bytes,
         "title": meta.title,
@@ -131,13 +137,9 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
     return _record(item, ctx, ctx.db.paths.relative(downloaded.path), facts, extra, rejected)
 
 
-def _rejecting_projects(projects: list[ProjectRow], meta, video_id: str) -> dict[str, str]:
-    info = {
-        "tags": list(meta.tags),
-        "title": meta.title,
-        "duration": meta.duration,
-        "filesize": meta.size_bytes,
-    }
+def _rejecting_projects(projects: list[ProjectRow], info: dict, video_id: str) -> dict[str, str]:
+    """{project: why} for the projects whose download rules the video breaks (`info`: its tags,
+    title, duration and size, as yt-dlp names them)."""
     rejected = {}
     for project in projects:
         try:
@@ -147,15 +149,21 @@ def _rejecting_projects(projects: list[ProjectRow], meta, video_id: str) -> dict
     return rejected
 
 
-def _local_file(item: StageItem, ctx: StageContext, video: VideoRow) -> ItemResult:
+def _local_file(
+    item: StageItem, ctx: StageContext, video: VideoRow, projects: list[ProjectRow]
+) -> ItemResult:
+    """A local file, probed in place; the projects' limits (max_duration_s, max_filesize_mb)
+    apply to it as to a download, on what the probe measured."""
     path = Path(video.source_path)
     facts = _valid_file(path, item.video_id, raise_reason=True)
+    info = {"tags": [], "duration": facts["duration_s"], "filesize": facts["size_bytes"]}
     return _record(
         item,
         ctx,
         None,
         {**facts, "title": path.stem, "content_hash": _content_hash(video, path)},
         {"outcome": "local file, probed in place", "file": path},
+        _rejecting_projects(projects, info, item.video_id),
     )
 
 

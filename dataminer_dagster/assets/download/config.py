@@ -143,6 +143,14 @@ class DownloadConfig(Section):
         "(no attempt used) until the pause ends.",
     )
 
+    allow_private_networks: Annotated[bool, SMALLEST] = Field(
+        False,
+        description="Fetch from loopback and private network addresses (127.0.0.1, 10.x, "
+        "192.168.x, ...): refused unless set, as a config from someone else could reach the "
+        "local network; link-local and cloud metadata addresses are refused always "
+        "(docs/input-safety.md). A video of several projects is fetched from such an address "
+        "only when all of them allow it.",
+    )
     retries: Annotated[int, LARGEST] = Field(
         3,
         ge=0,

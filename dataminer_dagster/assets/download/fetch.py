@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dataminer_dagster.acquisition.egress import EgressRefused
 from dataminer_dagster.acquisition.errors import (
     DownloadBlocked,
     HostPaused,
@@ -190,7 +191,12 @@ def _fetch(
     if options.cookies_file is not None:
         params["cookiefile"] = str(private_cookies(options.cookies_file, work_dir))
     try:
-        with gated_ytdlp()(params, throttle=throttle, proxy=proxy) as ydl:
+        with gated_ytdlp()(
+            params,
+            throttle=throttle,
+            proxy=proxy,
+            allow_private_networks=options.allow_private_networks,
+        ) as ydl:
             for fresh in itertools.count():
                 info = ydl.extract_info(url, download=False)
                 _require_single_video(info, subject)
@@ -211,6 +217,8 @@ def _fetch(
     except HostPaused as exc:
         hook.reraise_hook_error()
         raise exc.about(subject) from exc
+    except EgressRefused as exc:
+        raise EgressRefused(f"{subject}: {exc}") from exc
     except YoutubeDLError as exc:
         hook.reraise_hook_error()
         raise classified(exc, subject, throttle, throttle_key(host_key(url), proxy)) from exc
