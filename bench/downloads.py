@@ -41,7 +41,7 @@ RUNS = 3
 
 def _project(url: str, data_dir: Path, video_urls: list[str]) -> list[str]:
     """A project of these URLs, linked and queued as its catalog run would; its video ids."""
-    from dataminer_dagster.acquisition.inputs import collect_candidates
+    from dataminer_dagster.assets.catalog.inputs import collect_candidates
     from dataminer_dagster.config import parse_project_config
     from dataminer_dagster.db.catalog import Catalog
     from dataminer_dagster.db.engine import get_engine

@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 def setup_project(videos: int, root: Path):
     """A project of `videos` local files, its catalog done: its downloads are queued."""
+    from dataminer_dagster.acquisition.video_ids import Candidate
     from dataminer_dagster.config import parse_project_config
     from dataminer_dagster.db import migrate
     from dataminer_dagster.db.catalog import Catalog
@@ -44,7 +45,6 @@ def setup_project(videos: int, root: Path):
     from dataminer_dagster.db.leases import LeaseStore
     from dataminer_dagster.db.schema import DONE
     from dataminer_dagster.db.server import claims_database_url
-    from dataminer_dagster.db.video_records import Candidate
     from dataminer_dagster.paths import DataPaths
     from dataminer_dagster.registry import CATALOG
     from dataminer_dagster.settings import load_settings

@@ -68,7 +68,7 @@ def median_ms(step: Callable[[], object], repeats: int) -> float:
 
 def link(catalog, project, first: int, count: int, chunk: int) -> None:
     """Link videos `first` .. `first + count - 1` to the project, as the catalog stage does."""
-    from dataminer_dagster.db.video_records import Candidate
+    from dataminer_dagster.acquisition.video_ids import Candidate
 
     for start in range(first, first + count, chunk):
         candidates = [

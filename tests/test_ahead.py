@@ -12,11 +12,11 @@ import dagster as dg
 import pytest
 from dagster._core.storage.dagster_run import DagsterRun
 
+from dataminer_dagster.acquisition.video_ids import Candidate
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import DONE
-from dataminer_dagster.db.video_records import Candidate
 from dataminer_dagster.engine.discovery import DiscoveryCursor, plan_discovery
 from dataminer_dagster.lanes import DEFAULT_LANES
 from dataminer_dagster.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES

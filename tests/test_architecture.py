@@ -13,70 +13,45 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dataminer_dagster"
 HEAVY = ("torch", "transformers", "ultralytics", "faiss")
-ROOT_SIDE = ("cli", "hosting", "definitions", "demo", "components", "testing")
 PKG = "dataminer_dagster."
-# A stage's code: every module of a stage folder but its registry entry (the folder's package)
-# and its config section, which the project config composes.
-STAGE_CODE = ("asset", "table", "store")
 
-# part -> imports it must not make (prefixes of module names); `if TYPE_CHECKING:` blocks are
-# for type checkers only and do not count. Stage code (STAGE_CODE) is checked apart (`_breaks`).
-FORBIDDEN = {
-    "core": ("dagster", "sqlalchemy", PKG),  # but dataminer_dagster.core
-    "models": (
-        "dagster",
-        "sqlalchemy",
-        *(PKG + p for p in ("db", "resources", "sensors", "engine", "assets", *ROOT_SIDE)),
-    ),
-    "db": (
-        "dagster",
-        *(PKG + p for p in ("models", "resources", "sensors", "engine.", *ROOT_SIDE)),
-    ),
-    "acquisition": (
-        "dagster",
-        *(PKG + p for p in ("models", "resources", "sensors", "engine.", *ROOT_SIDE)),
-    ),
-    "engine": (*HEAVY, *(PKG + p for p in ("models", "sensors", *ROOT_SIDE))),
-    "sensors": (
-        *HEAVY,
-        *(
-            PKG + p
-            for p in (
-                "models",
-                "engine.stage",
-                "engine.stage_asset",
-                "engine.stage_run",
-                *ROOT_SIDE,
-            )
-        ),
-    ),
-    # The models resource loads models/ inside its methods: definitions load without torch.
-    "resources": (
-        *HEAVY,
-        *(
-            PKG + p
-            for p in (
-                "sensors",
-                "engine.stage",
-                "engine.stage_asset",
-                "engine.stage_run",
-                *ROOT_SIDE,
-            )
-        ),
-    ),
-    "assets": tuple(PKG + p for p in ("sensors", *ROOT_SIDE)),
-}
-# What the lower parts may take from the engine: the registry's types and names.
-ENGINE_FOR_ALL = (PKG + "registry",)
+# The layers, bottom up: a module imports modules of its own layer and of the layers below, never
+# of one above (imports inside functions and `if TYPE_CHECKING:` blocks count too). Each
+# top-level module or package of dataminer_dagster is in exactly one layer; a stage folder's
+# modules are split between the stage definitions (its registry entry, its config section, its
+# algorithm) and the stages (its asset, its table and SQL, its quality checks).
+LAYERS = (
+    ("vocabulary", ("core", "registry", "partitions", "tags", "settings", "paths")),
+    ("clients", ("acquisition", "models")),
+    ("stage definitions", ("assets", "config", "outputs", "lanes")),
+    ("database", ("db",)),
+    ("resources", ("resources",)),
+    ("engine", ("engine",)),
+    ("stages", ()),
+    ("sensors", ("sensors",)),
+    ("root", ("definitions", "components", "testing", "demo", "cli", "hosting")),
+)
+LAYER_NAMES = [name for name, _ in LAYERS]
+# A stage folder's modules that are the stage's Dagster asset, its table and its SQL.
+STAGE_CODE = ("asset", "table", "store", "quality_checks")
+# A stage folder's modules that face Dagster or the database (above), its registry entry and its
+# config section; every other module of the folder is the stage's algorithm.
+STAGE_FACING = ("__init__", "config", *STAGE_CODE)
+PURE_FORBIDS = ("dagster", "sqlalchemy")
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
-    """Every module a file imports, at any depth, outside `if TYPE_CHECKING:` blocks."""
+def _imports(path: Path, *, type_checking: bool = True) -> list[tuple[int, str]]:
+    """Every module a file imports, at any depth (`if TYPE_CHECKING:` blocks included unless
+    `type_checking` is false: those are for type checkers only)."""
     tree = ast.parse(path.read_text())
     found: list[tuple[int, str]] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if (
+            not type_checking
+            and isinstance(node, ast.If)
+            and "TYPE_CHECKING" in ast.unparse(node.test)
+        ):
             for child in node.orelse:
                 visit(child)
             return
@@ -92,62 +67,125 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 
 
 def _stage_of(module: str) -> tuple[str, str] | None:
-    """(stage folder, module) of a stage's code, e.g. ("filter", "table"); None otherwise."""
+    """(stage folder, module) of a stage folder's module, e.g. ("filter", "table")."""
     parts = module.split(".")
     if parts[:2] == ["dataminer_dagster", "assets"] and len(parts) >= 4:
         return parts[2], parts[3]
     return None
 
 
-def _breaks(part: str, module: str, importer: str = "") -> bool:
-    """Whether `importer` (a module of `part`) may not import `module`."""
-    if part == "core" and module.startswith(PKG + "core"):
-        return False
-    if module in ENGINE_FOR_ALL:
-        return False
+def _layer(module: str) -> int | None:
+    """The layer of a module of the package (None: not the package's)."""
+    parts = module.split(".")
+    if parts[0] != "dataminer_dagster":
+        return None
+    if len(parts) == 1:
+        return 0
     stage = _stage_of(module)
     if stage and stage[1] in STAGE_CODE:
-        mine = _stage_of(importer)
-        if part != "assets":  # below the stages: no stage's code at all
-            return True
-        # A stage reads another stage's table (and model) through its modules, never its asset.
-        return stage[1] == "asset" and (mine is None or mine[0] != stage[0])
-    if part == "assets" and importer.count(".") <= 3 and importer.endswith("__init__"):
-        # The registry's modules (the package and the folders' entries) stay light.
-        return not (module.startswith(PKG + "assets") or module in ENGINE_FOR_ALL)
-    return any(
-        module == f
-        or module.startswith(f.rstrip(".") + ".")
-        or (f.endswith(".") and module.startswith(f))
-        for f in FORBIDDEN[part]
-    )
+        return LAYER_NAMES.index("stages")
+    for number, (_, tops) in enumerate(LAYERS):
+        if parts[1] in tops:
+            return number
+    raise AssertionError(f"{module} is in no layer: place its top-level part in LAYERS")
 
 
 def _module_name(path: Path) -> str:
     return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
 
 
-@pytest.mark.parametrize("part", sorted(FORBIDDEN))
-def test_each_part_imports_only_what_its_arrows_allow(part):
-    files = sorted((PACKAGE / part).rglob("*.py"))
-    assert files, part
+def _upward(importer: str, module: str) -> bool:
+    mine, theirs = _layer(importer), _layer(module)
+    return mine is not None and theirs is not None and theirs > mine
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "_migrations" not in p.parts)
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
     wrong = [
-        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
-        for path in files
+        f"{path.relative_to(PACKAGE.parent)}:{line} ({LAYER_NAMES[_layer(_module_name(path))]}) "
+        f"imports {module} ({LAYER_NAMES[_layer(module)]})"
+        for path in _modules()
         for line, module in _imports(path)
-        if _breaks(part, module, _module_name(path))
+        if _upward(_module_name(path), module)
     ]
     assert not wrong, "\n".join(wrong)
 
 
-# A stage folder's modules that face Dagster or the database; every other module of the folder is
-# the stage's algorithm and, like core/, imports neither.
-STAGE_FACING = ("__init__", "asset", "store", "table", "config", "quality_checks")
-PURE_FORBIDS = (
-    "dagster",
-    "sqlalchemy",
-    *(PKG + p for p in ("db", "engine", "resources", "sensors", *ROOT_SIDE)),
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in edges.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                other = stack.pop()
+                component.append(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in edges:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles_also_not_through_type_checking():
+    names = {_module_name(p).removesuffix(".__init__"): p for p in _modules()}
+
+    def resolve(module: str) -> str | None:
+        while module and module not in names:
+            module = module.rpartition(".")[0]
+        return module or None
+
+    edges = {
+        name: {r for _, m in _imports(path) if (r := resolve(m)) and r != name}
+        for name, path in names.items()
+    }
+    assert _cycles(edges) == []
+
+
+@pytest.mark.parametrize(
+    ("part", "forbidden"),
+    [
+        ("core", (*PURE_FORBIDS, PKG)),  # and nothing of the package but core
+        ("models", PURE_FORBIDS),
+        ("db", ("dagster",)),
+        ("acquisition", ("dagster",)),
+        # Runtime imports: the definitions and the sensors' code server load without torch.
+        ("engine", HEAVY),
+        ("resources", HEAVY),
+        (
+            "sensors",
+            (*HEAVY, *(PKG + f"engine.{m}" for m in ("stage", "stage_asset", "stage_run"))),
+        ),
+    ],
 )
+def test_a_part_makes_none_of_the_imports_its_role_forbids(part, forbidden):
+    wrong = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+        for path in sorted((PACKAGE / part).rglob("*.py"))
+        for line, module in _imports(path, type_checking=False)
+        if any(module == f or module.startswith(f.rstrip(".") + ".") for f in forbidden)
+        and not (part == "core" and module.startswith(PKG + "core"))
+    ]
+    assert not wrong, "\n".join(wrong)
 
 
 def _algorithm_modules() -> list[Path]:
@@ -159,32 +197,59 @@ def _algorithm_modules() -> list[Path]:
 @pytest.mark.parametrize("path", _algorithm_modules(), ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_a_stages_algorithm_is_pure(path):
     """Beside its asset, a stage keeps its algorithm (sampling, grouping, formats): plain Python
-    that knows nothing of Dagster, SQL or the engine, and no stage's asset, table or SQL (a stage's
-    config section, plain pydantic, it may read)."""
+    that knows nothing of Dagster or SQL (the layers keep it off the database and the engine)."""
     wrong = [
         f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
         for line, module in _imports(path)
         if any(module == f or module.startswith(f + ".") for f in PURE_FORBIDS)
-        or (_stage_of(module) or ("", ""))[1] in (*STAGE_CODE, "quality_checks")
     ]
     assert not wrong, "\n".join(wrong)
 
 
-def test_the_rule_catches_an_import_it_forbids(tmp_path):
-    """The check itself can fail: a forbidden import inside a function is found."""
+def test_a_stage_never_imports_another_stages_asset_and_the_registry_entries_stay_light():
+    """A stage reads another stage's table (and model) through its modules, never its asset; the
+    registry's modules (the package and each folder's entry) import nothing but the registry."""
+    wrong = []
+    for path in sorted((PACKAGE / "assets").rglob("*.py")):
+        importer = _module_name(path)
+        mine = _stage_of(importer)
+        for line, module in _imports(path):
+            theirs = _stage_of(module)
+            if theirs and theirs[1] == "asset" and (mine is None or mine[0] != theirs[0]):
+                wrong.append(f"{importer}:{line} imports {module}")
+            entry = importer.count(".") <= 3 and importer.endswith("__init__")
+            if (
+                entry
+                and module.startswith(PKG)
+                and not (module.startswith(PKG + "assets") or module == PKG + "registry")
+            ):
+                wrong.append(f"{importer}:{line} imports {module}")
+            if entry and module.split(".")[0] in HEAVY:
+                wrong.append(f"{importer}:{line} imports {module}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_rules_can_fail(tmp_path):
+    """The checks themselves: a forbidden import inside a function is found, layers are ordered,
+    and a cycle is seen."""
     sample = tmp_path / "sample.py"
-    sample.write_text("def f():\n    import dagster\n    from dataminer_dagster.db import leases\n")
-    found = [module for _, module in _imports(sample)]
-    assert found == ["dagster", "dataminer_dagster.db"]
-    assert _breaks("core", "dataminer_dagster.db") and _breaks("core", "dagster")
-    assert not _breaks("core", "dataminer_dagster.core.files")
-    assert _breaks("sensors", "dataminer_dagster.engine.stage")
-    assert _breaks("db", "dataminer_dagster.assets.filter.table")
-    assert not _breaks("db", "dataminer_dagster.assets")  # the registry
-    dedup = "dataminer_dagster.assets.dedup.asset"
-    assert _breaks("assets", "dataminer_dagster.assets.filter.asset", dedup)
-    assert not _breaks("assets", "dataminer_dagster.assets.filter.table", dedup)
-    assert _breaks("assets", "torch", "dataminer_dagster.assets.filter.__init__")
+    sample.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
+        "def f():\n    import dagster\n    from dataminer_dagster.db import leases\n"
+    )
+    assert [m for _, m in _imports(sample)] == [
+        "typing",
+        "torch",
+        "dagster",
+        "dataminer_dagster.db",
+    ]
+    assert "torch" not in [m for _, m in _imports(sample, type_checking=False)]
+    assert _upward("dataminer_dagster.db.leases", "dataminer_dagster.engine.stage")
+    assert _upward("dataminer_dagster.db.reports", "dataminer_dagster.assets.filter.table")
+    assert not _upward("dataminer_dagster.db.reports", "dataminer_dagster.assets")
+    assert not _upward("dataminer_dagster.assets.filter.asset", "dataminer_dagster.engine.stage")
+    assert _upward("dataminer_dagster.acquisition.inputs", "dataminer_dagster.config")
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
 
 
 def _fresh_python(script: str, env: dict[str, str] | None = None) -> str:

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 import yaml
 from click.testing import CliRunner
 
-from dataminer_dagster.acquisition.video_ids import video_id_for_file
+from dataminer_dagster.acquisition.video_ids import Candidate, video_id_for_file
 from dataminer_dagster.cli import dev as cli_dev
 from dataminer_dagster.cli import main
 from dataminer_dagster.config import parse_project_config
@@ -24,7 +24,6 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, PENDING, RUNNING
-from dataminer_dagster.db.video_records import Candidate
 from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.registry import (
     CATALOG,
@@ -899,17 +898,17 @@ def test_run_past_its_timeout_stops_with_a_message_and_exit_code(world, tmp_path
 def test_run_ends_with_a_message_when_its_project_is_deleted_meanwhile(
     world, tmp_path, monkeypatch
 ):
-    """`dataminer run` died with "ValueError: unknown projects: ['del']". Its catalog finds no
-    video (an empty folder) and fails with back-off of at least 30 s: the project is deleted in
-    that wait, as a user would, while the command runs in a process of its own."""
+    """`dataminer run` died with "ValueError: unknown projects: ['del']". Its catalog cannot read
+    its URL file (not written yet: a problem that may pass) and fails with back-off of at least
+    30 s: the project is deleted in that wait, as a user would, while the command runs in a
+    process of its own."""
     import subprocess
     import sys
     import time
 
     monkeypatch.setenv("DATAMINER_RETRY_BASE_SECONDS", "60")
     monkeypatch.setenv("DATAMINER_RETRY_MAX_SECONDS", "120")
-    (tmp_path / "clips").mkdir()
-    raw = {**CONFIG, "name": "del", "inputs": {"files": [str(tmp_path / "clips" / "*.mp4")]}}
+    raw = {**CONFIG, "name": "del", "inputs": {"url_file": str(tmp_path / "not-yet.txt")}}
     path = _write_config(tmp_path / "del.yaml", raw)
     command = [str(Path(sys.executable).parent / "dataminer"), "run", str(path), "--no-progress"]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

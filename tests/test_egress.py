@@ -90,7 +90,7 @@ def test_a_listing_on_a_private_address_is_refused_unless_allowed(http_server):
         "</channel></rss>"
     )
     with pytest.raises(EgressRefused, match=r"^listing http://127\.0\.0\.1:\d+/feed\.xml: "):
-        list_videos(http_server.url("/feed.xml"), 5)
+        list_videos(http_server.url("/feed.xml"), 5, options=DownloadConfig())
     assert list_videos(http_server.url("/feed.xml"), 5, options=ALLOWED)
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dataminer_dagster.acquisition.inputs import collect_candidates
 from dataminer_dagster.assets.catalog.config import InputsConfig, SearchConfig
+from dataminer_dagster.assets.catalog.inputs import collect_candidates
 from dataminer_dagster.config import ConfigError, load_project_config, parse_project_config
 
 MINIMAL = """\

@@ -12,8 +12,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dataminer_dagster.acquisition.inputs import PROBLEM_CHARS, collect_candidates
 from dataminer_dagster.assets.catalog.config import InputsConfig, SearchConfig
+from dataminer_dagster.assets.catalog.inputs import PROBLEM_CHARS, collect_candidates
 from dataminer_dagster.config import ConfigError, ProjectConfig, load_project_config
 
 # Fixed and small (about a second a test here): the budget is examples, derandomized, so that

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from dataminer_dagster.acquisition.errors import HostPaused, Pause
-from dataminer_dagster.acquisition.inputs import PROBLEMS_KEPT, collect_candidates
 from dataminer_dagster.acquisition.ytdlp_search import SearchHit
 from dataminer_dagster.assets.catalog.config import InputsConfig, SearchConfig
+from dataminer_dagster.assets.catalog.inputs import PROBLEMS_KEPT, collect_candidates
 
 
 def _search(results: dict[str, list[str]]):

@@ -70,7 +70,7 @@ def test_fifty_videos_three_runs_one_polite_client(tmp_path, database_url, engin
     root = tmp_path / "www"
     names = [f"v{n:02d}" for n in range(VIDEOS + 1)]  # v50 is for the end
     write_videos(root, names, clip)
-    data_dir = tmp_path / "data"
+    data_dir = dataminer_env / "data"  # the CLI reads it too
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
     res = resources(database_url, data_dir)
 

@@ -24,6 +24,7 @@ from dagster._core.remote_origin import (
 )
 from dagster._core.storage.dagster_run import DagsterRun
 
+from dataminer_dagster.acquisition.video_ids import Candidate
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.deletions import delete_orphan_videos, delete_project
@@ -31,7 +32,6 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.partition_rows import row_count
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import DEAD, DONE, FAILED, PENDING, RUNNING
-from dataminer_dagster.db.video_records import Candidate
 from dataminer_dagster.engine.discovery import (
     COMPARE_EVERY_S,
     FULL_COMPARE_EVERY_S,

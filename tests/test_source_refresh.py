@@ -196,7 +196,10 @@ def test_a_refresh_does_not_retry_videos_the_project_rejected(following):
     assert status == "dead"
 
 
-def test_a_failing_feed_is_recorded_and_waits_for_its_back_off(following, dataminer_env):
+def test_a_failing_feed_is_recorded_and_waits_for_its_back_off(
+    following, dataminer_env, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("DATAMINER_DATA_DIR", str(tmp_path / "data"))  # the pipeline's
     following.drive()
     following.server.respond("/feed.xml", status=500)
     following.refresh()
@@ -345,7 +348,10 @@ def test_a_youtube_channel_listing_gives_watch_urls_and_skips_nested_playlists()
     ]
 
 
-def test_refresh_wait_runs_the_refresh_in_this_process(following, dataminer_env):
+def test_refresh_wait_runs_the_refresh_in_this_process(
+    following, dataminer_env, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("DATAMINER_DATA_DIR", str(tmp_path / "data"))  # the pipeline's
     from dataminer_dagster.cli import main
 
     following.drive()

@@ -85,8 +85,9 @@ def run_project(tmp_path, database_url, engine, server, siglip, *, per_feed: int
 
 
 def test_the_project_acquires_until_its_target_from_the_better_source(
-    tmp_path, database_url, engine, http_server, tiny_siglip, dataminer_env
+    tmp_path, database_url, engine, http_server, tiny_siglip, dataminer_env, monkeypatch
 ):
+    monkeypatch.setenv("DATAMINER_DATA_DIR", str(tmp_path / "data"))  # the pipeline's, below
     state, linked, observed = run_project(
         tmp_path, database_url, engine, http_server, tiny_siglip, per_feed=6, target={"images": 20}
     )

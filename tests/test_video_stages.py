@@ -11,10 +11,10 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from dataminer_dagster.acquisition.inputs import PROBLEMS_KEPT
 from dataminer_dagster.acquisition.video_ids import video_id_for_file, video_id_for_url
 from dataminer_dagster.assets.backup.asset import frames_backup
 from dataminer_dagster.assets.catalog.asset import video_catalog
+from dataminer_dagster.assets.catalog.inputs import PROBLEMS_KEPT
 from dataminer_dagster.assets.download.asset import downloads
 from dataminer_dagster.assets.frames.asset import frames
 from dataminer_dagster.config import parse_project_config

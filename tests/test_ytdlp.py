@@ -759,7 +759,7 @@ def test_search_results_keep_videos_in_order_without_duplicates():
 @pytest.mark.parametrize(("query", "count"), [("  ", 5), ("cats", 0)])
 def test_search_rejects_bad_arguments_before_any_request(query, count):
     with pytest.raises(ValueError):
-        search_videos(query, count)
+        search_videos(query, count, options=DownloadConfig())
 
 
 # -- politeness: pauses, bot checks, expired stream URLs, proxies ------------------------------

@@ -13,6 +13,7 @@ import hashlib
 import os
 import re
 import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
@@ -160,3 +161,14 @@ def _derived_id(name: str, identity: str) -> str:
 def _slug(name: str) -> str:
     ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
     return _UNSAFE.sub("-", ascii_name).strip("-_").lower()[:_SLUG_MAX].strip("-_")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A video found by the catalog: a remote URL or a local file, and where it came from."""
+
+    video_id: str
+    source: str  # search | url | url_file | file | manual
+    source_info: str | None = None
+    url: str | None = None
+    source_path: str | None = None

@@ -1,5 +1,6 @@
 """How yt-dlp is called: the YoutubeDL parameters made from a download's settings
-(`DownloadConfig`), the logger that keeps yt-dlp's output off the terminal, and the reading of
+(`YtDlpOptions`: what the client reads of them; the download stage's `DownloadConfig` is one),
+the logger that keeps yt-dlp's output off the terminal, and the reading of
 numbers from its answers.
 
 The downloads (`assets/download/fetch.py`) and the searches (`ytdlp_search`) both start from these.
@@ -13,12 +14,36 @@ import os
 import shutil
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from dataminer_dagster.acquisition.politeness import PausePolicy
 from dataminer_dagster.core.redact import redact
 
-if TYPE_CHECKING:
-    from dataminer_dagster.assets.download.config import DownloadConfig
+
+class YtDlpOptions(Protocol):
+    """What the yt-dlp client reads of a download's settings (the download stage's
+    `DownloadConfig` has each, and says what it means): the client imports no stage's config."""
+
+    format: str | None
+    max_height: int | None
+    timeout_s: float
+    retries: int
+    max_filesize_mb: float
+    cookies_file: Path | None
+    sleep_requests_s: float | None
+    allow_private_networks: bool
+    proxies: list[str]
+
+    @property
+    def rate_limit_bytes(self) -> int | None: ...
+
+    @property
+    def pauses(self) -> PausePolicy: ...
+
+    def for_host(self, host: str) -> YtDlpOptions:
+        """These settings with the host's own (its site's pace, its sleeps)."""
+        ...
+
 
 _ytdlp_logger = logging.getLogger(f"{__name__}.yt_dlp")
 
@@ -34,7 +59,7 @@ def default_format(max_height: int | None) -> str:
     return f"bv*[height<=?{int(max_height)}]/wv*"
 
 
-def ytdlp_params(options: DownloadConfig, proxy: str | None = None) -> dict[str, Any]:
+def ytdlp_params(options: YtDlpOptions, proxy: str | None = None) -> dict[str, Any]:
     """The YoutubeDL parameters for `options` and this call's proxy (without per-download paths
     and hooks)."""
     params: dict[str, Any] = {
@@ -71,13 +96,13 @@ def ytdlp_params(options: DownloadConfig, proxy: str | None = None) -> dict[str,
     return params
 
 
-def download_params(options: DownloadConfig, proxy: str | None = None) -> dict[str, Any]:
+def download_params(options: YtDlpOptions, proxy: str | None = None) -> dict[str, Any]:
     """`ytdlp_params` for downloading one video: a playlist URL (refused as not a video) is
     enumerated no further than its first entry, since some never end (mixes, channels' streams)."""
     return ytdlp_params(options, proxy) | {"playlist_items": "1"}
 
 
-def max_filesize_bytes(options: DownloadConfig) -> int:
+def max_filesize_bytes(options: YtDlpOptions) -> int:
     return int(options.max_filesize_mb * 1024 * 1024)
 
 

@@ -35,11 +35,11 @@ from dataminer_dagster.acquisition.video_ids import (
     youtube_watch_url,
 )
 from dataminer_dagster.acquisition.ytdlp_params import (
+    YtDlpOptions,
     positive_number,
     private_cookies,
     ytdlp_params,
 )
-from dataminer_dagster.assets.download.config import DownloadConfig
 
 YOUTUBE = "youtube.com"  # the host key of searches
 
@@ -56,7 +56,7 @@ def search_videos(
     query: str,
     max_results: int,
     *,
-    options: DownloadConfig | None = None,
+    options: YtDlpOptions,
     throttle: HostThrottle | None = None,
 ) -> list[SearchHit]:
     """The first `max_results` YouTube videos for `query`. Errors raise; they are never ignored.
@@ -70,7 +70,7 @@ def search_videos(
         raise ValueError("search query is empty")
     if max_results < 1:
         raise ValueError(f"max_results must be at least 1, got {max_results}")
-    options = (options or DownloadConfig()).for_host(YOUTUBE)
+    options = options.for_host(YOUTUBE)
     throttle = throttle or LocalThrottle(options.pauses)
     proxy = next_proxy(options.proxies, YOUTUBE, throttle)
     search = functools.partial(_search, query.strip(), max_results, options, throttle, proxy)
@@ -81,7 +81,7 @@ def list_videos(
     url: str,
     max_entries: int,
     *,
-    options: DownloadConfig | None = None,
+    options: YtDlpOptions,
     throttle: HostThrottle | None = None,
 ) -> list[SearchHit]:
     """The newest `max_entries` videos a listing names (a feed's items in its order, a channel's
@@ -90,7 +90,7 @@ def list_videos(
     if max_entries < 1:
         raise ValueError(f"max_entries must be at least 1, got {max_entries}")
     host = host_key(url)
-    options = (options or DownloadConfig()).for_host(host)
+    options = options.for_host(host)
     throttle = throttle or LocalThrottle(options.pauses)
     proxy = next_proxy(options.proxies, host, throttle)
     listing = functools.partial(

@@ -48,11 +48,11 @@ def project_list() -> None:
 def add_video(url: str, project_name: str) -> None:
     """Add one video URL to an existing project."""
     from dataminer_dagster.acquisition.video_ids import (
+        Candidate,
         is_youtube_url,
         video_id_for_url,
         youtube_watch_url,
     )
-    from dataminer_dagster.db.video_records import Candidate
 
     _, _, catalog = context()
     proj = catalog.project(project_name)
@@ -107,7 +107,7 @@ def populate(config: str, dry_run: bool) -> None:
     """Find the videos of a project's inputs (searches, URLs, files) and add them."""
     import os
 
-    from dataminer_dagster.acquisition.inputs import find_videos
+    from dataminer_dagster.assets.catalog.inputs import find_videos
     from dataminer_dagster.core.redact import redact
     from dataminer_dagster.db.schema import DONE
     from dataminer_dagster.db.shared_throttle import SharedThrottle

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
+from dataminer_dagster.acquisition.video_ids import Candidate
 from dataminer_dagster.db.frame_records import FrameRecords
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_records import ProjectRow
@@ -29,7 +30,7 @@ from dataminer_dagster.db.schema import (
     project_video_key_sql,
     stale_sql,
 )
-from dataminer_dagster.db.video_records import Candidate, LinkResult, VideoRecords
+from dataminer_dagster.db.video_records import LinkResult, VideoRecords
 from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.registry import (
     BACKUP,

@@ -11,6 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from dataminer_dagster.acquisition.video_ids import Candidate
 from dataminer_dagster.db.project_records import ProjectRecords, ProjectRow
 from dataminer_dagster.db.schema import BLOCKED, LINKED_THROUGH_COPY, SCHEMA
 from dataminer_dagster.registry import FILTER, project_video_key
@@ -33,17 +34,6 @@ class VideoRow:
     tags: list[str] | None
     content_hash: str | None = None
     same_as: str | None = None  # the original, when this video is a copy of it
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A video found by the catalog: a remote URL or a local file, and where it came from."""
-
-    video_id: str
-    source: str  # search | url | url_file | file | manual
-    source_info: str | None = None
-    url: str | None = None
-    source_path: str | None = None
 
 
 @dataclass(frozen=True)

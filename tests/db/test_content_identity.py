@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from dataminer_dagster.acquisition.video_ids import Candidate
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.deletions import (
@@ -20,7 +21,6 @@ from dataminer_dagster.db.deletions import (
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.schema import DONE
-from dataminer_dagster.db.video_records import Candidate
 from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.registry import DOWNLOAD
 from tests.helpers.pipeline import work_items

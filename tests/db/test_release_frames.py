@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from dataminer_dagster.acquisition.video_ids import Candidate
 from dataminer_dagster.assets.backup.store import record_backup
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.db.catalog import Catalog
@@ -17,7 +18,6 @@ from dataminer_dagster.db.file_changes import committing
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.retention import release_finished_frames
-from dataminer_dagster.db.video_records import Candidate
 from dataminer_dagster.paths import DataPaths
 from tests.helpers.pipeline import work_items
 

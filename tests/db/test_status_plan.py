@@ -210,7 +210,7 @@ def test_linking_videos_reads_only_their_rows(seeded, tmp_path):
     """The catalog stage links a batch of videos to a project (`link_and_queue`): its lock of
     the videos and their originals reads those rows, not the catalog (an `= ANY(...) OR IN
     (subquery)` was a scan of every video: a minute a batch at 500,000 videos)."""
-    from dataminer_dagster.db.video_records import Candidate
+    from dataminer_dagster.acquisition.video_ids import Candidate
 
     engine, _, small = seeded
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(tmp_path / "data"))

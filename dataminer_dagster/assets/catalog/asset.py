@@ -12,7 +12,7 @@ project has not seen, and what each search and listing found is recorded per sou
 from __future__ import annotations
 
 from dataminer_dagster.acquisition.errors import HostPaused
-from dataminer_dagster.acquisition.inputs import find_videos
+from dataminer_dagster.assets.catalog.inputs import find_videos
 from dataminer_dagster.assets.catalog.source_choice import MAX_DEPTH, SourceYield, choose
 from dataminer_dagster.db import source_refresh
 from dataminer_dagster.db.acquisition_rounds import (

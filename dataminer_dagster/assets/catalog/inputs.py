@@ -28,6 +28,7 @@ from dataminer_dagster.acquisition.egress import refused_literal_address
 from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.acquisition.video_ids import (
+    Candidate,
     is_youtube_url,
     video_id_for_file,
     video_id_for_url,
@@ -39,7 +40,6 @@ from dataminer_dagster.assets.download.config import DownloadConfig
 from dataminer_dagster.core.bounded_text import BoundedTextError, NotYaml, cut, load_yaml, shown
 from dataminer_dagster.core.path_kinds import not_a_regular_file
 from dataminer_dagster.core.redact import redact
-from dataminer_dagster.db.video_records import Candidate
 
 VIDEO_SUFFIXES = {".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".mpg", ".mpeg", ".ts"}
 
