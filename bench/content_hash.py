@@ -1,6 +1,6 @@
 """The download stage's content hash against a plain read of the same file.
 
-Every video's file is hashed once at download (dataminer_dagster/core/content_hash.py, SHA-256 of
+Every video's file is hashed once at download (dataminer_dagster/assets/download/content_hash.py, SHA-256 of
 the bytes). Hashing is meant to cost no more than reading the file: this measures, on one file of
 `--size-mb` random bytes, in the same process,
 
@@ -81,7 +81,7 @@ def _seconds(fn: Callable[[Path], None], path: Path, repeats: int, *, cold: bool
 
 
 def main() -> None:
-    from dataminer_dagster.core.content_hash import file_content_hash
+    from dataminer_dagster.assets.download.content_hash import file_content_hash
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=2048)

@@ -5,7 +5,7 @@ still valid is not fetched again. Projects can have different rules (hashtags, d
 video is fetched when at least one linked project accepts it, and the projects whose rules reject
 it record it as blocked for themselves.
 
-Each video's file is hashed once (SHA-256 of its bytes, core/content_hash.py). A video whose
+Each video's file is hashed once (SHA-256 of its bytes, content_hash.py). A video whose
 content an earlier video already has is a copy of it (`videos.same_as`): its chain ends here, and
 its projects use the original's frames and results (Catalog.advance_videos); a copy's downloaded
 file is deleted at once (the original's holds the same bytes), a local one is left in place.
@@ -27,8 +27,8 @@ from pathlib import Path
 from dataminer_dagster.acquisition.errors import DownloadBlocked, HostPaused, PermanentDownloadError
 from dataminer_dagster.acquisition.politeness import host_key
 from dataminer_dagster.assets.download.config import DownloadConfig
+from dataminer_dagster.assets.download.content_hash import file_content_hash
 from dataminer_dagster.assets.download.rules import check_download_rules
-from dataminer_dagster.core.content_hash import file_content_hash
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.project_records import ProjectRow
