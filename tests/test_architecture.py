@@ -90,8 +90,8 @@ def _layer(module: str) -> int | None:
     raise AssertionError(f"{module} is in no layer: place its top-level part in LAYERS")
 
 
-def _module_name(path: Path) -> str:
-    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    return ".".join(path.relative_to(package.parent).with_suffix("").parts)
 
 
 def _upward(importer: str, module: str) -> bool:
@@ -99,18 +99,39 @@ def _upward(importer: str, module: str) -> bool:
     return mine is not None and theirs is not None and theirs > mine
 
 
-def _modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if "_migrations" not in p.parts)
+def _modules(package: Path = PACKAGE) -> list[Path]:
+    return sorted(p for p in package.rglob("*.py") if "_migrations" not in p.parts)
+
+
+def upward_imports(package: Path = PACKAGE) -> list[str]:
+    """Every import of a module from a layer above the importer's, as `importer -> module`."""
+    return [
+        f"{_module_name(path, package)}:{line} ({LAYER_NAMES[_layer(_module_name(path, package))]})"
+        f" -> {module} ({LAYER_NAMES[_layer(module)]})"
+        for path in _modules(package)
+        for line, module in _imports(path)
+        if _upward(_module_name(path, package), module)
+    ]
+
+
+def import_cycles(package: Path = PACKAGE) -> list[list[str]]:
+    """The groups of modules that import each other, round a loop (any import counts)."""
+    names = {_module_name(p, package).removesuffix(".__init__"): p for p in _modules(package)}
+
+    def resolve(module: str) -> str | None:
+        while module and module not in names:
+            module = module.rpartition(".")[0]
+        return module or None
+
+    edges = {
+        name: {r for _, m in _imports(path) if (r := resolve(m)) and r != name}
+        for name, path in names.items()
+    }
+    return _cycles(edges)
 
 
 def test_no_module_imports_from_a_layer_above_its_own():
-    wrong = [
-        f"{path.relative_to(PACKAGE.parent)}:{line} ({LAYER_NAMES[_layer(_module_name(path))]}) "
-        f"imports {module} ({LAYER_NAMES[_layer(module)]})"
-        for path in _modules()
-        for line, module in _imports(path)
-        if _upward(_module_name(path), module)
-    ]
+    wrong = upward_imports()
     assert not wrong, "\n".join(wrong)
 
 
@@ -147,18 +168,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles_also_not_through_type_checking():
-    names = {_module_name(p).removesuffix(".__init__"): p for p in _modules()}
-
-    def resolve(module: str) -> str | None:
-        while module and module not in names:
-            module = module.rpartition(".")[0]
-        return module or None
-
-    edges = {
-        name: {r for _, m in _imports(path) if (r := resolve(m)) and r != name}
-        for name, path in names.items()
-    }
-    assert _cycles(edges) == []
+    assert import_cycles() == []
 
 
 @pytest.mark.parametrize(
