@@ -20,13 +20,19 @@ from tests.helpers.pipeline import work_items
 
 
 class CutAfterCommit:
-    """A TCP proxy in front of the server's Unix socket that, once armed, passes a COMMIT on to
-    the server and then cuts the client off before the answer: the client cannot tell whether it
-    went through."""
+    """A TCP proxy in front of the server (its Unix socket, or its TCP address) that, once armed,
+    passes a COMMIT on to the server and then cuts the client off before the answer: the client
+    cannot tell whether it went through."""
 
     def __init__(self, database_url: str):
         url = make_url(database_url)
-        self._socket_path = f"{url.query['host']}/.s.PGSQL.{url.port or 5432}"
+        if url.host:  # a server on TCP (CI's PostgreSQL 15)
+            self._server_address = (socket.AF_INET, (url.host, url.port or 5432))
+        else:  # the embedded server's socket directory
+            self._server_address = (
+                socket.AF_UNIX,
+                f"{url.query['host']}/.s.PGSQL.{url.port or 5432}",
+            )
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = url.set(host="127.0.0.1", port=self._listener.getsockname()[1], query={})
         self.armed = threading.Event()
@@ -39,8 +45,9 @@ class CutAfterCommit:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            server = socket.socket(socket.AF_UNIX)
-            server.connect(self._socket_path)
+            family, address = self._server_address
+            server = socket.socket(family)
+            server.connect(address)
             cutting = threading.Event()  # this connection's COMMIT went through the proxy
             for args in ((client, server, True, cutting), (server, client, False, cutting)):
                 threading.Thread(target=self._pump, args=args, daemon=True).start()
