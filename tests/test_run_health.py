@@ -252,3 +252,35 @@ def test_the_start_grace_is_measured_on_the_database_clock(engine):
     assert (
         found.run_id == behind.dagster_run.run_id and "never reported a heartbeat" in found.reason
     )
+
+
+def test_the_reaper_gives_a_cancelled_runs_begun_items_back_without_counting_an_attempt(engine):
+    """The lease reaper and release_cancelled_runs both see a cancelled run's leases; whichever
+    gets there first, an item the run had begun goes back uncounted (a person stopped the run)."""
+    import sqlalchemy as sa
+
+    from dataminer_dagster.engine.run_health import reap_dead_work
+
+    store = LeaseStore(engine)
+    store.enqueue("filter", ["p.cancelled", "p.failed"])
+    with dg.instance_for_test() as instance:
+        for key, status in (("p.cancelled", S.CANCELED), ("p.failed", S.FAILURE)):
+            run = instance.create_run_for_job(
+                dg.GraphDefinition(name="g").to_job(), run_id=str(uuid.uuid4())
+            )
+            if status == S.CANCELED:
+                instance.report_run_canceled(run)
+            else:
+                instance.report_run_failed(run)
+            [lease], _ = store.claim_keys("filter", [key], run.run_id)
+            store.mark_started(lease)
+        reap_dead_work(instance, store, lease=LEASE, runs=RunPolicy())
+    with engine.connect() as c:
+        rows = dict(
+            c.execute(
+                sa.text(
+                    "SELECT item_key, attempts FROM dataminer.work_items WHERE stage = 'filter'"
+                )
+            ).all()
+        )
+    assert rows == {"p.cancelled": 0, "p.failed": 1}

@@ -210,17 +210,21 @@ def reap_dead_work(
 ) -> ReaperPass:
     """The lease reaper's pass, for the sensor and for `dataminer run`: end the dead runs in
     Dagster, then take back the leases of runs that stopped heartbeating or that Dagster reports
-    as finished."""
+    as finished. A cancelled run's leases go back uncounted, as the release_cancelled_runs
+    sensor gives them back: a person stopped the run, its items did nothing wrong, whichever of
+    the two gets there first."""
     dead = end_dead_runs(instance, dead_runs(instance, store, lease=lease, runs=runs))
     owners = store.lease_owners()
-    finished = (
-        [
-            r.dagster_run.run_id
-            for r in instance.get_run_records(
-                dg.RunsFilter(run_ids=owners, statuses=list(FINISHED_STATUSES))
-            )
-        ]
+    records = (
+        instance.get_run_records(dg.RunsFilter(run_ids=owners, statuses=list(FINISHED_STATUSES)))
         if owners
         else []
     )
+    finished = []
+    for record in records:
+        run_id = record.dagster_run.run_id
+        if record.dagster_run.status == Status.CANCELED:
+            store.release_run(run_id, f"run {run_id} was cancelled", count_attempt=False)
+        else:
+            finished.append(run_id)
     return ReaperPass(dead, store.reap(lease.stale_after_s, finished))
