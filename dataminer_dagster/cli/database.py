@@ -42,11 +42,8 @@ def db_stop() -> None:
     if settings.database_url:
         click.echo("DATAMINER_DATABASE_URL is set: there is no embedded server to stop")
         return
-    stopped = stop_embedded(settings)
-    click.echo(
-        f"embedded PostgreSQL at {settings.embedded_pgdata} "
-        + ("stopped" if stopped else "was not running")
-    )
+    how = stop_embedded(settings)
+    click.echo(f"embedded PostgreSQL at {settings.embedded_pgdata} {how or 'was not running'}")
 
 
 @db.command("url")

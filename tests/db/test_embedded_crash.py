@@ -87,3 +87,32 @@ def test_a_server_killed_while_writing_its_pid_file_starts_again(pgdata, kept_li
 
     assert not stop_embedded(load_settings())
     assert _query_in_new_process() == "42"
+
+
+def test_a_server_whose_fast_shutdown_hangs_is_stopped_immediately_and_comes_back(
+    pgdata, monkeypatch
+):
+    """A backend that cannot end (stopped by a signal here) holds a fast shutdown for ever:
+    `stop_embedded` then stops the server immediately, says so, and the next start recovers."""
+    import os
+    import signal
+
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from dataminer_dagster.db import server
+    from dataminer_dagster.db.server import claims_database_url
+
+    monkeypatch.setattr(server, "FAST_STOP_S", 2)
+    url = make_url(claims_database_url(load_settings())).set(drivername="postgresql")
+    session = psycopg.connect(url.render_as_string(hide_password=False))
+    backend = session.info.backend_pid
+    os.kill(backend, signal.SIGSTOP)
+    try:
+        how = stop_embedded(load_settings())
+    finally:
+        if psutil.pid_exists(backend):
+            os.kill(backend, signal.SIGCONT)
+    assert how is not None and how.startswith("stopped immediately"), how
+    assert server._running_postmaster(pgdata) is None
+    assert _query_in_new_process() == "42"
