@@ -53,8 +53,11 @@ ASSETS = (
     "dataset",
 )
 COMPLETE_WITHIN_S = 300
-BACKFILL_WITHIN_S = 300  # the backfill daemon works every 30 s
-GRAPH_BACKFILL_WITHIN_S = 600  # a tick for each lane of the flow, one after another
+# The backfill daemon's pause between iterations (Dagster's is 30 s): a backfill of the whole
+# graph takes an iteration for each lane of the flow, one after another.
+BACKFILL_INTERVAL_S = 3
+BACKFILL_WITHIN_S = 300
+GRAPH_BACKFILL_WITHIN_S = 600
 
 
 def _projects(base: str, siglip: Path, yolo: Path, backup: Path) -> list[dict]:
@@ -104,7 +107,7 @@ def deployed():
         env.setenv("DAGSTER_HOME", str(home.dagster_home))
         env.delenv("DATAMINER_DATABASE_URL", raising=False)
         try:
-            home.start_daemon()
+            home.start_daemon(backfill_interval_s=BACKFILL_INTERVAL_S)
             projects = _projects(base, siglip, yolo, home.root / "backup")
             for project in projects:
                 home.add_project(project)
