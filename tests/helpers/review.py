@@ -45,6 +45,7 @@ def as_answered(tasks: list[dict], *, skip: tuple[str, ...] = ()) -> list[dict]:
 # (once; reused by later runs), as docs/datasets.md tells users to.
 LABEL_STUDIO_VERSION = "1.23.2"
 LABEL_STUDIO_VENV = Path(__file__).resolve().parents[2] / ".cache" / "label-studio"
+MIGRATED_DATA_DIR = LABEL_STUDIO_VENV / "migrated"
 USER, PASSWORD, TOKEN = "reviewer@example.com", "review-password-1", "dataminer-test-token-1"
 
 
@@ -53,7 +54,7 @@ def label_studio_executable() -> tuple[Path | None, str]:
     else one installed from the package index into .cache/label-studio. One install at a time
     (a lock: .ci/run starts it in the background while the product installs, and the test waits
     for it); a venv's scripts name its path, so it is installed in place, and a marker says the
-    install finished."""
+    install finished (its database migrated too)."""
     given = os.environ.get("DATAMINER_TEST_LABEL_STUDIO")
     if given:
         return Path(given), ""
@@ -87,16 +88,31 @@ def _installed_label_studio() -> tuple[Path | None, str]:
                 f"label-studio=={LABEL_STUDIO_VERSION} could not be installed in its own "
                 f"environment ({step} failed: {last}; is the package index reachable?)"
             )
+    migrated = _migrate(executable, MIGRATED_DATA_DIR)
+    if migrated.returncode != 0:
+        shutil.rmtree(LABEL_STUDIO_VENV, ignore_errors=True)
+        return None, (
+            f"label-studio=={LABEL_STUDIO_VERSION} could not create its database: "
+            + (migrated.stdout.strip().splitlines() or ["no output"])[-1]
+        )
     finished.write_text(LABEL_STUDIO_VERSION + "\n")
     return executable, ""
 
 
-@contextmanager
-def label_studio_server(executable: Path, data_dir: Path, document_root: Path) -> Iterator[str]:
-    """A Label Studio on 127.0.0.1 with its own SQLite in `data_dir`, serving local files under
-    `document_root`, signed in with the legacy token TOKEN; yields its URL."""
-    import requests
+def _migrate(executable: Path, data_dir: Path) -> subprocess.CompletedProcess:
+    """Label Studio's database, migrated once at install: every start of a server copies it
+    (a first start would spend most of its time migrating)."""
+    return subprocess.run(
+        [executable, "version"],
+        env=_server_env(data_dir, data_dir),
+        cwd=data_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
+
+def _server_env(data_dir: Path, document_root: Path) -> dict[str, str]:
     # Label Studio also reads its settings without their LABEL_STUDIO_ prefix.
     unprefixed = ("HOST", "PORT", "USERNAME", "PASSWORD", "DATABASE_NAME", "DJANGO_DB")
     env = {k: v for k, v in os.environ.items() if k not in unprefixed}
@@ -113,6 +129,17 @@ def label_studio_server(executable: Path, data_dir: Path, document_root: Path) -
         COLLECT_ANALYTICS="false",
     )
     data_dir.mkdir(parents=True, exist_ok=True)
+    return env
+
+
+@contextmanager
+def label_studio_server(executable: Path, data_dir: Path, document_root: Path) -> Iterator[str]:
+    """A Label Studio on 127.0.0.1 with its own SQLite in `data_dir`, serving local files under
+    `document_root`, signed in with the legacy token TOKEN; yields its URL."""
+    import requests
+
+    env = _server_env(data_dir, document_root)
+    shutil.copytree(MIGRATED_DATA_DIR, data_dir, dirs_exist_ok=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -136,7 +163,7 @@ def label_studio_server(executable: Path, data_dir: Path, document_root: Path) -
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 300  # its first start migrates its database (about 50 s)
+        deadline = time.monotonic() + 300
         while True:
             assert server.poll() is None, (data_dir / "server.log").read_text()[-3000:]
             # A server still starting may accept the connection and answer late: both are waits.
