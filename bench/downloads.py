@@ -102,7 +102,7 @@ def _overhead(url: str, rounds: int) -> float:
     from dataminer_dagster.db.shared_throttle import SharedThrottle
 
     engine = get_engine(url)
-    LeaseStore(engine).heartbeat("bench-overhead", "bench", os.getpid())
+    LeaseStore(engine).liveness.heartbeat("bench-overhead", "bench", os.getpid())
     throttle = SharedThrottle(
         engine, run_id="bench-overhead", policy=PausePolicy(), stale_after_s=120
     )

@@ -751,7 +751,7 @@ def test_force_dedup_and_detect(world):
     assert world.catalog.project("p1").stage == "active"
     assert "detect p1 (run run-p1) is running" in invoke("force-detect", "p1", code=1).output
 
-    world.store.release_run("run-p1", "test", count_attempt=False)
+    world.store.liveness.release_run("run-p1", "test", count_attempt=False)
     world.set(DATASET, "p1", DONE, project=project)
     out = invoke("force-detect", "p1")
     assert "project p1: active -> detect; detect is queued" in out.output

@@ -243,7 +243,9 @@ def reap_killed_run(store: LeaseStore, killed: dict) -> None:
     while not (still := _not_done(store, held)) <= reaped:
         assert time.monotonic() < deadline, f"leases of {killed} not reaped: {still - reaped}"
         time.sleep(0.2)
-        reaped |= {(r.stage, r.key) for r in store.reap(STALE_S) if r.owner == killed["run_id"]}
+        reaped |= {
+            (r.stage, r.key) for r in store.liveness.reap(STALE_S) if r.owner == killed["run_id"]
+        }
     assert reaped <= held, "the reaper takes back only the dead run's leases"
     assert (killed["stage"], killed["key"]) in reaped
 

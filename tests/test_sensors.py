@@ -791,7 +791,7 @@ def test_a_dead_run_does_not_count_as_in_flight(instance, db, catalog, store):
     for v in keys_for("videos", 3):
         store.mark(DOWNLOAD, v, DONE, "downloaded in a test")
     zombie = add_run(instance, FILTER, dg.DagsterRunStatus.STARTED)
-    store.heartbeat(zombie.run_id, "gone-host", 4242)
+    store.liveness.heartbeat(zombie.run_id, "gone-host", 4242)
     assert ready_requests(tick("work", instance, db), "filter") == [], "the lane's one run"
 
     with store.engine.begin() as c:
@@ -1104,7 +1104,7 @@ def hold(
 ) -> None:
     """`owner` claims `keys` and begins those in `begun` (all by default)."""
     store.enqueue(DOWNLOAD, keys)
-    store.heartbeat(owner, socket.gethostname(), 1)
+    store.liveness.heartbeat(owner, socket.gethostname(), 1)
     leases, _ = store.claim_keys(DOWNLOAD, keys, owner)
     assert len(leases) == len(keys)
     for lease in leases:
@@ -1256,7 +1256,7 @@ def test_leases_held_far_longer_than_their_stage_usually_takes_are_reported_once
                         WHERE item_key = 'v0'""")
         )
 
-    [slow] = store.long_running(db.settings.long_running)
+    [slow] = store.liveness.long_running(db.settings.long_running)
     assert (slow.stage, slow.key, slow.owner) == (DOWNLOAD, "v0", "slow-run")
     assert slow.usual_s == pytest.approx(2.0, abs=0.1)
     assert "running for 1m40s in run slow-run; its stage's items usually take 2s" in (
@@ -1291,7 +1291,7 @@ def _batch_run(instance, catalog, store, engine, status: dg.DagsterRunStatus) ->
     with engine.begin() as c:
         c.execute(sa.text("UPDATE dataminer.work_items SET requested_at = now()"))
     run = add_run(instance, DOWNLOAD, status, **{BATCH_TAG: f"{ids['v0']}-{ids['v3']}"})
-    store.heartbeat(run.run_id, socket.gethostname(), 1)
+    store.liveness.heartbeat(run.run_id, socket.gethostname(), 1)
     leases, _ = store.claim_keys(DOWNLOAD, ["v0", "v1", "v2"], run.run_id)
     assert len(leases) == 3
     for lease in leases[:2]:

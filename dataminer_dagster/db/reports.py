@@ -254,7 +254,7 @@ def project_status(
             "usual_s": None if held.usual_s is None else round(held.usual_s, 1),
             "message": held.describe(),
         }
-        for held in catalog.store.long_running(long_running, project.id)
+        for held in catalog.store.liveness.long_running(long_running, project.id)
     ]
     copies = [
         {
