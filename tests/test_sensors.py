@@ -113,7 +113,7 @@ def add_project(catalog: Catalog, name: str, video_ids: Sequence[str] = ()) -> P
             "filter": {"positive_prompts": ["a thing"]},
         }
     )
-    project = catalog.register_project(config).project
+    project = catalog.projects.register(config).project
     link(catalog, project, video_ids)
     return project
 
@@ -122,7 +122,7 @@ def link(catalog: Catalog, project: ProjectRow, video_ids: Sequence[str]) -> Non
     """Link videos to a project as the catalog stage does, queueing what each needs next."""
     candidates = [Candidate(v, "url", url=f"https://example.com/{v}.mp4") for v in video_ids]
     with catalog.engine.begin() as conn:
-        catalog.link_videos(conn, project, candidates)
+        catalog.videos.link(conn, project, candidates)
         catalog.advance_videos(conn, list(video_ids))
 
 
@@ -383,7 +383,7 @@ def test_rows_committed_out_of_id_order_still_become_partitions(instance, db, ca
     launch(instance, first)
     early = [Candidate(v, "url", url=f"https://example.com/{v}.mp4") for v in ("v0", "v1")]
     with catalog.engine.begin() as slow:
-        catalog.link_videos(slow, project, early)  # takes the lower ids, commits last
+        catalog.videos.link(slow, project, early)  # takes the lower ids, commits last
         link(catalog, project, ["v2"])
         second = tick("work", instance, db, first.cursor)
         launch(instance, second)
@@ -503,7 +503,7 @@ def test_counts_that_differ_set_off_a_comparison_of_that_side_newest_first(
     launch(instance, tick("work", instance, db))
     early = [Candidate("late", "url", url="https://example.com/late.mp4")]
     with catalog.engine.begin() as slow:
-        catalog.link_videos(slow, project, early)  # ids below the next ones, committed last
+        catalog.videos.link(slow, project, early)  # ids below the next ones, committed last
         link(catalog, project, ["v30"])
         cursor = DiscoveryCursor.parse(tick("work", instance, db).cursor)
     cursor.full_compared_at = time.time()  # the pass over every key is not due

@@ -189,7 +189,7 @@ def build_sensors(
         listings = source_refresh.last_listings(db.store.engine)
         queued = []
         unscheduled = left_to_sensor(
-            db.catalog.projects(), scheduled, stopped_schedules(context.instance), prefix
+            db.catalog.projects.all(), scheduled, stopped_schedules(context.instance), prefix
         )
         for project in due_projects(unscheduled, listings, datetime.now(UTC)):
             request = source_refresh.request_refresh(db.store, project.id, project.name)
