@@ -72,7 +72,7 @@ def run(admin_url: str, feeds: list[str], siglip: Path, order: str, target: int)
         url = server.url(name)
         engine = get_engine(url)
         catalog = Catalog(engine, LeaseStore(engine), DataPaths(home / "data"))
-        catalog.register_project(
+        catalog.projects.register(
             parse_project_config(
                 {
                     "name": "aims",

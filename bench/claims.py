@@ -118,7 +118,7 @@ def _claimer(url: str, variant: Variant, start_at: float, stop_at: float) -> int
     owner = f"bench-{uuid.uuid4().hex[:8]}"
     done = 0
     store = LeaseStore(engine)
-    store.heartbeat(owner, "bench", 0)
+    store.liveness.heartbeat(owner, "bench", 0)
     while time.time() < start_at:
         time.sleep(0.001)
     while time.time() < stop_at:

@@ -64,7 +64,7 @@ def _project(url: str, data_dir: Path, video_urls: list[str]) -> list[str]:
     )
     engine = get_engine(url)
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
-    project = catalog.register_project(config).project
+    project = catalog.projects.register(config).project
     found = collect_candidates(config.inputs, search=None)
     with engine.begin() as conn:
         catalog.link_and_queue(conn, project, found.candidates)
@@ -102,7 +102,7 @@ def _overhead(url: str, rounds: int) -> float:
     from dataminer_dagster.db.shared_throttle import SharedThrottle
 
     engine = get_engine(url)
-    LeaseStore(engine).heartbeat("bench-overhead", "bench", os.getpid())
+    LeaseStore(engine).liveness.heartbeat("bench-overhead", "bench", os.getpid())
     throttle = SharedThrottle(
         engine, run_id="bench-overhead", policy=PausePolicy(), stale_after_s=120
     )

@@ -1,5 +1,5 @@
 """The lease reaper's per-tick question, "which running items are held far longer than usual?"
-(`LeaseStore.long_running`), against a history of finished items, with and without the
+(`RunLiveness.long_running`), against a history of finished items, with and without the
 `work_items_finished` index (migration 0005), in one run on one database.
 
     python bench/long_running.py                          # 100,000 finished items per stage
@@ -54,7 +54,7 @@ def median_ms(store: LeaseStore, repeats: int) -> float:
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        store.long_running(policy)
+        store.liveness.long_running(policy)
         times.append(time.perf_counter() - started)
     return statistics.median(times) * 1000
 

@@ -40,14 +40,14 @@ def build_noop_stages():
     def frames(item, ctx):
         """No-op: an empty frames directory for each profile."""
         catalog = ctx.catalog
-        projects = catalog.linked_projects([item.video_id])[item.video_id]
+        projects = catalog.videos.linked_projects([item.video_id])[item.video_id]
         profiles = {p.config.extract.options().profile_id() for p in projects}
 
         def commit(conn):
             for profile in profiles:
                 directory = ctx.db.paths.frames_dir(item.video_id, profile)
                 directory.mkdir(parents=True, exist_ok=True)
-                catalog.record_frames(conn, item.video_id, profile, {}, directory, 0)
+                catalog.frames.record(conn, item.video_id, profile, {}, directory, 0)
             catalog.advance_videos(conn, [item.video_id])
 
         return ItemResult(commit=commit)

@@ -69,9 +69,9 @@ def setup_project(videos: int, root: Path):
             "filter": {"positive_prompts": ["x"]},
         }
     )
-    project = catalog.register_project(config).project
+    project = catalog.projects.register(config).project
     with engine.begin() as conn:
-        catalog.link_videos(conn, project, candidates)
+        catalog.videos.link(conn, project, candidates)
         catalog.advance_videos(conn, [c.video_id for c in candidates])
         store.mark(CATALOG, name, DONE, "bench", project_id=project.id, conn=conn)
     return name, store

@@ -114,7 +114,7 @@ def run(videos: int, root: Path) -> None:
         return time.monotonic() - started
 
     with dg.instance_for_test() as instance:
-        catalog.register_project(parse_project_config(raw))
+        catalog.projects.register(parse_project_config(raw))
         first_wall = drive_to_complete()
         first = filter_pass(engine)
         raw["filter"] = {
@@ -122,7 +122,7 @@ def run(videos: int, root: Path) -> None:
             "positive_prompts": ["a red square", "a circle"],
             "positive_threshold": 0.5,
         }
-        changed = catalog.register_project(parse_project_config(raw))
+        changed = catalog.projects.register(parse_project_config(raw))
         second_wall = drive_to_complete()
         second = filter_pass(engine)
 

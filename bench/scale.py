@@ -83,7 +83,7 @@ def scale_project(catalog, home: Path):
     """The project `scale`, registered as `dataminer project add` registers it."""
     from dataminer_dagster.config import parse_project_config
 
-    return catalog.register_project(
+    return catalog.projects.register(
         parse_project_config(
             {
                 "name": "scale",

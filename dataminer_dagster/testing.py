@@ -231,7 +231,7 @@ def register_project(
     from dataminer_dagster.resources.db import DatabaseResource
 
     db = DatabaseResource()
-    registered = db.catalog.register_project(
+    registered = db.catalog.projects.register(
         parse_project_config(dict(config)), protected=db.settings.protected_dirs
     ).project
     if instance is not None and not instance.has_dynamic_partition(

@@ -55,9 +55,9 @@ def project_with_videos(catalog: Catalog, instance, name: str, videos: list[str]
             "filter": {"positive_prompts": ["a thing"]},
         }
     )
-    project = catalog.register_project(config).project
+    project = catalog.projects.register(config).project
     with catalog.engine.begin() as conn:
-        catalog.link_videos(
+        catalog.videos.link(
             conn, project, [Candidate(v, "url", url=f"https://example.com/{v}.mp4") for v in videos]
         )
         catalog.advance_videos(conn, videos)
@@ -118,13 +118,13 @@ def test_a_filter_run_waits_until_its_videos_are_extracted(instance, store, cata
             downloaded = catalog.paths.root / "videos" / f"{lease.key}.mp4"
             downloaded.parent.mkdir(parents=True, exist_ok=True)
             downloaded.write_bytes(b"a video")
-            video_run.record_video_file(conn, lease.key, str(downloaded), {})
+            video_run.videos.record_file(conn, lease.key, str(downloaded), {})
             video_run.advance_videos(conn, [lease.key])
     assert all(r.requested_at is not None for r in work_items(engine, FRAMES).values())
     frames, _ = store.claim_keys(FRAMES, ["v0", "v1"], "video-run")
     time.sleep(0.6)
     assert thread.is_alive(), "extracting"
-    alpha = catalog.project("alpha").id
+    alpha = catalog.projects.get("alpha").id
     for lease in frames:
         store.complete(lease)
         store.enqueue(FILTER, [f"alpha.{lease.key}"], project_ids=[alpha], video_ids=[lease.key])
@@ -140,7 +140,9 @@ def test_a_project_run_waits_for_its_last_filter_then_moves_the_project_on(
     project_with_videos(catalog, instance, "alpha", ["v0"])
     for stage in (DOWNLOAD, FRAMES):
         store.mark(stage, "v0", DONE, "done in a test")
-    store.enqueue(FILTER, ["alpha.v0"], project_ids=[catalog.project("alpha").id], video_ids=["v0"])
+    store.enqueue(
+        FILTER, ["alpha.v0"], project_ids=[catalog.projects.get("alpha").id], video_ids=["v0"]
+    )
     [filtering], _ = store.claim_keys(FILTER, ["alpha.v0"], "filter-run")
     thread, outcome, _ = wait_in_thread(store, instance, ahead_run("project", "alpha", "alpha"))
     time.sleep(1.0)

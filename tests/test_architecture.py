@@ -239,9 +239,68 @@ def test_a_stage_never_imports_another_stages_asset_and_the_registry_entries_sta
     assert not wrong, "\n".join(wrong)
 
 
+def inherited_across_modules(package: Path = PACKAGE, part: str = "db") -> list[str]:
+    """Every class of these files whose base is a class of another module of the package, as
+    `module:line Class(Base from module)`. An exception may extend another module's exception
+    (the error its callers catch), and a class may implement an interface of another module: a
+    `typing.Protocol`, or an abstract class (one with abstract methods, such as acquisition's
+    `HostThrottle`, whose shared throttle lives in db/): neither spreads one class's code over
+    two files."""
+    import importlib
+    import inspect
+    import typing
+
+    wrong = []
+    for path in sorted((package / part).rglob("*.py")):
+        own = _module_name(path, package).removesuffix(".__init__")
+        tree = ast.parse(path.read_text())
+        imported = {
+            alias.asname or alias.name: f"{node.module}.{alias.name}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+            if node.module.startswith(PKG) and node.module != own
+            for alias in node.names
+        }
+        imported |= {
+            alias.asname or alias.name.rpartition(".")[2]: alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+            if alias.name.startswith(PKG) and alias.name != own
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for base in node.bases:
+                parts = ast.unparse(base).split(".")
+                if parts[0] not in imported:
+                    continue
+                module, _, name = ".".join([imported[parts[0]], *parts[1:]]).rpartition(".")
+                try:
+                    found = getattr(importlib.import_module(module), name)
+                except ImportError:  # the name is a module: `from package import module`
+                    found = importlib.import_module(f"{module}.{name}")
+                if isinstance(found, type) and (
+                    issubclass(found, BaseException)
+                    or typing.Protocol in found.__mro__
+                    or inspect.isabstract(found)
+                ):
+                    continue
+                wrong.append(f"{own}:{node.lineno} {node.name}({name} from {module})")
+    return wrong
+
+
+def test_a_database_class_is_composed_in_its_own_file_never_inherited_across_files():
+    """A db class is read in one file: one that needs another module's class holds it (the
+    lease store holds its `liveness`, the catalog its `projects`, `videos` and `frames`), it
+    does not extend it."""
+    wrong = inherited_across_modules()
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_rules_can_fail(tmp_path):
     """The checks themselves: a forbidden import inside a function is found, layers are ordered,
-    and a cycle is seen."""
+    a cycle is seen, and a class extending another module's class (an exception aside) too."""
     sample = tmp_path / "sample.py"
     sample.write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n"
@@ -260,6 +319,16 @@ def test_the_rules_can_fail(tmp_path):
     assert not _upward("dataminer_dagster.assets.filter.asset", "dataminer_dagster.engine.stage")
     assert _upward("dataminer_dagster.acquisition.inputs", "dataminer_dagster.config")
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    (tmp_path / "dataminer_dagster" / "db").mkdir(parents=True)
+    (tmp_path / "dataminer_dagster" / "db" / "sample.py").write_text(
+        "from dataminer_dagster.db.leases import LeaseLost, LeaseStore\n"
+        "from dataminer_dagster.db import catalog\n"
+        "class A(LeaseStore): ...\nclass B(LeaseLost): ...\nclass C(catalog.Catalog): ...\n"
+    )
+    assert inherited_across_modules(tmp_path / "dataminer_dagster") == [
+        "dataminer_dagster.db.sample:3 A(LeaseStore from dataminer_dagster.db.leases)",
+        "dataminer_dagster.db.sample:5 C(Catalog from dataminer_dagster.db.catalog)",
+    ]
 
 
 def _fresh_python(script: str, env: dict[str, str] | None = None) -> str:

@@ -74,7 +74,7 @@ class World:
                 "output_dir": str(output_dir) if output_dir else None,
             }
         )
-        project = self.catalog.register_project(config).project
+        project = self.catalog.projects.register(config).project
         local = local or {}
         candidates = [
             Candidate(v, "file", source_path=str(local[v]))
@@ -83,7 +83,7 @@ class World:
             for v in videos
         ]
         with self.engine.begin() as conn:
-            self.catalog.link_videos(conn, project, candidates)
+            self.catalog.videos.link(conn, project, candidates)
         self.store.enqueue(DOWNLOAD, videos, video_ids=videos)
         return project
 
@@ -135,8 +135,8 @@ class World:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(b"x")
         with self.engine.begin() as conn:
-            self.catalog.record_video_file(conn, video, self.paths.relative(video_file), {})
-            self.catalog.record_frames(conn, video, "prof", {}, frames, 1)
+            self.catalog.videos.record_file(conn, video, self.paths.relative(video_file), {})
+            self.catalog.frames.record(conn, video, "prof", {}, frames, 1)
         return [video_file, frames, cache]
 
 
@@ -237,7 +237,7 @@ def test_db_upgrade_twice_then_reset_needs_yes(world):
     assert world.videos() == {"v1", "v2"}
     done = invoke("db", "reset", "--yes").output
     assert "dropped 1 projects, 2 videos" in done
-    assert world.videos() == set() and world.catalog.projects() == []
+    assert world.videos() == set() and world.catalog.projects.all() == []
     assert "already at revision" in invoke("db", "upgrade").output
 
 
@@ -259,7 +259,7 @@ def test_add_video_to_an_unknown_project_creates_nothing(world):
         "add-video", "https://www.youtube.com/watch?v=dQw4w9WgXcQ", "--project", "nope", code=1
     )
     assert "no project named 'nope'" in result.output
-    assert world.catalog.projects() == [] and world.videos() == set()
+    assert world.catalog.projects.all() == [] and world.videos() == set()
 
 
 def test_add_video_adds_then_says_it_is_there(world):
@@ -281,7 +281,7 @@ def test_populate_respects_a_paused_host_and_says_until_when(world, tmp_path):
     result = invoke("populate", str(_write_config(tmp_path / "p.yaml", raw)), code=1)
     assert "Traceback" not in result.output
     assert "youtube.com is paused until" in result.output and "HTTP 429" in result.output
-    assert world.catalog.project("street") is None
+    assert world.catalog.projects.get("street") is None
 
 
 def test_populate_dry_run_with_a_url_file_and_local_files_writes_nothing(world, tmp_path):
@@ -297,7 +297,7 @@ def test_populate_dry_run_with_a_url_file_and_local_files_writes_nothing(world, 
     out = invoke("populate", str(path), "--dry-run").output
     assert "4 videos would be added to street" in out
     assert "dQw4w9WgXcQ" in out and "https://example.com/clip.mp4" in out and "a.mp4" in out
-    assert world.catalog.projects() == [] and world.videos() == set()
+    assert world.catalog.projects.all() == [] and world.videos() == set()
 
     out = invoke("populate", str(path)).output
     assert "street: 4 videos (4 new to the catalog, 4 newly linked, 0 already linked)" in out
@@ -424,12 +424,12 @@ def test_project_delete_keeps_shared_videos_and_asks_first(world, tmp_path):
 
     asked = invoke("project", "delete", "p1", input="n\n", code=1)
     assert "Delete project p1 (2 videos, 1 of them used by no other project)?" in asked.output
-    assert "Aborted" in asked.output and world.catalog.project("p1") is not None
+    assert "Aborted" in asked.output and world.catalog.projects.get("p1") is not None
 
     files = world.files_of("mine")
     out = invoke("project", "delete", "p1", input="y\n").output
     assert "deleted project p1" in out and "1 videos are now used by no project" in out
-    assert world.catalog.project("p1") is None
+    assert world.catalog.projects.get("p1") is None
     assert world.videos() == {"shared", "mine"}  # the orphan stays, with its files
     assert all(f.exists() for f in files)
     assert world.status(DOWNLOAD, "mine") == PENDING
@@ -525,7 +525,7 @@ def test_project_add_refuses_an_output_dir_it_may_not_own(world, tmp_path, monke
     }[where]
     out = _add(tmp_path, "street", output_dir, code=1, folder=configs).output
     assert message in out, out
-    assert world.catalog.project("street") is None
+    assert world.catalog.projects.get("street") is None
     assert (existing / "2024").is_dir() and (configs / "other.yaml").is_file()
     assert not (Path(configs / output_dir) / ".dataminer-project").exists()
 
@@ -538,7 +538,7 @@ def test_two_projects_cannot_share_or_nest_output_dirs(world, tmp_path):
         assert "overlaps the output directory of project p1" in out
     _add(tmp_path, "p2", tmp_path / "out" / "p2")
     _add(tmp_path, "p1", tmp_path / "out" / "p1")  # the same project again: its own directory
-    assert world.catalog.project("p2").output_dir == tmp_path / "out" / "p2"
+    assert world.catalog.projects.get("p2").output_dir == tmp_path / "out" / "p2"
 
 
 @pytest.mark.parametrize("where", ["a file", "/dev/null", "inside a file"])
@@ -560,7 +560,7 @@ def test_project_add_names_an_output_dir_that_cannot_be_a_directory(world, tmp_p
     out = _add(tmp_path, "street", output_dir, code=1).output
     assert out.splitlines() == [f"Error: output_dir {message}"]
     assert notes.read_text() == "the user's notes"
-    assert world.catalog.project("street") is None
+    assert world.catalog.projects.get("street") is None
 
 
 def test_project_add_refuses_a_number_no_code_can_use_in_one_line(world, tmp_path):
@@ -573,7 +573,7 @@ def test_project_add_refuses_a_number_no_code_can_use_in_one_line(world, tmp_pat
         "  download.max_filesize_mb: must be a finite number no larger than 2,147,483,647 "
         "(got inf)",
     ]
-    assert world.catalog.project("street") is None
+    assert world.catalog.projects.get("street") is None
 
 
 def test_project_add_takes_an_empty_folder_and_one_holding_only_its_own_results(world, tmp_path):
@@ -607,7 +607,7 @@ def test_project_delete_is_refused_while_its_work_runs(world):
     world.set(FILTER, "p1.v1", RUNNING, project=project)
     out = invoke("project", "delete", "p1", "--yes", code=1).output
     assert "filter p1.v1 (run run-p1.v1) is running" in out
-    assert world.catalog.project("p1") is not None
+    assert world.catalog.projects.get("p1") is not None
 
 
 def test_delete_videos_by_status(world):
@@ -736,7 +736,10 @@ def test_retry_brings_a_failed_project_back(world):
     out = invoke("retry", "--project", "p1").output
     assert "1 work items of project p1 queued again" in out
     assert "project p1: failed -> dedup" in out
-    assert world.catalog.project("p1").stage == DEDUP and world.catalog.project("p1").error is None
+    assert (
+        world.catalog.projects.get("p1").stage == DEDUP
+        and world.catalog.projects.get("p1").error is None
+    )
 
 
 def test_force_dedup_and_detect(world):
@@ -748,10 +751,10 @@ def test_force_dedup_and_detect(world):
     refused = invoke("force-dedup", "p1", code=1).output
     assert "cannot force dedup of project p1: detect p1 (run run-p1) is running" in refused
     assert "cancel the run" in refused
-    assert world.catalog.project("p1").stage == "active"
+    assert world.catalog.projects.get("p1").stage == "active"
     assert "detect p1 (run run-p1) is running" in invoke("force-detect", "p1", code=1).output
 
-    world.store.release_run("run-p1", "test", count_attempt=False)
+    world.store.liveness.release_run("run-p1", "test", count_attempt=False)
     world.set(DATASET, "p1", DONE, project=project)
     out = invoke("force-detect", "p1")
     assert "project p1: active -> detect; detect is queued" in out.output
@@ -764,7 +767,7 @@ def test_force_dedup_and_detect(world):
     out = invoke("force-dedup", "p1").output
     assert "project p1: detect -> dedup; dedup is queued" in out and "not finished" not in out
     assert world.status(DEDUP, "p1") == PENDING and world.status(DETECT, "p1") is None
-    assert world.catalog.project("p1").stage == DEDUP
+    assert world.catalog.projects.get("p1").stage == DEDUP
     early = invoke("force-detect", "p1").output
     assert "note: dedup has not finished for this project, and detect reads its result" in early
 
@@ -879,7 +882,7 @@ def test_run_fails_a_project_whose_every_video_is_dead(world, tmp_path):
         result = CliRunner().invoke(main, ["run", str(path), "--no-progress", "--timeout", "120"])
     assert result.exit_code == 1, result.output
     assert "project gone: failed (none of its 2 videos could be used" in result.output
-    assert world.catalog.project("gone").stage == "failed"
+    assert world.catalog.projects.get("gone").stage == "failed"
 
 
 def test_run_past_its_timeout_stops_with_a_message_and_exit_code(world, tmp_path):

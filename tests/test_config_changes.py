@@ -107,7 +107,7 @@ def test_each_later_section_redoes_its_stage_and_what_follows_only(changing):
 def test_a_new_extraction_profile_extracts_and_filters_again(changing):
     before = changing.run()
     frames_before = len(changing.manifest())
-    old_profiles = changing.catalog.frame_profiles(None)
+    old_profiles = changing.catalog.frames.profiles(None)
     assert len(old_profiles) == 2 and all(len(p) == 1 for p in old_profiles.values())
 
     result = changing.register(extract={"every_seconds": 0.25})
@@ -126,7 +126,7 @@ def test_a_new_extraction_profile_extracts_and_filters_again(changing):
         ((old_dir, _),) = profiles.values()
         assert not old_dir.exists()
         assert old_dir.parent.is_dir()
-        assert list(changing.catalog.frame_profiles([video_id])[video_id]) != list(profiles)
+        assert list(changing.catalog.frames.profiles([video_id])[video_id]) != list(profiles)
     # A key of another strategy changes no frame: nothing runs again.
     result = changing.register(extract={"every_frames": 7})
     assert result.stale_stages == ()
@@ -172,7 +172,7 @@ def test_the_output_dir_does_not_move_while_the_projects_work_runs(changing, tmp
     with pytest.raises(ProjectBusyError, match="output_dir cannot change while 1 of its work"):
         changing.register(output_dir=str(tmp_path / "elsewhere"))
     assert (old / "dataset").is_dir()
-    assert changing.catalog.project("changing").output_dir == old
+    assert changing.catalog.projects.get("changing").output_dir == old
 
 
 def test_work_claimed_before_the_config_changed_is_done_again(changing):

@@ -63,7 +63,7 @@ def _drive(database_url: str, data_dir: Path, store: LeaseStore, *projects: str)
 
 
 def _original_and_copy(catalog: Catalog, a: str, b: str) -> tuple[str, str]:
-    videos = catalog.videos([a, b])
+    videos = catalog.videos.get([a, b])
     copies = [v for v in videos.values() if v.same_as]
     assert len(copies) == 1, "one of the two is a copy of the other"
     assert videos[copies[0].same_as].same_as is None
@@ -114,7 +114,7 @@ def test_a_copied_local_file_is_processed_once(
     data_dir, out = dataminer_env / "data", tmp_path / "out"
     store = LeaseStore(engine)
     catalog = Catalog(engine, store, DataPaths(data_dir))
-    catalog.register_project(_config("p", out, tiny_siglip, files=[str(clip), str(copied)]))
+    catalog.projects.register(_config("p", out, tiny_siglip, files=[str(clip), str(copied)]))
     _drive(database_url, data_dir, store, "p")
 
     original, copy = _original_and_copy(catalog, video_id_for_file(clip), video_id_for_file(copied))
@@ -144,7 +144,7 @@ def test_the_same_video_behind_two_urls_is_downloaded_and_extracted_once(
     catalog = Catalog(engine, store, DataPaths(data_dir))
     with LocalHTTPServer(www) as server:
         urls = [server.url("/clip.mp4"), server.url("/mirror.mp4")]
-        catalog.register_project(_config("p", out, tiny_siglip, urls=urls))
+        catalog.projects.register(_config("p", out, tiny_siglip, urls=urls))
         _drive(database_url, data_dir, store, "p")
 
     original, copy = _original_and_copy(catalog, *map(video_id_for_url, urls))
@@ -153,7 +153,7 @@ def test_the_same_video_behind_two_urls_is_downloaded_and_extracted_once(
         assert list(sources) == urls
     # The copy's download went: the original's file holds the same bytes.
     assert [p.stem for p in (data_dir / "videos").iterdir()] == [original]
-    assert catalog.videos([copy])[copy].file_path is None
+    assert catalog.videos.get([copy])[copy].file_path is None
 
 
 def test_a_copy_in_a_second_project_reuses_the_frames_and_outlives_the_original(
@@ -166,14 +166,14 @@ def test_a_copy_in_a_second_project_reuses_the_frames_and_outlives_the_original(
     store = LeaseStore(engine)
     catalog = Catalog(engine, store, DataPaths(data_dir))
     original, copy = video_id_for_file(clip), video_id_for_file(copied)
-    catalog.register_project(_config("p", out, tiny_siglip, files=[str(clip)]))
+    catalog.projects.register(_config("p", out, tiny_siglip, files=[str(clip)]))
     _drive(database_url, data_dir, store, "p")
     extracted = work_items(engine, "frames")[original].finished_at
 
-    catalog.register_project(_config("q", out, tiny_siglip, files=[str(copied)]))
+    catalog.projects.register(_config("q", out, tiny_siglip, files=[str(copied)]))
     _drive(database_url, data_dir, store, "q")
 
-    assert catalog.videos([copy])[copy].same_as == original
+    assert catalog.videos.get([copy])[copy].same_as == original
     assert _extractions(engine) == {original: FRAMES_PER_VIDEO}
     assert work_items(engine, "frames")[original].finished_at == extracted, "not extracted again"
     filters = work_items(engine, "filter")
@@ -189,7 +189,7 @@ def test_a_copy_in_a_second_project_reuses_the_frames_and_outlives_the_original(
     paths = DataPaths(data_dir)
     assert delete_project(engine, paths, "p", delete_unused_videos=True).deleted_videos == []
     assert delete_orphan_videos(engine, paths, remove_files=True).deleted_videos == []
-    assert sorted(catalog.videos([original, copy])) == sorted([original, copy])
+    assert sorted(catalog.videos.get([original, copy])) == sorted([original, copy])
     assert len(list(frames_dir.glob(f"{original}_*"))) == FRAMES_PER_VIDEO
     assert force_stage(catalog, "q", "dedup").frames_released == []
     _drive(database_url, data_dir, store, "q")

@@ -112,7 +112,7 @@ def test_the_dataset_has_every_format_per_split_and_a_report(changing):
     ]
 
     # what a downstream asset loads
-    project = changing.catalog.project("changing")
+    project = changing.catalog.projects.get("changing")
     value = load_output("dataset", "changing", project.output_dir)
     assert value.splits == {s: per_split.get(s, 0) for s in SPLITS}
     assert value.hf_dir == root / "hf" and value.report_path == root / "report.md"

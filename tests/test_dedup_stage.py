@@ -68,7 +68,7 @@ def test_an_unreadable_frame_without_a_cached_embedding_is_recorded_and_skipped(
             "dedup": {"threshold": 0.999},
         }
     )
-    catalog.register_project(config)
+    catalog.projects.register(config)
     paths = ProjectPaths(tmp_path / "out")
     with dg.instance_for_test() as instance:
         for stage in (CATALOG, DOWNLOAD, FRAMES, FILTER):

@@ -81,7 +81,7 @@ def test_a_disk_that_fills_during_a_download_postpones_it_and_frees_the_space(
                 "filter": {"positive_prompts": ["a thing"]},
             }
         )
-        Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+        Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
         res = resources(database_url, data_dir)
         with dg.instance_for_test() as instance:
             materialize_partitions(
@@ -142,7 +142,7 @@ def test_a_disk_that_fills_during_extraction_postpones_it_and_leaves_no_staging(
         ]
         catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
         for config in configs:
-            catalog.register_project(config)
+            catalog.projects.register(config)
         res = resources(database_url, data_dir)
         with dg.instance_for_test() as instance:
             materialize_partitions(
@@ -197,7 +197,7 @@ def test_a_full_disk_under_a_projects_outputs_postpones_its_filter(
                 "filter": keep_every_frame(tiny_siglip, ["a thing"]),
             }
         )
-        Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+        Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
         res = resources(database_url, data_dir)
         with dg.instance_for_test() as instance:
             materialize_partitions(
@@ -253,7 +253,7 @@ def test_a_long_wait_for_disk_space_is_logged_once_a_minute_not_once_per_try(
         }
     )
     store = LeaseStore(engine)
-    Catalog(engine, store, DataPaths(tmp_path / "data")).register_project(config)
+    Catalog(engine, store, DataPaths(tmp_path / "data")).projects.register(config)
     defs = pipeline_definitions(resources(database_url, tmp_path / "data"))
     with dg.instance_for_test() as instance:
         with pytest.raises(TimeoutError):  # the disk never frees: the drive gives up
@@ -296,7 +296,7 @@ def test_what_a_killed_extraction_left_is_removed_before_the_free_space_is_check
                 "filter": {"positive_prompts": ["a thing"]},
             }
         )
-        Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+        Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
         final = DataPaths(data_dir).frames_dir(video, config.extract.options().profile_id())
         leftover = final.parent / f".staging-{final.name}-0badf00d"
         leftover.mkdir(parents=True)

@@ -56,15 +56,15 @@ def test_run_drives_only_its_project_and_stops_at_its_deadline(
         slow = [f"/slow{i}.mp4" for i in range(3)]
         for path in slow:
             server.delay(path, seconds=3)
-        catalog.register_project(
+        catalog.projects.register(
             _config("other", [server.url(p) for p in slow], tiny_siglip, tmp_path)
         )
-        catalog.register_project(_config("mine", [server.url("/mine.mp4")], tiny_siglip, tmp_path))
+        catalog.projects.register(_config("mine", [server.url("/mine.mp4")], tiny_siglip, tmp_path))
 
         result = drive_quietly(["mine"], instance=instance, defs=defs, store=store, timeout_s=120)
         assert result.stages == {"mine": "complete"}
         assert not any(server.hits(p) for p in slow), "another project's videos were fetched"
-        assert catalog.project("other").stage == "active"
+        assert catalog.projects.get("other").stage == "active"
         assert work_items(engine, "catalog")["other"].status == "pending"
 
         # Three downloads of 3 s each in one run: the deadline passes during one of them, and

@@ -26,7 +26,7 @@ def table(project) -> pd.DataFrame:
 
 
 def index(project) -> KeptIndex:
-    config = project.catalog.project("changing").config
+    config = project.catalog.projects.get("changing").config
     found = KeptIndex.open(project.output.dedup_index_dir, config.fingerprints()[DEDUP])
     assert found is not None
     return found

@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent(
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(tmp / "data"))
     config = parse_project_config({"name": "p", "inputs": {"files": [str(video)]},
                                    "filter": {"positive_prompts": ["x"]}})
-    catalog.register_project(config)
+    catalog.projects.register(config)
     resources = {"db": DatabaseResource(database_url=url, data_dir=str(tmp / "data")), "download_client": YtDlpClient(), "models": ModelsResource()}
     with dg.instance_for_test() as instance:
         for stage in ("catalog", "download", "frames"):

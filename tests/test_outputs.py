@@ -37,7 +37,7 @@ def _register(engine, out: Path, name: str, *, detect: bool) -> Path:
     }
     if detect:
         raw["detect"] = {"detector": "yolo", "model": "yolo11n.pt", "classes": ["car"]}
-    catalog.register_project(parse_project_config(raw))
+    catalog.projects.register(parse_project_config(raw))
     return out / name
 
 

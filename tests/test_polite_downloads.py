@@ -60,7 +60,7 @@ def _register(catalog: Catalog, name: str, urls: list[str]):
             "filter": {"positive_prompts": ["a thing"]},
         }
     )
-    catalog.register_project(config)
+    catalog.projects.register(config)
 
 
 def test_fifty_videos_three_runs_one_polite_client(tmp_path, database_url, engine, dataminer_env):
@@ -117,7 +117,7 @@ def test_fifty_videos_three_runs_one_polite_client(tmp_path, database_url, engin
         }, "every video downloaded, none dead, no attempt spent on throttling"
         # The host's videos are one clip under fifty names: one video, the others copies of it
         # (their files deleted once downloaded and hashed).
-        videos = catalog.videos(ids).values()
+        videos = catalog.videos.get(ids).values()
         (original,) = [v.video_id for v in videos if v.same_as is None]
         assert {v.same_as for v in videos} == {None, original}
         assert [p.stem for p in (data_dir / "videos").glob("*.mp4")] == [original]

@@ -104,7 +104,7 @@ def test_two_projects_sharing_videos_each_get_their_own_dataset(
         out=tmp_path / "out",
     )
     for config in (a, b):
-        catalog.register_project(config)
+        catalog.projects.register(config)
     defs = pipeline_definitions(resources(database_url, data_dir))
     with dg.instance_for_test() as instance:
         result = drive_quietly(
@@ -117,7 +117,7 @@ def test_two_projects_sharing_videos_each_get_their_own_dataset(
         root = tmp_path / "out" / config.name / "dataset"
         manifest = pd.read_parquet(root / "manifest.parquet")
         assert 1 <= len(manifest) <= n_videos * 4
-        assert set(manifest["video_id"]) <= {v for v in catalog.videos([])} | set(
+        assert set(manifest["video_id"]) <= {v for v in catalog.videos.get([])} | set(
             manifest["video_id"]
         )
         assert manifest["video_id"].nunique() <= n_videos
@@ -137,12 +137,12 @@ def test_two_projects_sharing_videos_each_get_their_own_dataset(
             "group_size",
             "detections",
         }
-        counts = stage_counts(engine, catalog.project(config.name).id)
+        counts = stage_counts(engine, catalog.projects.get(config.name).id)
         assert counts["filter"]["done"] == n_videos
         assert counts["dataset"]["done"] == 1
 
     # The shared videos were downloaded and extracted once.
-    assert stage_counts(engine, catalog.project("alpha").id)["frames"]["done"] == 3
+    assert stage_counts(engine, catalog.projects.get("alpha").id)["frames"]["done"] == 3
 
 
 def test_prompts_longer_than_the_text_model_reads_are_warned_and_keep_their_columns(
@@ -163,7 +163,7 @@ def test_prompts_longer_than_the_text_model_reads_are_warned_and_keep_their_colu
         out=tmp_path / "out",
     )
     store = LeaseStore(engine)
-    Catalog(engine, store, DataPaths(tmp_path / "data")).register_project(config)
+    Catalog(engine, store, DataPaths(tmp_path / "data")).projects.register(config)
     defs = pipeline_definitions(resources(database_url, tmp_path / "data"))
     with dg.instance_for_test() as instance:
         result = drive_quietly(["long"], instance=instance, defs=defs, store=store)

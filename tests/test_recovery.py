@@ -109,7 +109,7 @@ class Pipeline:
                 "dedup": {"threshold": 0.999},
             }
         )
-        self.catalog.register_project(self.config)
+        self.catalog.projects.register(self.config)
         self.video_ids = [video_id_for_file(f) for f in files]
         self._spawned = 0
 
@@ -243,7 +243,9 @@ def reap_killed_run(store: LeaseStore, killed: dict) -> None:
     while not (still := _not_done(store, held)) <= reaped:
         assert time.monotonic() < deadline, f"leases of {killed} not reaped: {still - reaped}"
         time.sleep(0.2)
-        reaped |= {(r.stage, r.key) for r in store.reap(STALE_S) if r.owner == killed["run_id"]}
+        reaped |= {
+            (r.stage, r.key) for r in store.liveness.reap(STALE_S) if r.owner == killed["run_id"]
+        }
     assert reaped <= held, "the reaper takes back only the dead run's leases"
     assert (killed["stage"], killed["key"]) in reaped
 
@@ -330,7 +332,7 @@ def run_stage_by_stage(p: Pipeline, kills: dict[str, Hook]) -> dict[str, dict]:
 def project_outputs(p: Pipeline) -> dict:
     """Everything the project produced, in comparable form; checks there is nothing extra on disk."""
     frames = {}
-    for video_id, profiles in sorted(p.catalog.frame_profiles(p.video_ids).items()):
+    for video_id, profiles in sorted(p.catalog.frames.profiles(p.video_ids).items()):
         [(directory, count)] = profiles.values()
         manifest = pd.read_parquet(directory / FRAMES_MANIFEST)
         assert count == len(manifest) == manifest["file_name"].nunique()
@@ -437,7 +439,7 @@ def test_two_runs_of_one_partition_one_does_the_work_the_other_leaves_cleanly(
     assert expected in messages
     row = p.items(FRAMES)[video_id]
     assert (row.status, row.attempts) == (DONE, 1)
-    [(directory, count)] = p.catalog.frame_profiles([video_id])[video_id].values()
+    [(directory, count)] = p.catalog.frames.profiles([video_id])[video_id].values()
     assert count == 4 and len(list(directory.glob("*.jpg"))) == 4
     assert [f.name for f in directory.parent.iterdir()] == [directory.name]
 
@@ -594,7 +596,7 @@ def test_a_filter_whose_frames_are_gone_fails_and_queues_their_extraction_in_one
     with p.instance() as instance:
         for stage in (CATALOG, DOWNLOAD, FRAMES):
             p.materialize(instance, stage)
-        [(frames_dir, _)] = p.catalog.frame_profiles([video])[video].values()
+        [(frames_dir, _)] = p.catalog.frames.profiles([video])[video].values()
         shutil.rmtree(frames_dir)
         result = materialize_partitions(
             [STAGES[FILTER]],

@@ -99,7 +99,7 @@ def test_a_failing_video_url_with_secrets_never_shows_them(
         )
         data_dir = dataminer_env / "data"
         catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
-        catalog.register_project(config)
+        catalog.projects.register(config)
         video = video_id_for_url(url)
         caplog.set_level(logging.DEBUG)
         with dg.instance_for_test() as instance:

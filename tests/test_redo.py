@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def test_frames_extracted_again_are_filtered_again_and_the_project_follows(changing):
     done = changing.run()
     video_id = next(key for stage, key in done if stage == "frames")
-    ((frames_dir, _),) = changing.catalog.frame_profiles([video_id])[video_id].values()
+    ((frames_dir, _),) = changing.catalog.frames.profiles([video_id])[video_id].values()
     shutil.rmtree(frames_dir)  # lost by hand: a redo of the partition extracts it again
 
     materialize_partitions(
@@ -52,7 +52,7 @@ def test_a_project_stage_done_again_makes_the_later_stages_run_again(changing):
         partitions=PARTITIONS[PROJECTS],
         redo=True,
     )
-    assert changing.catalog.project("changing").stage == "detect"
+    assert changing.catalog.projects.get("changing").stage == "detect"
     assert redone(done, changing.run()) == {"dedup": 1, "detect": 1, "dataset": 1}
 
 

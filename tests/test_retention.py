@@ -71,14 +71,14 @@ def test_cleanup_and_backup_then_a_later_project_gets_everything_back(
             cleanup={"delete_videos_after_extraction": True},
             backup={"dest": str(backup_dir), "delete_after_backup": True},
         )
-        catalog.register_project(first)
+        catalog.projects.register(first)
         result = drive_quietly(["first"], instance=instance, defs=defs, store=store)
         assert result.stages == {"first": "complete"}
         # The backup stage may finish after the project: drive it until no backup work is left.
         drive_quietly(["first"], instance=instance, defs=defs, store=store, timeout_s=60)
 
         ids = sorted(r for r in work_items(engine, "download"))
-        rows = catalog.videos(ids)
+        rows = catalog.videos.get(ids)
         assert all(rows[v].file_path is None for v in ids), (
             "downloaded files were deleted after extraction"
         )
@@ -89,7 +89,7 @@ def test_cleanup_and_backup_then_a_later_project_gets_everything_back(
             assert sorted(p.name for p in (backup_dir / v).rglob("*.jpg")), (
                 "frames are in the backup"
             )
-        assert catalog.frame_profiles(ids) == {}, (
+        assert catalog.frames.profiles(ids) == {}, (
             "frames were deleted after a verified backup, the project being done"
         )
         dataset = tmp_path / "out" / "first" / "dataset" / "images"
@@ -118,11 +118,11 @@ def test_cleanup_and_backup_then_a_later_project_gets_everything_back(
             tmp_path / "out",
             extract={"strategy": "time", "every_seconds": 1.0},
         )
-        catalog.register_project(second)
+        catalog.projects.register(second)
         result = drive_quietly(["second"], instance=instance, defs=defs, store=store)
         assert result.stages == {"second": "complete"}
         assert work_items(engine, "download")[ids[0]].attempts >= 1
-        assert all(catalog.frame_profiles([v]).get(v) for v in ids), (
+        assert all(catalog.frames.profiles([v]).get(v) for v in ids), (
             "frames exist again for the new project"
         )
 
@@ -144,8 +144,8 @@ def test_a_backup_onto_the_frame_store_is_refused_and_the_frames_stay(
     with LocalHTTPServer(www) as server, dg.instance_for_test() as instance:
         config = _config("onto", [server.url("/v0.mp4")], tiny_siglip, tmp_path / "out")
         with pytest.raises(UnsafePathError, match="backup.dest .* overlaps the data directory"):
-            catalog.register_project(config.model_copy(update={"backup": _backup(backup)}))
-        catalog.register_project(config)
+            catalog.projects.register(config.model_copy(update={"backup": _backup(backup)}))
+        catalog.projects.register(config)
         with engine.begin() as conn:  # as a registration made before the check would be
             conn.exec_driver_sql(
                 "UPDATE dataminer.projects SET config = jsonb_set(config, '{backup}', %s::jsonb)",
@@ -159,7 +159,7 @@ def test_a_backup_onto_the_frame_store_is_refused_and_the_frames_stay(
             item.status in ("failed", "dead") and "overlaps the data directory" in item.last_error
         )
         (video,) = work_items(engine, "download")
-        assert catalog.frame_profiles([video]), "the frames were not released"
+        assert catalog.frames.profiles([video]), "the frames were not released"
         assert not (data_dir / "frames" / "copy").exists()
 
 

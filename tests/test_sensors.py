@@ -113,7 +113,7 @@ def add_project(catalog: Catalog, name: str, video_ids: Sequence[str] = ()) -> P
             "filter": {"positive_prompts": ["a thing"]},
         }
     )
-    project = catalog.register_project(config).project
+    project = catalog.projects.register(config).project
     link(catalog, project, video_ids)
     return project
 
@@ -122,7 +122,7 @@ def link(catalog: Catalog, project: ProjectRow, video_ids: Sequence[str]) -> Non
     """Link videos to a project as the catalog stage does, queueing what each needs next."""
     candidates = [Candidate(v, "url", url=f"https://example.com/{v}.mp4") for v in video_ids]
     with catalog.engine.begin() as conn:
-        catalog.link_videos(conn, project, candidates)
+        catalog.videos.link(conn, project, candidates)
         catalog.advance_videos(conn, list(video_ids))
 
 
@@ -383,7 +383,7 @@ def test_rows_committed_out_of_id_order_still_become_partitions(instance, db, ca
     launch(instance, first)
     early = [Candidate(v, "url", url=f"https://example.com/{v}.mp4") for v in ("v0", "v1")]
     with catalog.engine.begin() as slow:
-        catalog.link_videos(slow, project, early)  # takes the lower ids, commits last
+        catalog.videos.link(slow, project, early)  # takes the lower ids, commits last
         link(catalog, project, ["v2"])
         second = tick("work", instance, db, first.cursor)
         launch(instance, second)
@@ -503,7 +503,7 @@ def test_counts_that_differ_set_off_a_comparison_of_that_side_newest_first(
     launch(instance, tick("work", instance, db))
     early = [Candidate("late", "url", url="https://example.com/late.mp4")]
     with catalog.engine.begin() as slow:
-        catalog.link_videos(slow, project, early)  # ids below the next ones, committed last
+        catalog.videos.link(slow, project, early)  # ids below the next ones, committed last
         link(catalog, project, ["v30"])
         cursor = DiscoveryCursor.parse(tick("work", instance, db).cursor)
     cursor.full_compared_at = time.time()  # the pass over every key is not due
@@ -791,7 +791,7 @@ def test_a_dead_run_does_not_count_as_in_flight(instance, db, catalog, store):
     for v in keys_for("videos", 3):
         store.mark(DOWNLOAD, v, DONE, "downloaded in a test")
     zombie = add_run(instance, FILTER, dg.DagsterRunStatus.STARTED)
-    store.heartbeat(zombie.run_id, "gone-host", 4242)
+    store.liveness.heartbeat(zombie.run_id, "gone-host", 4242)
     assert ready_requests(tick("work", instance, db), "filter") == [], "the lane's one run"
 
     with store.engine.begin() as c:
@@ -1104,7 +1104,7 @@ def hold(
 ) -> None:
     """`owner` claims `keys` and begins those in `begun` (all by default)."""
     store.enqueue(DOWNLOAD, keys)
-    store.heartbeat(owner, socket.gethostname(), 1)
+    store.liveness.heartbeat(owner, socket.gethostname(), 1)
     leases, _ = store.claim_keys(DOWNLOAD, keys, owner)
     assert len(leases) == len(keys)
     for lease in leases:
@@ -1256,7 +1256,7 @@ def test_leases_held_far_longer_than_their_stage_usually_takes_are_reported_once
                         WHERE item_key = 'v0'""")
         )
 
-    [slow] = store.long_running(db.settings.long_running)
+    [slow] = store.liveness.long_running(db.settings.long_running)
     assert (slow.stage, slow.key, slow.owner) == (DOWNLOAD, "v0", "slow-run")
     assert slow.usual_s == pytest.approx(2.0, abs=0.1)
     assert "running for 1m40s in run slow-run; its stage's items usually take 2s" in (
@@ -1291,7 +1291,7 @@ def _batch_run(instance, catalog, store, engine, status: dg.DagsterRunStatus) ->
     with engine.begin() as c:
         c.execute(sa.text("UPDATE dataminer.work_items SET requested_at = now()"))
     run = add_run(instance, DOWNLOAD, status, **{BATCH_TAG: f"{ids['v0']}-{ids['v3']}"})
-    store.heartbeat(run.run_id, socket.gethostname(), 1)
+    store.liveness.heartbeat(run.run_id, socket.gethostname(), 1)
     leases, _ = store.claim_keys(DOWNLOAD, ["v0", "v1", "v2"], run.run_id)
     assert len(leases) == 3
     for lease in leases[:2]:

@@ -65,7 +65,7 @@ def test_a_trickling_host_is_given_up_within_the_speed_window_and_the_batch_goes
     server, clips = hosts
     config, ids = _project(server, min_speed_kb_s=16, min_speed_window_s=4)
     data_dir = tmp_path / "data"
-    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
     res = resources(database_url, data_dir)
     with dg.instance_for_test() as instance:
         materialize_partitions(
@@ -101,7 +101,7 @@ def test_the_commands_timeout_is_kept_inside_a_download_while_other_videos_downl
     config, ids = _project(server, min_speed_kb_s=0)
     data_dir = tmp_path / "data"
     store = LeaseStore(engine)
-    Catalog(engine, store, DataPaths(data_dir)).register_project(config)
+    Catalog(engine, store, DataPaths(data_dir)).projects.register(config)
     defs = pipeline_definitions(resources(database_url, data_dir))
     with dg.instance_for_test() as instance, pytest.raises(TimeoutError):
         drive_quietly(["p1"], instance=instance, defs=defs, store=store, timeout_s=30)

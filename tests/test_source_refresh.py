@@ -92,7 +92,7 @@ class Following:
             "filter": keep_every_frame(siglip, ["a shape"]),
             "dedup": {"threshold": 0.9999},
         }
-        self.project = self.catalog.register_project(parse_project_config(self.raw)).project
+        self.project = self.catalog.projects.register(parse_project_config(self.raw)).project
         self.instance = None
 
     def drive(self):
@@ -276,7 +276,7 @@ def test_the_schedule_is_due_once_per_missed_tick():
 
 
 def test_due_projects_wait_for_a_finished_listing(following):
-    project = following.catalog.project("follows")
+    project = following.catalog.projects.get("follows")
     now = datetime.now(UTC)
     old = now - timedelta(hours=2)
     assert due_projects([project], {"follows": (1, "done", old)}, now) == [project]
@@ -473,7 +473,7 @@ def test_a_schedule_tick_keeps_to_the_lane_share_a_failed_listings_retry_and_its
     changed = dict(
         following.raw, inputs={**following.raw["inputs"], "refresh": {"cron": "0 0 * * *"}}
     )
-    following.catalog.register_project(parse_project_config(changed))
+    following.catalog.projects.register(parse_project_config(changed))
     moved = tick()
     assert not moved.run_requests and "is now '0 0 * * *'" in moved.skip_message
     assert "refresh_sources" in moved.skip_message
@@ -483,7 +483,7 @@ def test_the_sensor_keeps_the_crons_no_loaded_schedule_has_unless_switched_off(f
     from dataminer_dagster.assets.catalog.config import RefreshConfig
     from dataminer_dagster.sensors.refresh_schedules import left_to_sensor
 
-    (row,) = following.catalog.projects()
+    (row,) = following.catalog.projects.all()
     hourly = RefreshConfig(cron="0 * * * *")
     assert left_to_sensor([row], {"follows": hourly}, frozenset(), "") == []
     assert left_to_sensor([row], {}, frozenset(), "") == [row]  # not loaded yet

@@ -38,7 +38,7 @@ def test_a_missing_frame_fails_its_own_partitions_check_and_says_which(
     broken, intact = (video_id_for_file(clips[n]) for n in ("a.mp4", "b.mp4"))
     data_dir = tmp_path / "data"
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
-    catalog.register_project(
+    catalog.projects.register(
         parse_project_config(
             {
                 "name": "p",
@@ -68,7 +68,7 @@ def test_a_missing_frame_fails_its_own_partitions_check_and_says_which(
         logged = [e.message or "" for e in instance.all_logs(first.run_id)]
         assert not [m for m in logged if "expected outputs" in m], logged
 
-        directory = catalog.frame_profiles([broken])[broken].popitem()[1][0]
+        directory = catalog.frames.profiles([broken])[broken].popitem()[1][0]
         lost = sorted(directory.glob(f"{broken}_*.jpg"))[1]
         directory.chmod(directory.stat().st_mode | stat.S_IWUSR)  # frames are kept read-only
         lost.unlink()

@@ -67,7 +67,7 @@ from dataminer_dagster.paths import ProjectPaths
 @stage_asset(stage="summary")
 def dataset_summary(item: StageItem, ctx: StageContext) -> ItemResult:
     \"\"\"A JSON summary beside the project's dataset: images per video.\"\"\"
-    project = ctx.catalog.project(item.key)
+    project = ctx.catalog.projects.get(item.key)
     dataset = ProjectPaths(project.output_dir).dataset_dir
     manifest = pd.read_parquet(dataset / MANIFEST_FILE)
     per_video = {str(k): int(v) for k, v in manifest.groupby("video_id").size().items()}
@@ -139,7 +139,7 @@ def test_a_stage_added_as_a_folder_runs_in_the_project_chain(
             "filter": keep_every_frame(tiny_siglip, ["a"]),
         }
     )
-    catalog.register_project(config)
+    catalog.projects.register(config)
     defs = _definitions(resources(database_url, data_dir))
     with dg.instance_for_test() as instance:
         result = drive_quietly(["p"], instance=instance, defs=defs, store=store)
@@ -150,12 +150,12 @@ def test_a_stage_added_as_a_folder_runs_in_the_project_chain(
         manifest = pd.read_parquet(ProjectPaths(tmp_path / "out" / "p").dataset_dir / MANIFEST_FILE)
         assert sum(written.values()) == len(manifest) == summary.outcome["images"] > 0
         # The status board counts it like any other project stage.
-        assert stage_counts(engine, catalog.project("p").id)[SUMMARY]["done"] == 1
+        assert stage_counts(engine, catalog.projects.get("p").id)[SUMMARY]["done"] == 1
 
         # Forcing it (what `dataminer force-summary` does) runs it again, and only it.
         forced = force_stage(catalog, "p", SUMMARY)
         assert forced.previous_stage == "complete" and not forced.earlier_not_done
-        assert catalog.project("p").stage == SUMMARY
+        assert catalog.projects.get("p").stage == SUMMARY
         dataset_done = work_items(engine, DATASET)["p"].finished_at
         again = drive_quietly(["p"], instance=instance, defs=defs, store=store)
         assert again.stages == {"p": "complete"}

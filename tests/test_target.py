@@ -66,7 +66,7 @@ def run_project(tmp_path, database_url, engine, server, siglip, *, per_feed: int
             "dedup": {"threshold": 0.99999},
         }
     )
-    catalog.register_project(config)
+    catalog.projects.register(config)
     defs = pipeline_definitions(resources(database_url, tmp_path / "data"))
     with dg.instance_for_test() as instance:
         result = drive_quietly(["aims"], instance=instance, defs=defs, store=LeaseStore(engine))
@@ -112,8 +112,8 @@ def test_the_project_acquires_until_its_target_from_the_better_source(
 
     # A raised target on the finished project starts a round at once, its dataset unchanged.
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(tmp_path / "data"))
-    config = catalog.project("aims").config
-    catalog.register_project(
+    config = catalog.projects.get("aims").config
+    catalog.projects.register(
         config.model_copy(update={"target": config.target.model_copy(update={"images": 1000})})
     )
     [(name, decision)] = continue_acquisition(LeaseStore(engine))

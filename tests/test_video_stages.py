@@ -73,7 +73,7 @@ def test_bad_items_end_in_the_right_state_and_good_ones_get_frames(
     config, local = _project(served, tmp_path)
     data_dir = tmp_path / "data"
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
-    catalog.register_project(config)
+    catalog.projects.register(config)
     res = resources(database_url, data_dir)
     ids = {
         name: video_id_for_url(served.url(f"/{name}"))
@@ -136,9 +136,9 @@ def test_bad_items_end_in_the_right_state_and_good_ones_get_frames(
             [frames], sorted(good), instance=instance, resources=res, partitions=videos_partitions
         )
         assert sorted(materialized_partitions(result, "frames")) == sorted(good)
-        videos = catalog.videos(good)
+        videos = catalog.videos.get(good)
         assert videos[ids["good.mp4"]].duration_s == pytest.approx(2.0, abs=0.2)
-        profiles = catalog.frame_profiles(good)
+        profiles = catalog.frames.profiles(good)
         for video_id in good:
             [(directory, count)] = profiles[video_id].values()
             manifest = pd.read_parquet(directory / FRAMES_MANIFEST)
@@ -184,7 +184,7 @@ def test_single_partition_failure_fails_the_run_with_the_reason(
 ):
     config, _ = _project(served, tmp_path)
     data_dir = tmp_path / "data"
-    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
     res = resources(database_url, data_dir)
     with dg.instance_for_test() as instance:
         materialize_partitions(
@@ -216,7 +216,7 @@ def test_a_backup_run_of_a_video_without_a_backup_is_done_with_nothing_done(
     without a materialization, which a backfill counts as failed."""
     config, _ = _project(served, tmp_path)
     data_dir = tmp_path / "data"
-    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
     res = resources(database_url, data_dir)
     good = video_id_for_url(served.url("/good.mp4"))
     with dg.instance_for_test() as instance:
@@ -252,7 +252,7 @@ def test_frames_reextracts_when_a_project_needs_another_profile_and_refetches_de
     config, _ = _project(served, tmp_path)
     data_dir = tmp_path / "data"
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
-    catalog.register_project(config)
+    catalog.projects.register(config)
     res = resources(database_url, data_dir)
     good = video_id_for_url(served.url("/good.mp4"))
     with dg.instance_for_test() as instance:
@@ -277,8 +277,8 @@ def test_frames_reextracts_when_a_project_needs_another_profile_and_refetches_de
                 ),
             }
         )
-        catalog.register_project(other)
-        video_file = data_dir / catalog.videos([good])[good].file_path
+        catalog.projects.register(other)
+        video_file = data_dir / catalog.videos.get([good])[good].file_path
         video_file.unlink()
         materialize_partitions(
             [video_catalog],
@@ -294,7 +294,7 @@ def test_frames_reextracts_when_a_project_needs_another_profile_and_refetches_de
             materialize_partitions(
                 [asset], [good], instance=instance, resources=res, partitions=videos_partitions
             )
-        profiles = catalog.frame_profiles([good])[good]
+        profiles = catalog.frames.profiles([good])[good]
         assert sorted(count for _, count in profiles.values()) == [2, 4]
         webp = [d for d, _ in profiles.values() if list(d.glob("*.webp"))]
         assert len(webp) == 1
@@ -311,7 +311,7 @@ def test_frames_whose_commit_fails_leave_no_folder_the_database_does_not_record(
     config, _ = _project(served, tmp_path)
     data_dir = tmp_path / "data"
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
-    catalog.register_project(config)
+    catalog.projects.register(config)
     res = resources(database_url, data_dir)
     good = video_id_for_url(served.url("/good.mp4"))
     with dg.instance_for_test() as instance:
@@ -344,7 +344,7 @@ def test_frames_whose_commit_fails_leave_no_folder_the_database_does_not_record(
         )
         assert not failed.success
         assert "refused at commit" in work_items(engine, "frames")[good].last_error
-        assert catalog.frame_profiles([good]) == {}
+        assert catalog.frames.profiles([good]) == {}
         assert list((data_dir / "frames" / good).iterdir()) == [], "no folder without a row"
 
         with engine.begin() as conn:
@@ -352,7 +352,7 @@ def test_frames_whose_commit_fails_leave_no_folder_the_database_does_not_record(
         materialize_partitions(
             [frames], [good], instance=instance, resources=res, partitions=videos_partitions
         )
-        [(directory, count)] = catalog.frame_profiles([good])[good].values()
+        [(directory, count)] = catalog.frames.profiles([good])[good].values()
         assert count == 4 and list((data_dir / "frames" / good).iterdir()) == [directory]
 
 
@@ -378,7 +378,7 @@ def test_unbounded_downloads_are_stopped_and_a_full_disk_costs_no_attempt(
 
     data_dir = tmp_path / "data"
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(data_dir))
-    catalog.register_project(config(min_free_disk_mb=2**31 - 1))  # 2 PB: the disk is "full"
+    catalog.projects.register(config(min_free_disk_mb=2**31 - 1))  # 2 PB: the disk is "full"
     res = resources(database_url, data_dir)
     with dg.instance_for_test() as instance:
         materialize_partitions(
@@ -404,7 +404,7 @@ def test_unbounded_downloads_are_stopped_and_a_full_disk_costs_no_attempt(
             assert "not enough free disk space" in item.last_error
             assert "download.min_free_disk_mb" in item.last_error
 
-        catalog.register_project(config())  # space was freed (the default reserve fits)
+        catalog.projects.register(config())  # space was freed (the default reserve fits)
         materialize_partitions(
             [downloads], keys, instance=instance, resources=res, partitions=videos_partitions
         )
@@ -430,7 +430,7 @@ def test_a_huge_file_of_bad_urls_logs_the_first_problems_and_a_count(
         }
     )
     data_dir = tmp_path / "data"
-    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
     with dg.instance_for_test() as instance:
         result = materialize_partitions(
             [video_catalog],
@@ -469,7 +469,7 @@ def _catalog_of_url_file(tmp_path, database_url, engine, content: bytes):
         }
     )
     data_dir = tmp_path / "data"
-    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
     with dg.instance_for_test() as instance:
         materialize_partitions(
             [video_catalog],
@@ -518,7 +518,7 @@ def test_a_local_file_longer_than_max_duration_is_left_out_as_a_url_is(
         }
     )
     data_dir = tmp_path / "data"
-    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
     video_id = video_id_for_file(local)
     with dg.instance_for_test() as instance:
         for stage, keys, partitions in [
@@ -548,7 +548,7 @@ def test_a_stored_error_is_cut_to_a_bound_with_a_marker(served, tmp_path, databa
         }
     )
     data_dir = tmp_path / "data"
-    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
     video_id = video_id_for_url(url)
     with dg.instance_for_test() as instance:
         res = resources(database_url, data_dir)
@@ -588,7 +588,7 @@ def test_a_private_address_is_one_dead_item_and_the_rest_goes_on(
         }
     )
     data_dir = tmp_path / "data"
-    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).register_project(config)
+    Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
     ids = [video_id_for_url(url), video_id_for_file(local)]
     with dg.instance_for_test() as instance:
         res = resources(database_url, data_dir)

@@ -68,7 +68,7 @@ def main() -> None:
 
 
 def project_or_fail(catalog, name: str):
-    project = catalog.project(name)
+    project = catalog.projects.get(name)
     if project is None:
         raise UserError(f"no project named {name!r} (dataminer project list)")
     return project

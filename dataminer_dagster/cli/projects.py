@@ -23,7 +23,7 @@ def project_add(config: str) -> None:
     output_dir: the results move there). With `dg dev` running, the sensors take it from there."""
     cfg = load_config(config)
     settings, _, catalog = context()
-    result = catalog.register_project(cfg, protected=settings.protected_dirs)
+    result = catalog.projects.register(cfg, protected=settings.protected_dirs)
     for line in registration_lines(result):
         click.echo(line)
 
@@ -32,11 +32,11 @@ def project_add(config: str) -> None:
 def project_list() -> None:
     """One line per project: stage, videos, output directory."""
     _, _, catalog = context()
-    projects = catalog.projects()
+    projects = catalog.projects.all()
     if not projects:
         click.echo("no projects yet: dataminer project add CONFIG")
         return
-    counts = catalog.member_counts()
+    counts = catalog.projects.member_counts()
     click.echo(f"{'project':<24} {'stage':<10} {'videos':>7}  output")
     for p in projects:
         click.echo(f"{p.name:<24} {p.stage:<10} {counts.get(p.id, 0):>7}  {p.output_dir}")
@@ -55,7 +55,7 @@ def add_video(url: str, project_name: str) -> None:
     )
 
     _, _, catalog = context()
-    proj = catalog.project(project_name)
+    proj = catalog.projects.get(project_name)
     if proj is None:
         raise UserError(f"no project named {project_name!r} (dataminer project list)")
     try:
@@ -89,7 +89,7 @@ def refresh(name: str, wait: bool, timeout: float | None) -> None:
     from dataminer_dagster.db.source_refresh import request_refresh
 
     _, store, catalog = context()
-    project = catalog.project(name)
+    project = catalog.projects.get(name)
     if project is None:
         raise UserError(f"no project named {name!r} (dataminer project list)")
     request = request_refresh(store, project.id, name)
@@ -136,7 +136,7 @@ def populate(config: str, dry_run: bool) -> None:
         for c in found.candidates:
             click.echo(f"  {c.video_id:<24} {c.source:<9} {redact(c.url or c.source_path)}")
         return
-    result = catalog.register_project(cfg, protected=settings.protected_dirs)
+    result = catalog.projects.register(cfg, protected=settings.protected_dirs)
     with catalog.engine.begin() as conn:
         linked = catalog.link_and_queue(conn, result.project, found.candidates)
         catalog.store.mark(

@@ -34,7 +34,7 @@ def run_projects(configs, *, timeout: float | None, progress: bool = True) -> in
 
     settings, store, catalog = context()
     registered = [
-        catalog.register_project(cfg, protected=settings.protected_dirs) for cfg in configs
+        catalog.projects.register(cfg, protected=settings.protected_dirs) for cfg in configs
     ]
     for result in registered:
         if result.changed and not result.created:
@@ -70,7 +70,7 @@ def run_projects(configs, *, timeout: float | None, progress: bool = True) -> in
             instance.dispose()
             keep_alive.cleanup()
     for project in projects:
-        if (row := catalog.project(project.name)) is not None:
+        if (row := catalog.projects.get(project.name)) is not None:
             _print_outcome(row)
     if isinstance(stopped, TimeoutError):
         click.echo(f"stopped: {stopped}; run the command again to go on from there", err=True)

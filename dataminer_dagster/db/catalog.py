@@ -1,5 +1,6 @@
-"""The catalog: projects, videos and their links, frames (`Catalog` joins their records:
-db/project_records.py, db/video_records.py, db/frame_records.py), and the rule that decides each video's next work item.
+"""The catalog: projects, videos and their links, frames (`Catalog` holds their records:
+db/project_records.py, db/video_records.py, db/frame_records.py), and the rule that decides each
+video's next work item.
 
 `advance_videos` is the one place that knows the per-video chain (download -> frames -> each linked
 project's filter). It derives the next work from the current state, so it is idempotent and can be
@@ -17,7 +18,7 @@ import sqlalchemy as sa
 from dataminer_dagster.acquisition.video_ids import Candidate
 from dataminer_dagster.db.frame_records import FrameRecords
 from dataminer_dagster.db.leases import LeaseStore
-from dataminer_dagster.db.project_records import ProjectRow
+from dataminer_dagster.db.project_records import ProjectRecords, ProjectRow
 from dataminer_dagster.db.schema import (
     BLOCKED,
     DEAD,
@@ -43,8 +44,9 @@ from dataminer_dagster.registry import (
 S = SCHEMA
 
 
-class Catalog(VideoRecords, FrameRecords):
-    """Projects, videos, links and frames, and the per-video chain."""
+class Catalog:
+    """Projects, videos, links and frames (`projects`, `videos`, `frames`), and the per-video
+    chain."""
 
     def __init__(
         self,
@@ -60,6 +62,9 @@ class Catalog(VideoRecords, FrameRecords):
         # Stages that the run using this catalog executes next: the items it queues for them
         # are marked requested (by that run), not left for the sensors to ask another run for.
         self.requested_stages = requested_stages
+        self.projects = ProjectRecords(engine, store, paths, self.advance_videos)
+        self.videos = VideoRecords(engine, store, self.projects)
+        self.frames = FrameRecords(engine, paths)
 
     def link_and_queue(
         self, conn: sa.Connection, project: ProjectRow, candidates: Sequence[Candidate]
@@ -67,7 +72,7 @@ class Catalog(VideoRecords, FrameRecords):
         """Link the candidates to the project and queue what each video needs next, failed and
         dead items included (a project that links a video again wants it): what the catalog
         stage, `populate` and `add-video` do."""
-        linked = self.link_videos(conn, project, candidates)
+        linked = self.videos.link(conn, project, candidates)
         if linked.new_links:  # the project reopens, and its later stages read the frames again
             self.refilter_released(conn, project)
         queued = self.advance_videos(conn, [c.video_id for c in candidates], reset_failed=True)
@@ -237,7 +242,7 @@ class Catalog(VideoRecords, FrameRecords):
         read them, finished from the frames before, are stale (`advance_videos` queues them)."""
         readers = [
             p.id
-            for p in self.linked_projects([video_id], conn).get(video_id, [])
+            for p in self.videos.linked_projects([video_id], conn).get(video_id, [])
             if p.config.extract.options().profile_id() in profiles
         ]
         conn.execute(

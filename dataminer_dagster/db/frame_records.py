@@ -16,13 +16,13 @@ S = SCHEMA
 
 
 class FrameRecords:
-    """The catalog's frames per video and profile (a part of `Catalog`)."""
+    """The catalog's frames per video and profile (`Catalog.frames`)."""
 
-    paths: DataPaths
+    def __init__(self, engine: sa.Engine, paths: DataPaths):
+        self.engine = engine
+        self.paths = paths
 
-    def frame_profiles(
-        self, video_ids: Iterable[str] | None
-    ) -> dict[str, dict[str, tuple[Path, int]]]:
+    def profiles(self, video_ids: Iterable[str] | None) -> dict[str, dict[str, tuple[Path, int]]]:
         """{video_id: {profile_id: (absolute frames dir, frame count)}}; None: every video."""
         with self.engine.connect() as c:
             rows = c.execute(
@@ -35,7 +35,7 @@ class FrameRecords:
             result[r.video_id][r.profile_id] = (self.paths.absolute(r.frames_dir), r.frame_count)
         return dict(result)
 
-    def record_frames(
+    def record(
         self,
         conn: sa.Connection,
         video_id: str,
@@ -67,9 +67,7 @@ class FrameRecords:
             },
         )
 
-    def forget_frames(
-        self, conn: sa.Connection, video_id: str, profile_id: str | None = None
-    ) -> None:
+    def forget(self, conn: sa.Connection, video_id: str, profile_id: str | None = None) -> None:
         conn.execute(
             sa.text(
                 f"DELETE FROM {S}.video_frames WHERE video_id = :v AND (CAST(:p AS text) IS NULL OR profile_id = :p)"

@@ -2,7 +2,7 @@
 lease columns, how a lease is cleared, how a failure is set (back-off, dead, uncounted), the hot
 statements bench/claims.py runs as they are, and `ClaimStatements`, which runs one operation's
 statement. `leases.LeaseStore` (a work item's lease) and `run_liveness.RunLiveness` (a run's
-heartbeat and what happens when it stops) are built on it."""
+heartbeat and what happens when it stops) each hold the one `ClaimStatements` they share."""
 
 from __future__ import annotations
 
@@ -137,6 +137,9 @@ def driver_sql(text: str, dialect: sa.Dialect) -> str:
 
 
 class ClaimStatements:
+    """Runs the claim tables' statements, on the caller's transaction or on a pooled autocommit
+    connection, under one retry policy."""
+
     def __init__(self, engine: sa.Engine, retry: RetryPolicy | None = None):
         self.engine = engine
         self.policy = retry or RetryPolicy()
@@ -146,7 +149,7 @@ class ClaimStatements:
             engine.url.render_as_string(hide_password=False), autocommit=True
         )
 
-    def _run(
+    def run(
         self, statement: sa.TextClause, params: dict, conn: sa.Connection | None = None
     ) -> list:
         """Run one operation's statement and return its rows (named tuples), in the caller's
@@ -164,9 +167,7 @@ class ClaimStatements:
         finally:
             pooled.close()
 
-    # --- helpers ----------------------------------------------------------------------------
-
-    def _fail_params(self, error: str, retryable: bool) -> dict:
+    def fail_params(self, error: str, retryable: bool) -> dict:
         return {
             "error": redact(error),
             "retryable": retryable,

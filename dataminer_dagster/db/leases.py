@@ -30,6 +30,7 @@ from dataminer_dagster.db.lease_sql import (
     LEASE_COLUMNS,
     RECORD_FINGERPRINT,
     UNCOUNTED_STATUS,
+    ClaimStatements,
     W,
     claim_next_statement,
     fail_set,
@@ -45,6 +46,7 @@ from dataminer_dagster.db.schema import (
     RUNNING,
     stale_sql,
 )
+from dataminer_dagster.settings import RetryPolicy
 
 
 class LeaseLost(Exception):
@@ -147,9 +149,14 @@ def _lease(row: Any) -> Lease:  # a row with the lease columns as attributes
     )
 
 
-class LeaseStore(RunLiveness):
-    """The work items' leases: queueing, claiming, finishing, retrying (the runs' heartbeats and
-    recovery: `RunLiveness`)."""
+class LeaseStore:
+    """The work items' leases: queueing, claiming, finishing, retrying; the runs' heartbeats and
+    recovery are its `liveness` (`RunLiveness`), on the same statements."""
+
+    def __init__(self, engine: sa.Engine, retry: RetryPolicy | None = None):
+        self.engine = engine
+        self.statements = ClaimStatements(engine, retry)
+        self.liveness = RunLiveness(self.statements)
 
     # --- queueing ---------------------------------------------------------------------------
 
@@ -187,10 +194,10 @@ class LeaseStore(RunLiveness):
             "projects": list(project_ids) if project_ids is not None else [None] * n,
             "videos": list(video_ids) if video_ids is not None else [None] * n,
             "reset": [s for s in reset if s != RUNNING],
-            "max_attempts": self.policy.max_attempts,
+            "max_attempts": self.statements.policy.max_attempts,
             "requested": requested,
         }
-        return len(self._run(statement, params, conn))
+        return len(self.statements.run(statement, params, conn))
 
     def mark(
         self,
@@ -228,19 +235,19 @@ class LeaseStore(RunLiveness):
             "key": key,
             "project": project_id,
             "video": video_id,
-            "max_attempts": self.policy.max_attempts,
+            "max_attempts": self.statements.policy.max_attempts,
             "status": status,
             "reason": redact(reason),
             "outcome": _json(outcome),
         }
-        return bool(self._run(statement, params, conn))
+        return bool(self.statements.run(statement, params, conn))
 
     # --- claiming ---------------------------------------------------------------------------
 
     def claim_next(self, stage: str, owner: str, limit: int = 1) -> list[Lease]:
         """Claim up to `limit` claimable items of `stage`, skipping locked rows: the longest due
         first, and items due at the same time in the order they were queued."""
-        rows = self._run(claim_next_statement(limit), {"stage": stage, "owner": owner})
+        rows = self.statements.run(claim_next_statement(limit), {"stage": stage, "owner": owner})
         return sorted((_lease(r) for r in rows), key=lambda lease: lease.item_id)
 
     def claim_keys(
@@ -288,7 +295,9 @@ class LeaseStore(RunLiveness):
             "respect_backoff": respect_backoff,
             "projects": None if projects is None else list(projects),
         }
-        leases = sorted((_lease(r) for r in self._run(statement, params)), key=lambda x: x.item_id)
+        leases = sorted(
+            (_lease(r) for r in self.statements.run(statement, params)), key=lambda x: x.item_id
+        )
         claimed = {lease.key for lease in leases}
         missing = [k for k in keys if k not in claimed]
         return leases, self._why_unclaimed(stage, missing)
@@ -331,7 +340,7 @@ class LeaseStore(RunLiveness):
             UPDATE {W} SET started_at = now() WHERE id = :id AND lease_token = :token AND status = '{RUNNING}'
             RETURNING id
         """)
-        if not self._run(statement, {"id": lease.item_id, "token": lease.token}):
+        if not self.statements.run(statement, {"id": lease.item_id, "token": lease.token}):
             raise LeaseLost(lease)
 
     # --- finishing --------------------------------------------------------------------------
@@ -388,7 +397,7 @@ class LeaseStore(RunLiveness):
         self, leases: Sequence[Lease], outcome: dict | None, conn: sa.Connection | None = None
     ) -> list[Lease]:
         params = {**_held(leases), "outcome": _json(outcome)}
-        return _lost(leases, (row.id for row in self._run(COMPLETE, params, conn)))
+        return _lost(leases, (row.id for row in self.statements.run(COMPLETE, params, conn)))
 
     def fail(
         self,
@@ -442,10 +451,10 @@ class LeaseStore(RunLiveness):
         params = {
             "id": lease.item_id,
             "token": lease.token,
-            **self._fail_params(error, retryable),
+            **self.statements.fail_params(error, retryable),
             **(extra or {}),
         }
-        rows = self._run(statement, params, conn)
+        rows = self.statements.run(statement, params, conn)
         if not rows:
             return FailResult(False, None, None)
         [row] = rows
@@ -459,7 +468,7 @@ class LeaseStore(RunLiveness):
             RETURNING id
         """)
         return bool(
-            self._run(
+            self.statements.run(
                 statement, {"id": lease.item_id, "token": lease.token, "reason": redact(reason)}
             )
         )
@@ -477,7 +486,7 @@ class LeaseStore(RunLiveness):
               {HELD}
             RETURNING w.id
         """)
-        return _lost(leases, (row.id for row in self._run(statement, _held(leases))))
+        return _lost(leases, (row.id for row in self.statements.run(statement, _held(leases))))
 
     def retry(
         self,
@@ -500,7 +509,7 @@ class LeaseStore(RunLiveness):
             "stages": list(stages) if stages else None,
             "projects": None if project_id is None else [project_id],
         }
-        return len(self._run(statement, params))
+        return len(self.statements.run(statement, params))
 
 
 def _json(value: dict | None) -> str | None:

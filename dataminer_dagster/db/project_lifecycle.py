@@ -63,7 +63,7 @@ def force_stage(catalog: Catalog, name: str, stage: str) -> ForcedStage:
     following = list(chain[chain.index(stage) :])
     with store.engine.begin() as conn:
         project = lock_project(conn, name)
-        released = catalog.refilter_released(conn, catalog.project(name))
+        released = catalog.refilter_released(conn, catalog.projects.get(name))
         items = lock_items(
             conn,
             "project_id = :p AND stage = ANY(CAST(:stages AS text[]))",
@@ -99,7 +99,7 @@ def force_stage(catalog: Catalog, name: str, stage: str) -> ForcedStage:
             ).scalars()
         )
     if stage == DEDUP:  # forced: every frame is grouped again, not only the new ones
-        remove(ProjectPaths(catalog.project(name).output_dir).dedup_index_dir)
+        remove(ProjectPaths(catalog.projects.get(name).output_dir).dedup_index_dir)
     return ForcedStage(
         name, stage, project.stage, unfinished, [s for s in earlier if s not in done], released
     )

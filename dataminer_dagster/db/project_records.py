@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,18 +56,29 @@ class ProjectBusyError(ValueError):
     """A change that cannot be made while the project's work runs."""
 
 
+def reading(engine: sa.Engine, conn: sa.Connection | None) -> contextlib.AbstractContextManager:
+    """`conn` itself (its transaction goes on), or a connection of its own."""
+    return contextlib.nullcontext(conn) if conn is not None else engine.connect()
+
+
 class ProjectRecords:
-    """The catalog's projects (a part of `Catalog`)."""
+    """The catalog's projects (`Catalog.projects`). A config change that concerns the per-video
+    chain hands the project's videos to `advance_videos`, the catalog's rule for each video's
+    next work item."""
 
-    engine: sa.Engine
-    store: LeaseStore
-    paths: DataPaths
+    def __init__(
+        self,
+        engine: sa.Engine,
+        store: LeaseStore,
+        paths: DataPaths,
+        advance_videos: Callable[[sa.Connection, Sequence[str]], int],
+    ):
+        self.engine = engine
+        self.store = store
+        self.paths = paths
+        self.advance_videos = advance_videos
 
-    def _reading(self, conn: sa.Connection | None) -> contextlib.AbstractContextManager:
-        """`conn` itself (its transaction goes on), or a connection of its own."""
-        return contextlib.nullcontext(conn) if conn is not None else self.engine.connect()
-
-    def register_project(
+    def register(
         self, config: ProjectConfig, *, protected: Mapping[str, Path] | None = None
     ) -> RegisterResult:
         """Create or update a project. A new project's catalog is queued. A changed config makes
@@ -134,11 +145,11 @@ class ProjectRecords:
             if FILTER in stale or "backup" in {k.split(".")[0] for k in changed_keys}:
                 # the per-video chain queues the filter again (its frames first, for a new
                 # extraction profile) and a backup to a new destination
-                self.advance_videos(c, self._member_ids(c, row.id))  # type: ignore[attr-defined]
+                self.advance_videos(c, self._member_ids(c, row.id))
             if moved_from is not None:
                 move_outputs(moved_from, output_dir)  # last: a failure above moved nothing
         return RegisterResult(
-            self.project(config.name),
+            self.get(config.name),
             bool(row.created),
             earlier is None or bool(changed_keys),
             tuple(changed_keys),
@@ -156,17 +167,19 @@ class ProjectRecords:
             ).scalars()
         )
 
-    def project(self, name: str) -> ProjectRow | None:
-        rows = self._projects("WHERE name = :name", {"name": name})
+    def get(self, name: str) -> ProjectRow | None:
+        rows = self.select("WHERE name = :name", {"name": name})
         return rows[0] if rows else None
 
-    def projects(self) -> list[ProjectRow]:
-        return self._projects("ORDER BY name", {})
+    def all(self) -> list[ProjectRow]:
+        return self.select("ORDER BY name", {})
 
-    def _projects(
+    def select(
         self, clause: str, params: dict, conn: sa.Connection | None = None
     ) -> list[ProjectRow]:
-        with self._reading(conn) as c:
+        """The projects that `clause` (SQL after `FROM projects`) selects; read in `conn`'s
+        transaction when given."""
+        with reading(self.engine, conn) as c:
             rows = c.execute(sa.text(f"SELECT * FROM {S}.projects {clause}"), params).all()
         return [
             ProjectRow(

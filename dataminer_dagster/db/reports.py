@@ -254,7 +254,7 @@ def project_status(
             "usual_s": None if held.usual_s is None else round(held.usual_s, 1),
             "message": held.describe(),
         }
-        for held in catalog.store.long_running(long_running, project.id)
+        for held in catalog.store.liveness.long_running(long_running, project.id)
     ]
     copies = [
         {
@@ -263,7 +263,7 @@ def project_status(
             "same_as": r.same_as,
             "original_source": redact_url(r.original_url) if r.original_url else r.original_path,
         }
-        for r in catalog.project_copies(project.id)
+        for r in catalog.videos.project_copies(project.id)
     ]
     frames = frame_counts(engine, project.id, videos)
     return {
@@ -305,9 +305,9 @@ def project_status(
 
 def overview(catalog: Catalog) -> list[dict]:
     """What `dataminer status` shows: per project its state, videos and work items per stage."""
-    counts = catalog.member_counts()
+    counts = catalog.projects.member_counts()
     result = []
-    for p in catalog.projects():
+    for p in catalog.projects.all():
         stages = stage_counts(catalog.engine, p.id)
         result.append(
             {

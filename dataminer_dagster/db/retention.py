@@ -41,11 +41,11 @@ def may_delete_video_file(projects: Sequence[ProjectRow]) -> bool:
 
 def delete_video_file(catalog: Catalog, conn: sa.Connection, video_id: str) -> bool:
     """Delete a downloaded (never a local source) video file and forget it. True if deleted."""
-    video = catalog.videos([video_id])[video_id]
+    video = catalog.videos.get([video_id])[video_id]
     if video.source_path or not video.file_path:
         return False
     catalog.paths.absolute(video.file_path).unlink(missing_ok=True)
-    catalog.forget_video_file(conn, video_id)
+    catalog.videos.forget_file(conn, video_id)
     return True
 
 
@@ -69,14 +69,14 @@ def release_finished_frames(
     backups = _lock_videos(conn, video_ids)
     videos: list[str] = []
     directories: list[Path] = []
-    for video_id, projects in catalog.linked_projects(video_ids, conn).items():
+    for video_id, projects in catalog.videos.linked_projects(video_ids, conn).items():
         done = all(p.stage == COMPLETE or p.name == completing for p in projects)
         if not done or not all(_allows_deletion(p, backups.get(video_id, set())) for p in projects):
             continue
-        frames = catalog.frame_profiles([video_id]).get(video_id, {})
+        frames = catalog.frames.profiles([video_id]).get(video_id, {})
         if frames:
             directories += [path for path, _ in frames.values()]
-            catalog.forget_frames(conn, video_id)
+            catalog.frames.forget(conn, video_id)
             videos.append(video_id)
     return Released(videos, _set_aside_until_commit(conn, directories))
 
@@ -85,15 +85,15 @@ def release_unused_profiles(catalog: Catalog, conn: sa.Connection, video_id: str
     """Release the video's frames of the extraction profiles that none of its projects uses now
     (their `extract:` changed since): they are re-extracted if a project asks for them again."""
     _lock_videos(conn, [video_id])
-    projects = catalog.linked_projects([video_id], conn).get(video_id, [])
+    projects = catalog.videos.linked_projects([video_id], conn).get(video_id, [])
     wanted = {p.config.extract.options().profile_id() for p in projects}
     unused = {
         profile: directory
-        for profile, (directory, _) in catalog.frame_profiles([video_id]).get(video_id, {}).items()
+        for profile, (directory, _) in catalog.frames.profiles([video_id]).get(video_id, {}).items()
         if profile not in wanted
     }
     for profile in unused:
-        catalog.forget_frames(conn, video_id, profile)
+        catalog.frames.forget(conn, video_id, profile)
     directories = list(unused.values())
     return Released([video_id] if unused else [], _set_aside_until_commit(conn, directories))
 

@@ -90,7 +90,7 @@ class RunLeases:
         with self._lock:
             held = set(self._held)
         sent = time.monotonic()
-        alive = self.store.heartbeat(self.owner, self._host, self._pid, self._space)
+        alive = self.store.liveness.heartbeat(self.owner, self._host, self._pid, self._space)
         with self._lock:
             self._last_beat = max(self._last_beat or sent, sent)
             newly_lost = (held & set(self._held)) - alive - self._lost

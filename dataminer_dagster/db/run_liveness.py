@@ -76,8 +76,13 @@ class Reaped:
     status: str  # failed or dead
 
 
-class RunLiveness(ClaimStatements):
-    """The run-level operations of the claim store (`leases.LeaseStore` adds the items')."""
+class RunLiveness:
+    """The run-level operations of the claim store (`leases.LeaseStore` holds one as `liveness`
+    beside its items' operations, on the same statements)."""
+
+    def __init__(self, statements: ClaimStatements):
+        self.statements = statements
+        self.engine = statements.engine
 
     def heartbeat(
         self, owner: str, host: str, pid: int, process_space: str | None = None
@@ -96,7 +101,7 @@ class RunLiveness(ClaimStatements):
              WHERE w.status = '{RUNNING}'
         """)
         params = {"owner": owner, "host": host, "pid": pid, "space": process_space}
-        rows = self._run(statement, params)
+        rows = self.statements.run(statement, params)
         return {row.lease_token for row in rows}
 
     def heartbeats(self, owners: Sequence[str]) -> dict[str, Heartbeat]:
@@ -107,7 +112,7 @@ class RunLiveness(ClaimStatements):
             SELECT run_id, extract(epoch FROM now() - heartbeat_at) AS age, host, pid, process_space
               FROM {H} WHERE run_id = ANY(CAST(:owners AS text[]))
         """)
-        rows = self._run(statement, {"owners": list(owners)})
+        rows = self.statements.run(statement, {"owners": list(owners)})
         return {r.run_id: Heartbeat(float(r.age), r.host, r.pid, r.process_space) for r in rows}
 
     def in_status_s(self, runs: Sequence[tuple[str, str]]) -> dict[str, float]:
@@ -158,7 +163,9 @@ class RunLiveness(ClaimStatements):
         params = {
             "stale": stale_after_s,
             "finished": list(finished_runs),
-            **self._fail_params(" ended or stopped heartbeating while holding this item", True),
+            **self.statements.fail_params(
+                " ended or stopped heartbeating while holding this item", True
+            ),
         }
         with self.engine.begin() as c:
             rows = c.execute(statement, params).all()
@@ -217,7 +224,7 @@ class RunLiveness(ClaimStatements):
                 float(r.held_s),
                 None if r.median_s is None else float(r.median_s),
             )
-            for r in self._run(statement, params)
+            for r in self.statements.run(statement, params)
         ]
 
     def release_run(self, owner: str, reason: str, *, count_attempt: bool) -> int:
@@ -225,7 +232,7 @@ class RunLiveness(ClaimStatements):
         `count_attempt`, items the run had begun count a failed attempt; the others never do."""
         if count_attempt:
             set_clause = fail_set(spare_unstarted=True)
-            params = {"owner": owner, **self._fail_params(reason, True)}
+            params = {"owner": owner, **self.statements.fail_params(reason, True)}
         else:
             set_clause = f"""status = {UNCOUNTED_STATUS}, attempts = greatest(attempts - 1, 0),
                              last_error = :error, {CLEAR_LEASE}"""
@@ -233,4 +240,4 @@ class RunLiveness(ClaimStatements):
         statement = sa.text(f"""
             UPDATE {W} SET {set_clause} WHERE lease_owner = :owner AND status = '{RUNNING}' RETURNING id
         """)
-        return len(self._run(statement, params))
+        return len(self.statements.run(statement, params))

@@ -12,7 +12,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from dataminer_dagster.acquisition.video_ids import Candidate
-from dataminer_dagster.db.project_records import ProjectRecords, ProjectRow
+from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.project_records import ProjectRecords, ProjectRow, reading
 from dataminer_dagster.db.schema import BLOCKED, LINKED_THROUGH_COPY, SCHEMA
 from dataminer_dagster.registry import FILTER, project_video_key
 
@@ -44,10 +45,16 @@ class LinkResult:
     queued: int = 0  # work items queued by `link_and_queue`
 
 
-class VideoRecords(ProjectRecords):
-    """The catalog's videos and their links to projects (a part of `Catalog`)."""
+class VideoRecords:
+    """The catalog's videos and their links to projects (`Catalog.videos`), reading the projects
+    they link to from `projects`."""
 
-    def link_videos(
+    def __init__(self, engine: sa.Engine, store: LeaseStore, projects: ProjectRecords):
+        self.engine = engine
+        self.store = store
+        self.projects = projects
+
+    def link(
         self, conn: sa.Connection, project: ProjectRow, candidates: Sequence[Candidate]
     ) -> LinkResult:
         """Add unseen videos and link all candidates to the project (idempotent)."""
@@ -105,7 +112,7 @@ class VideoRecords(ProjectRecords):
         ).all()
         return LinkResult(len(new_videos), len(new_links), len(candidates) - len(new_links))
 
-    def videos(self, video_ids: Iterable[str]) -> dict[str, VideoRow]:
+    def get(self, video_ids: Iterable[str]) -> dict[str, VideoRow]:
         with self.engine.connect() as c:
             rows = c.execute(
                 sa.text(f"SELECT * FROM {S}.videos WHERE video_id = ANY(CAST(:ids AS text[]))"),
@@ -168,7 +175,7 @@ class VideoRecords(ProjectRecords):
         self, video_ids: Iterable[str], conn: sa.Connection | None = None
     ) -> dict[str, list[ProjectRow]]:
         """The projects each video is linked to; read in `conn`'s transaction when given."""
-        with self._reading(conn) as c:
+        with reading(self.engine, conn) as c:
             links = c.execute(
                 sa.text(f"""SELECT pv.video_id, p.name FROM {S}.project_videos pv JOIN {S}.projects p
                             ON p.id = pv.project_id WHERE pv.video_id = ANY(CAST(:ids AS text[]))
@@ -177,7 +184,7 @@ class VideoRecords(ProjectRecords):
             ).all()
         projects = {
             p.name: p
-            for p in self._projects(
+            for p in self.projects.select(
                 "WHERE name = ANY(CAST(:n AS text[]))", {"n": [r.name for r in links]}, conn
             )
         }
@@ -186,7 +193,7 @@ class VideoRecords(ProjectRecords):
             result[r.video_id].append(projects[r.name])
         return dict(result)
 
-    def record_video_file(
+    def record_file(
         self, conn: sa.Connection, video_id: str, file_path: str | None, meta: dict[str, Any]
     ) -> None:
         """Store where the decodable file is and what it holds (title, duration, fps, size, tags...);
@@ -228,7 +235,7 @@ class VideoRecords(ProjectRecords):
         (record_content), or None. A video becomes a copy only when its first hash is recorded,
         and only before any frames of its own exist; its original is the earliest video with
         that content that is no copy itself."""
-        with self._reading(conn) as c:
+        with reading(self.engine, conn) as c:
             return c.execute(
                 sa.text(f"""
                     SELECT o.video_id FROM {S}.videos v JOIN {S}.videos o
@@ -269,7 +276,7 @@ class VideoRecords(ProjectRecords):
         )
         return original
 
-    def forget_video_file(self, conn: sa.Connection, video_id: str) -> None:
+    def forget_file(self, conn: sa.Connection, video_id: str) -> None:
         conn.execute(
             sa.text(
                 f"UPDATE {S}.videos SET file_path = NULL, updated_at = now() WHERE video_id = :v"
@@ -277,7 +284,7 @@ class VideoRecords(ProjectRecords):
             {"v": video_id},
         )
 
-    def block_project_videos(
+    def block_for_projects(
         self, conn: sa.Connection, video_id: str, reasons: dict[str, str]
     ) -> None:
         """Record that some projects' rules reject a video (the others go on with it)."""

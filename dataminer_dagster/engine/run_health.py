@@ -53,7 +53,7 @@ def run_worker_owner(run_id: str) -> str:
 
 def heartbeats_of(store: LeaseStore, run_ids: Sequence[str]) -> dict[str, Heartbeat]:
     """The heartbeats of these runs and of their run workers."""
-    return store.heartbeats([*run_ids, *(run_worker_owner(r) for r in run_ids)])
+    return store.liveness.heartbeats([*run_ids, *(run_worker_owner(r) for r in run_ids)])
 
 
 def unfinished_runs(instance: dg.DagsterInstance) -> list[dg.RunRecord]:
@@ -161,7 +161,7 @@ def dead_runs(
     if not records:
         return []
     heartbeats = heartbeats_of(store, [r.dagster_run.run_id for r in records])
-    in_status_s = store.in_status_s(
+    in_status_s = store.liveness.in_status_s(
         [(r.dagster_run.run_id, r.dagster_run.status.value) for r in records]
     )
     return judge(records, heartbeats, lease=lease, runs=runs, in_status_s=in_status_s)
@@ -214,7 +214,7 @@ def reap_dead_work(
     sensor gives them back: a person stopped the run, its items did nothing wrong, whichever of
     the two gets there first."""
     dead = end_dead_runs(instance, dead_runs(instance, store, lease=lease, runs=runs))
-    owners = store.lease_owners()
+    owners = store.liveness.lease_owners()
     records = (
         instance.get_run_records(dg.RunsFilter(run_ids=owners, statuses=list(FINISHED_STATUSES)))
         if owners
@@ -224,7 +224,7 @@ def reap_dead_work(
     for record in records:
         run_id = record.dagster_run.run_id
         if record.dagster_run.status == Status.CANCELED:
-            store.release_run(run_id, f"run {run_id} was cancelled", count_attempt=False)
+            store.liveness.release_run(run_id, f"run {run_id} was cancelled", count_attempt=False)
         else:
             finished.append(run_id)
-    return ReaperPass(dead, store.reap(lease.stale_after_s, finished))
+    return ReaperPass(dead, store.liveness.reap(lease.stale_after_s, finished))

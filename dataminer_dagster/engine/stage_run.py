@@ -95,7 +95,7 @@ class _VideoTitles:
 
     def _read(self, video_ids: list[str]) -> None:
         if video_ids:
-            videos = self._catalog.videos(video_ids).values()
+            videos = self._catalog.videos.get(video_ids).values()
             self._titles.update((v.video_id, v.title) for v in videos if v.title)
 
     def about(self, lease: Lease) -> dict[str, Any]:

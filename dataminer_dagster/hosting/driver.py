@@ -156,7 +156,9 @@ def drive(
             runs += 1
             if not result.success:
                 failed += 1
-                store.release_run(result.run_id, f"run {result.run_id} failed", count_attempt=True)
+                store.liveness.release_run(
+                    result.run_id, f"run {result.run_id} failed", count_attempt=True
+                )
             on_tick()
 
 

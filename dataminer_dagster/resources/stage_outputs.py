@@ -58,7 +58,7 @@ class StageOutputsIOManager(dg.IOManager):
         return found
 
     def _load(self, db: DatabaseResource, stage: str, asset: str, project: str) -> StageOutput:
-        row = db.catalog.project(project)
+        row = db.catalog.projects.get(project)
         if row is None:
             raise OutputMissing(
                 f"{asset} {project}: no such project in the claim database "

@@ -158,7 +158,7 @@ def build_sensors(
         dead, reaped = reaper.dead, reaper.reaped
 
         warned = set(json.loads(context.cursor)) if context.cursor else set()
-        long_running = store.long_running(limits.long_running)
+        long_running = store.liveness.long_running(limits.long_running)
         for held in long_running:
             if str(held.token) not in warned:
                 context.log.warning(held.describe())
@@ -189,7 +189,7 @@ def build_sensors(
         listings = source_refresh.last_listings(db.store.engine)
         queued = []
         unscheduled = left_to_sensor(
-            db.catalog.projects(), scheduled, stopped_schedules(context.instance), prefix
+            db.catalog.projects.all(), scheduled, stopped_schedules(context.instance), prefix
         )
         for project in due_projects(unscheduled, listings, datetime.now(UTC)):
             request = source_refresh.request_refresh(db.store, project.id, project.name)
@@ -223,7 +223,7 @@ def build_sensors(
 
 def _release(context, db: DatabaseResource, what: str, *, count_attempt: bool) -> None:
     run = context.dagster_run
-    released = db.store.release_run(
+    released = db.store.liveness.release_run(
         run.run_id, f"run {run.run_id} {what}", count_attempt=count_attempt
     )
     stages, batch = run.tags.get(STAGES_TAG), batch_range(run.tags)

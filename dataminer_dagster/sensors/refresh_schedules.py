@@ -189,7 +189,7 @@ def _refresh_schedule(
         from dataminer_dagster.db import source_refresh
         from dataminer_dagster.engine.planning import lane_run
 
-        row = db.catalog.project(project)
+        row = db.catalog.projects.get(project)
         if row is None or row.config.inputs.refresh is None:
             return dg.SkipReason(
                 f"{project} no longer follows its sources: this schedule goes at the code "

@@ -42,7 +42,7 @@ def _project(catalog: Catalog, name: str, tmp_path: Path) -> ProjectRow:
             "filter": {"positive_prompts": ["a thing"]},
         }
     )
-    return catalog.register_project(config).project
+    return catalog.projects.register(config).project
 
 
 def _link(catalog: Catalog, project: ProjectRow, *video_ids: str) -> None:
@@ -60,11 +60,11 @@ def _downloaded(catalog: Catalog, video_id: str, content_hash: str = HASH) -> st
     file = catalog.paths.videos_dir / f"{video_id}.mp4"
     with catalog.engine.begin() as conn:
         catalog.store.mark(DOWNLOAD, video_id, DONE, "downloaded", video_id=video_id, conn=conn)
-        original = catalog.record_content(conn, video_id, content_hash)
+        original = catalog.videos.record_content(conn, video_id, content_hash)
         if original is None:
             file.parent.mkdir(parents=True, exist_ok=True)
             file.write_bytes(b"a video")
-            catalog.record_video_file(conn, video_id, catalog.paths.relative(file), {})
+            catalog.videos.record_file(conn, video_id, catalog.paths.relative(file), {})
         catalog.advance_videos(conn, [video_id])
     return original
 
@@ -76,7 +76,7 @@ def _extracted(catalog: Catalog, project: ProjectRow, video_id: str) -> Path:
     (frames / f"{video_id}_000001.jpg").write_bytes(b"a frame")
     with catalog.engine.begin() as conn:
         catalog.store.mark("frames", video_id, DONE, "extracted", video_id=video_id, conn=conn)
-        catalog.record_frames(conn, video_id, profile, {}, frames, 1)
+        catalog.frames.record(conn, video_id, profile, {}, frames, 1)
         catalog.advance_videos(conn, [video_id])
     return frames
 
@@ -98,14 +98,17 @@ def test_the_second_video_with_a_content_is_a_copy_of_the_first(catalog, tmp_pat
     assert _downloaded(catalog, "copy-000000000000002") == "original-0000000001"
     assert _downloaded(catalog, "other-00000000000003", "b" * 64) is None
 
-    videos = catalog.videos(["original-0000000001", "copy-000000000000002"])
+    videos = catalog.videos.get(["original-0000000001", "copy-000000000000002"])
     assert videos["original-0000000001"].same_as is None
     assert videos["copy-000000000000002"].same_as == "original-0000000001"
     assert videos["copy-000000000000002"].content_hash == HASH
     # The hash recorded first is kept, and a video becomes a copy only when it is first recorded.
     with catalog.engine.begin() as conn:
-        assert catalog.record_content(conn, "other-00000000000003", HASH) is None
-    assert catalog.videos(["other-00000000000003"])["other-00000000000003"].content_hash == "b" * 64
+        assert catalog.videos.record_content(conn, "other-00000000000003", HASH) is None
+    assert (
+        catalog.videos.get(["other-00000000000003"])["other-00000000000003"].content_hash
+        == "b" * 64
+    )
 
 
 def test_a_video_with_frames_of_its_own_is_not_made_a_copy(catalog, tmp_path):
@@ -121,11 +124,11 @@ def test_two_copies_recorded_at_once_have_one_original(catalog, tmp_path):
     _link(catalog, project, "first-0000000000001", "second-000000000002")
     found: list[str | None] = []
     with catalog.engine.connect() as first, first.begin():
-        assert catalog.record_content(first, "first-0000000000001", HASH) is None
+        assert catalog.videos.record_content(first, "first-0000000000001", HASH) is None
 
         def second() -> None:
             with catalog.engine.begin() as conn:
-                found.append(catalog.record_content(conn, "second-000000000002", HASH))
+                found.append(catalog.videos.record_content(conn, "second-000000000002", HASH))
 
         thread = threading.Thread(target=second)
         thread.start()
@@ -165,13 +168,13 @@ def test_a_copy_is_processed_as_its_original(catalog, tmp_path):
     # Naming the original itself makes the catalog's link the project's own.
     _link(catalog, q, "original-0000000001")
     assert _links(catalog.engine, q)["original-0000000001"] == ("url", None)
-    assert catalog.project_sources(q.id, ["original-0000000001"]) == {
+    assert catalog.videos.project_sources(q.id, ["original-0000000001"]) == {
         "original-0000000001": [
             ("https://example.com/copy-000000000000002.mp4", None),
             ("https://example.com/original-0000000001.mp4", None),
         ]
     }
-    assert [r.video_id for r in catalog.project_copies(q.id)] == ["copy-000000000000002"]
+    assert [r.video_id for r in catalog.videos.project_copies(q.id)] == ["copy-000000000000002"]
 
 
 def test_a_copy_rejected_by_a_projects_rule_links_nothing(catalog, tmp_path):
@@ -184,8 +187,8 @@ def test_a_copy_rejected_by_a_projects_rule_links_nothing(catalog, tmp_path):
         catalog.store.mark(
             DOWNLOAD, "copy-000000000000002", DONE, "x", video_id="copy-000000000000002", conn=conn
         )
-        catalog.record_content(conn, "copy-000000000000002", HASH)
-        catalog.block_project_videos(conn, "copy-000000000000002", {"q": "a blocked hashtag"})
+        catalog.videos.record_content(conn, "copy-000000000000002", HASH)
+        catalog.videos.block_for_projects(conn, "copy-000000000000002", {"q": "a blocked hashtag"})
         catalog.advance_videos(conn, ["copy-000000000000002"])
     assert work_items(catalog.engine, "filter")["q.copy-000000000000002"].status == "blocked"
     assert _links(catalog.engine, q) == {"copy-000000000000002": ("url", None)}
@@ -232,7 +235,7 @@ def test_a_copy_whose_original_is_gone_is_processed_as_any_video(catalog, tmp_pa
 
     with catalog.engine.begin() as conn:  # what no deletion does while a project uses the copy
         conn.execute(sa.text("DELETE FROM dataminer.videos WHERE video_id = 'original-0000000001'"))
-    assert catalog.videos(["copy-000000000000002"])["copy-000000000000002"].same_as is None
+    assert catalog.videos.get(["copy-000000000000002"])["copy-000000000000002"].same_as is None
     with catalog.engine.begin() as conn:
         catalog.advance_videos(conn, ["copy-000000000000002"])
     assert "p.copy-000000000000002" not in work_items(catalog.engine, "filter")

@@ -178,7 +178,7 @@ def test_a_request_turn_is_exclusive_and_a_stop_reaches_the_next_request_first(e
 def test_download_slots_are_limited_per_host_across_runs_and_a_stale_run_loses_its_own(engine):
     store = LeaseStore(engine)
     for run in ("run-1", "run-2"):
-        store.heartbeat(run, "test", 1)
+        store.liveness.heartbeat(run, "test", 1)
     first, second = throttle(engine, "run-1"), throttle(engine, "run-2")
     entered = threading.Event()
 

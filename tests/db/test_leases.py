@@ -81,7 +81,7 @@ def test_eight_processes_claim_every_row_exactly_once(database_url, engine):
 def test_reaped_lease_cannot_be_completed_by_its_old_owner(engine):
     store = LeaseStore(engine, RetryPolicy(max_attempts=5, base_delay_s=60))
     _seed(store, 1)
-    store.heartbeat("run-old", "host", 1)
+    store.liveness.heartbeat("run-old", "host", 1)
     [old] = store.claim_next(STAGE, "run-old")
     store.mark_started(old)
     with engine.begin() as c:  # the old run goes silent
@@ -89,10 +89,10 @@ def test_reaped_lease_cannot_be_completed_by_its_old_owner(engine):
             sa.text("UPDATE dataminer.run_heartbeats SET heartbeat_at = now() - interval '1 hour'")
         )
 
-    reaped = store.reap(stale_after_s=60)
+    reaped = store.liveness.reap(stale_after_s=60)
     assert [(r.key, r.owner, r.status) for r in reaped] == [("v000000", "run-old", FAILED)]
 
-    store.heartbeat("run-new", "host", 2)
+    store.liveness.heartbeat("run-new", "host", 2)
     [new], _ = store.claim_keys(STAGE, ["v000000"], "run-new", respect_backoff=False)
     assert new.attempt == 2
 
@@ -171,11 +171,11 @@ def test_killed_run_loses_its_leases_and_live_run_keeps_them(database_url, engin
         runs["run-killed"].kill()  # SIGKILL: no cleanup, no release
         runs["run-killed"].join()
 
-        assert store.reap(stale_after) == [], "nothing is stale right after the kill"
+        assert store.liveness.reap(stale_after) == [], "nothing is stale right after the kill"
         deadline = time.monotonic() + 3 * stale_after
         reaped = []
         while time.monotonic() < deadline:
-            reaped += store.reap(stale_after)
+            reaped += store.liveness.reap(stale_after)
             time.sleep(0.2)
 
         assert sorted(r.key for r in reaped) == ["v000000", "v000001"]
@@ -195,10 +195,10 @@ def test_killed_run_loses_its_leases_and_live_run_keeps_them(database_url, engin
 def test_items_a_dead_run_never_began_go_back_without_counting_an_attempt(engine):
     store = LeaseStore(engine)
     _seed(store, 3)
-    store.heartbeat("run-x", "host", 1)
+    store.liveness.heartbeat("run-x", "host", 1)
     first, second, third = store.claim_next(STAGE, "run-x", 3)
     store.mark_started(first)  # the run died working on `first`; it never began the others
-    reaped = store.reap(stale_after_s=3600, finished_runs=["run-x"])
+    reaped = store.liveness.reap(stale_after_s=3600, finished_runs=["run-x"])
     assert sorted((r.key, r.status) for r in reaped) == [
         ("v000000", FAILED),
         ("v000001", PENDING),
@@ -216,7 +216,7 @@ def test_heartbeat_notices_a_lease_taken_away(engine):
     leases.start()
     try:
         first, second = leases.claim_next(STAGE, 2)
-        store.release_run("run-a", "cancelled by a test", count_attempt=False)
+        store.liveness.release_run("run-a", "cancelled by a test", count_attempt=False)
         leases.beat()
         assert leases.is_lost(first) and leases.is_lost(second)
         with pytest.raises(LeaseLost):
@@ -231,11 +231,11 @@ def test_heartbeat_notices_a_lease_taken_away(engine):
 def test_finished_run_is_reaped_at_once(engine):
     store = LeaseStore(engine)
     _seed(store, 1)
-    store.heartbeat("run-x", "host", 1)
+    store.liveness.heartbeat("run-x", "host", 1)
     [lease] = store.claim_next(STAGE, "run-x")
     store.mark_started(lease)
-    assert store.reap(stale_after_s=3600) == []
-    [reaped] = store.reap(stale_after_s=3600, finished_runs=["run-x"])
+    assert store.liveness.reap(stale_after_s=3600) == []
+    [reaped] = store.liveness.reap(stale_after_s=3600, finished_runs=["run-x"])
     assert reaped.status == FAILED
 
 
@@ -246,7 +246,7 @@ def test_failures_back_off_then_end_dead_with_the_last_error(engine):
     base = 0.4
     store = LeaseStore(engine, RetryPolicy(max_attempts=3, base_delay_s=base, max_delay_s=10))
     _seed(store, 1)
-    store.heartbeat("run", "host", 1)
+    store.liveness.heartbeat("run", "host", 1)
     for attempt in (1, 2, 3):
         [lease] = store.claim_next(STAGE, "run")
         assert lease.attempt == attempt

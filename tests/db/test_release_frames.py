@@ -37,12 +37,12 @@ def _project(catalog: Catalog, name: str, tmp_path: Path, **sections) -> Project
             **sections,
         }
     )
-    return catalog.register_project(config).project
+    return catalog.projects.register(config).project
 
 
 def _link(catalog: Catalog, conn: sa.Connection, project: ProjectRow, video_id: str) -> None:
     candidate = Candidate(video_id, "url", url=f"https://example.com/{video_id}.mp4")
-    catalog.link_videos(conn, project, [candidate])
+    catalog.videos.link(conn, project, [candidate])
     catalog.advance_videos(conn, [video_id])
 
 
@@ -54,7 +54,7 @@ def _extracted(catalog: Catalog, project: ProjectRow, video_id: str) -> Path:
     (frames / "000001.jpg").write_bytes(b"a frame")
     with catalog.engine.begin() as conn:
         _link(catalog, conn, project, video_id)
-        catalog.record_frames(conn, video_id, profile, {}, frames, 1)
+        catalog.frames.record(conn, video_id, profile, {}, frames, 1)
         conn.execute(
             sa.text("UPDATE dataminer.projects SET stage = 'complete' WHERE id = :p"),
             {"p": project.id},
@@ -84,7 +84,7 @@ def test_frames_with_a_named_backup_go_only_once_it_is_verified(catalog, tmp_pat
     frames = _extracted(catalog, project, "v0")
 
     assert _release(catalog, "v0") == [], "not backed up yet"
-    assert frames.is_dir() and catalog.frame_profiles(["v0"])
+    assert frames.is_dir() and catalog.frames.profiles(["v0"])
 
     with catalog.engine.begin() as conn:
         record_backup(conn, "v0", [str(tmp_path / "elsewhere")])
@@ -93,7 +93,7 @@ def test_frames_with_a_named_backup_go_only_once_it_is_verified(catalog, tmp_pat
     with catalog.engine.begin() as conn:
         record_backup(conn, "v0", [dest])
     assert _release(catalog, "v0") == ["v0"]
-    assert not frames.exists() and catalog.frame_profiles(["v0"]) == {}
+    assert not frames.exists() and catalog.frames.profiles(["v0"]) == {}
     assert list(frames.parent.iterdir()) == [], "nothing left aside"
 
 
@@ -106,7 +106,7 @@ def test_a_release_rolled_back_puts_the_frames_back(catalog, tmp_path):
         raise RuntimeError("rolled back")
     assert (frames / "000001.jpg").read_bytes() == b"a frame"
     assert list(frames.parent.iterdir()) == [frames]
-    assert catalog.frame_profiles(["v0"]) == {"v0": {frames.name: (frames, 1)}}
+    assert catalog.frames.profiles(["v0"]) == {"v0": {frames.name: (frames, 1)}}
 
 
 def test_a_project_linking_the_video_during_a_release_waits_for_it(catalog, tmp_path):
@@ -127,7 +127,7 @@ def test_a_project_linking_the_video_during_a_release_waits_for_it(catalog, tmp_
         assert not linked.wait(1.0), "the link waits for the release to commit"
     linker.join(10)
     assert linked.is_set() and not frames.exists()
-    assert [p.name for p in catalog.linked_projects(["v0"])["v0"]] == ["alpha", "beta"]
+    assert [p.name for p in catalog.videos.linked_projects(["v0"])["v0"]] == ["alpha", "beta"]
 
     # Linked first, beta (not complete) keeps the frames of a video it shares.
     _extracted(catalog, alpha, "v1")
@@ -184,7 +184,7 @@ def test_linking_and_releasing_the_same_videos_at_once_do_not_deadlock(catalog, 
                 Candidate(v, "url", url=f"https://example.com/{v}.mp4") for v in ("v1", "v0")
             ]
             with catalog.engine.begin() as conn:
-                catalog.link_videos(conn, beta, candidates)
+                catalog.videos.link(conn, beta, candidates)
         except BaseException as error:  # noqa: BLE001 - reported below
             errors.append(error)
 
@@ -198,7 +198,7 @@ def test_linking_and_releasing_the_same_videos_at_once_do_not_deadlock(catalog, 
         released = error
     linker.join(30)
     assert not errors and released == [], (errors, released)  # beta uses them now
-    assert [p.name for p in catalog.linked_projects(["v0"])["v0"]] == ["alpha", "beta"]
+    assert [p.name for p in catalog.videos.linked_projects(["v0"])["v0"]] == ["alpha", "beta"]
 
 
 def test_frames_extracted_after_the_backup_are_backed_up_before_they_may_go(catalog, tmp_path):
@@ -213,7 +213,7 @@ def test_frames_extracted_after_the_backup_are_backed_up_before_they_may_go(cata
         record_backup(conn, "v0", [dest])
         other = catalog.paths.frames_dir("v0", "another-profile")
         other.mkdir(parents=True)
-        catalog.record_frames(conn, "v0", "another-profile", {}, other, 1)
+        catalog.frames.record(conn, "v0", "another-profile", {}, other, 1)
     assert _release(catalog, "v0") == [], "the new frames are in no backup yet"
     assert other.is_dir()
     with catalog.engine.begin() as conn:
@@ -268,6 +268,6 @@ def test_frames_released_by_a_completion_whose_commit_fails_go_back(
         assert not frames.exists()
     assert (frames / "000001.jpg").read_bytes() == b"a frame", "put back: nothing committed"
     assert list(frames.parent.iterdir()) == [frames], "nothing left aside"
-    assert catalog.frame_profiles(["v0"]) == {"v0": {frames.name: (frames, 1)}}
+    assert catalog.frames.profiles(["v0"]) == {"v0": {frames.name: (frames, 1)}}
     backup = work_items(catalog.engine, "backup")["v0"]
     assert (backup.status, backup.lease_token) == ("running", lease.token), "still the holder's"

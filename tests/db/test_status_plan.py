@@ -112,7 +112,7 @@ def test_a_projects_copies_are_read_from_the_copies_not_from_its_videos(seeded, 
     the few copies (a partial index), not from the project's million videos."""
     engine, big, _ = seeded
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(tmp_path / "data"))
-    for plan in plans_of(engine, lambda: catalog.project_copies(big), analyze=True):
+    for plan in plans_of(engine, lambda: catalog.videos.project_copies(big), analyze=True):
         assert whole_table_reads(plan) == [], plan
         assert catalog_rows_read(plan) < 100, plan
 
@@ -214,12 +214,12 @@ def test_linking_videos_reads_only_their_rows(seeded, tmp_path):
 
     engine, _, small = seeded
     catalog = Catalog(engine, LeaseStore(engine), DataPaths(tmp_path / "data"))
-    project = catalog.project("small")
+    project = catalog.projects.get("small")
     candidates = [Candidate(f"new{n}", "url", url=f"https://example.com/new{n}") for n in range(5)]
 
     def link() -> None:
         with engine.begin() as conn:
-            catalog.link_videos(conn, project, candidates)
+            catalog.videos.link(conn, project, candidates)
 
     locks = [p for p in plans_of(engine, link) if p["Node Type"] == "LockRows"]
     assert locks, "the lock statement was sent"

@@ -95,7 +95,7 @@ def nonzero(counts: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
 
 
 def test_the_pass_counts_the_work_as_the_overview_does(catalog):
-    a, b = catalog.project("a").id, catalog.project("b").id
+    a, b = catalog.projects.get("a").id, catalog.projects.get("b").id
     for project in (a, b):
         assert work_summary(catalog.engine, project, 15).counts == stage_counts(
             catalog.engine, project
@@ -115,7 +115,7 @@ def test_the_pass_counts_the_work_as_the_overview_does(catalog):
 
 
 def test_the_yield_and_the_budget_count_each_source_and_leave_the_copies_out(catalog):
-    a = catalog.project("a").id
+    a = catalog.projects.get("a").id
     assert source_yield(catalog.engine, a) == [
         {
             "source": "search: cats",
@@ -148,7 +148,7 @@ def test_the_yield_and_the_budget_count_each_source_and_leave_the_copies_out(cat
 
 
 def test_a_projects_status_counts_its_copies_among_its_videos_and_frames(catalog):
-    status = project_status(catalog, catalog.project("a"), 15, load_settings().long_running)
+    status = project_status(catalog, catalog.projects.get("a"), 15, load_settings().long_running)
     assert status["videos"] == 5
     assert status["frames"]["extracted"] == 170
     assert status["frames"]["passed_filter"] == 47
@@ -187,7 +187,7 @@ def live_totals(engine, project: int):
 
 
 def test_a_change_after_the_copy_is_read_live_until_the_next_copy_writes_it(catalog):
-    engine, a = catalog.engine, catalog.project("a").id
+    engine, a = catalog.engine, catalog.projects.get("a").id
     with engine.begin() as c:
         c.execute(
             sa.text("""UPDATE dataminer.work_items SET status = 'done', finished_at = now()
@@ -225,7 +225,7 @@ def test_any_changes_read_from_the_links_as_they_are_live_copied_or_not(catalog,
     pass reads, after each, what the live state gives."""
     rng = random.Random(seed)
     engine = catalog.engine
-    projects = [catalog.project("a").id, catalog.project("b").id]
+    projects = [catalog.projects.get("a").id, catalog.projects.get("b").id]
     videos = list(VIDEOS)
     for _ in range(40):
         video, project = rng.choice(videos), rng.choice(projects)

@@ -22,8 +22,8 @@ def add_project(catalog: Catalog, name: str) -> int:
             "filter": {"positive_prompts": ["x"]},
         }
     )
-    catalog.register_project(config)
-    return catalog.project(name).id
+    catalog.projects.register(config)
+    return catalog.projects.get(name).id
 
 
 def seed_videos(engine: sa.Engine, project_id: int, count: int, prefix: str) -> None:

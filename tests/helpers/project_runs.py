@@ -54,7 +54,7 @@ class Project:
     def register(self, **sections):
         for key, value in sections.items():
             self.raw[key] = {**self.raw.get(key, {}), **value} if isinstance(value, dict) else value
-        return self.catalog.register_project(parse_project_config(self.raw))
+        return self.catalog.projects.register(parse_project_config(self.raw))
 
     def run(self, on_tick=lambda: None) -> dict[tuple[str, str], object]:
         """Drive the project to complete; returns what each item's finished_at is now.
@@ -100,7 +100,7 @@ class Project:
 
     @property
     def output(self) -> ProjectPaths:
-        return ProjectPaths(Path(self.catalog.project("changing").output_dir))
+        return ProjectPaths(Path(self.catalog.projects.get("changing").output_dir))
 
     def manifest(self) -> pd.DataFrame:
         return pd.read_parquet(self.output.dataset_dir / "manifest.parquet")

@@ -29,8 +29,8 @@ from dataminer_dagster.registry import BACKUP
 def _without_backup(ctx: StageContext, video_ids: Sequence[str]) -> dict[str, dict[str, str]]:
     """The videos, of those that have no backup item, none of whose projects names a backup
     destination: there is nothing to back up."""
-    known = ctx.catalog.videos(video_ids)
-    projects = ctx.catalog.linked_projects(known)
+    known = ctx.catalog.videos.get(video_ids)
+    projects = ctx.catalog.videos.linked_projects(known)
     return {
         video_id: NO_BACKUP
         for video_id in known
@@ -52,11 +52,11 @@ def _without_backup(ctx: StageContext, video_ids: Sequence[str]) -> dict[str, di
 def frames_backup(item: StageItem, ctx: StageContext) -> ItemResult:
     """The video's raw frames, copied to every backup destination of its projects and verified."""
     catalog = ctx.catalog
-    projects = catalog.linked_projects([item.video_id]).get(item.video_id, [])
+    projects = catalog.videos.linked_projects([item.video_id]).get(item.video_id, [])
     destinations = sorted({p.config.backup.dest for p in projects if p.config.backup})
     if not destinations:
         return ItemResult(metadata=NO_BACKUP)
-    recorded = catalog.frame_profiles([item.video_id]).get(item.video_id, {})
+    recorded = catalog.frames.profiles([item.video_id]).get(item.video_id, {})
     frames = {profile: path for profile, (path, _) in recorded.items() if path.is_dir()}
     if not frames:  # released before a project named this destination, or deleted by hand
         return ItemResult(

@@ -59,7 +59,7 @@ def video_catalog(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's videos: every search, listing, URL, URL file and local file in its config,
     linked to it (on a refresh: only those it has not seen)."""
     catalog = ctx.catalog
-    project = catalog.project(item.key)
+    project = catalog.projects.get(item.key)
     if project is None:
         raise ValueError(f"project {item.key!r} is not registered (dataminer project add CONFIG)")
     target = project.config.target

@@ -85,7 +85,7 @@ from dataminer_dagster.registry import DATASET
 def _sources(catalog, project_id: int, videos: dict) -> dict[str, list[str]]:
     """Every URL or path the project found each video at: its own and its copies', in the order
     the project linked them (a dataset travels: no passwords or signed tokens in them)."""
-    found = catalog.project_sources(project_id, videos)
+    found = catalog.videos.project_sources(project_id, videos)
     return {
         video_id: [
             redact_url(url) if url else path
@@ -240,7 +240,7 @@ def _manifest(catalog, project, paths: ProjectPaths, table: pd.DataFrame):
     kept["file_name"] = [Path(f).name for f in kept["file"]]
 
     video_ids = kept["video_id"].unique().tolist()
-    videos = catalog.videos(video_ids)
+    videos = catalog.videos.get(video_ids)
     sources = _sources(catalog, project.id, videos)
     kept["source_url"] = [sources[v][0] for v in kept["video_id"]]
     kept["sources"] = pd.Series([sources[v] for v in kept["video_id"]], dtype=object)
@@ -372,7 +372,7 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's dataset: kept images split by source, a Parquet manifest, COCO annotations,
     the training formats of its config and a quality report."""
     catalog = ctx.catalog
-    project = catalog.project(item.key)
+    project = catalog.projects.get(item.key)
     config = project.config.dataset
     paths = ProjectPaths(project.output_dir)
     table = pd.read_parquet(paths.dedup_table)

@@ -187,7 +187,7 @@ def check_image_quality(root: Path, config) -> CheckResult:
 
 
 def _root(ctx: StageContext, project_name: str):
-    project = ctx.catalog.project(project_name)
+    project = ctx.catalog.projects.get(project_name)
     return project, ProjectPaths(project.output_dir)
 
 

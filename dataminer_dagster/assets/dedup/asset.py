@@ -47,7 +47,7 @@ def _no_duplicates_kept(ctx: StageContext, project_name: str) -> CheckResult:
     would go unreported)."""
     from dataminer_dagster.assets.dedup.grouping import similar_pairs
 
-    project = ctx.catalog.project(project_name)
+    project = ctx.catalog.projects.get(project_name)
     table = pd.read_parquet(ProjectPaths(project.output_dir).dedup_table)
     kept = table[table["kept"]].reset_index(drop=True)
     metrics = {"kept_frames": len(kept), "pairs_above_threshold": 0}
@@ -147,7 +147,7 @@ def _groups_preview(frames: pd.DataFrame, titles: dict[str, str], directory: Pat
 def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's passed frames grouped into near-duplicates, one kept per group."""
     catalog = ctx.catalog
-    project = catalog.project(item.key)
+    project = catalog.projects.get(item.key)
     paths = ProjectPaths(project.output_dir)
     started = time.monotonic()
     config = project.config.dedup
@@ -187,7 +187,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
         )
         + ")"
     )
-    titles = {v: row.title for v, row in catalog.videos(frames["video_id"].unique()).items()}
+    titles = {v: row.title for v, row in catalog.videos.get(frames["video_id"].unique()).items()}
 
     kept_per_video = frames.loc[frames["kept"], "video_id"].value_counts().to_dict()
 

@@ -92,7 +92,7 @@ def _examples(table: pd.DataFrame, kept: pd.DataFrame, paths: ProjectPaths) -> d
 
 
 def _coco_valid(ctx: StageContext, project_name: str) -> CheckResult:
-    project = ctx.catalog.project(project_name)
+    project = ctx.catalog.projects.get(project_name)
     if project.config.detect is None:
         return CheckResult(True, {"images": 0, "annotations": 0, "invalid_annotations": 0})
     return check_coco_file(ProjectPaths(project.output_dir).coco_file)
@@ -139,7 +139,7 @@ def check_coco_file(path: Path) -> CheckResult:
 )
 def detections(item: StageItem, ctx: StageContext) -> ItemResult:
     """Detected objects on the kept frames: a table and a COCO file."""
-    project = ctx.catalog.project(item.key)
+    project = ctx.catalog.projects.get(item.key)
     config = project.config.detect
     paths = ProjectPaths(project.output_dir)
     kept = pd.read_parquet(paths.dedup_table)

@@ -48,8 +48,8 @@ from dataminer_dagster.registry import DOWNLOAD
 def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
     """The video file (a local source, or downloaded with yt-dlp) and its metadata."""
     catalog = ctx.catalog
-    video = catalog.videos([item.video_id])[item.video_id]
-    projects = catalog.linked_projects([item.video_id]).get(item.video_id, [])
+    video = catalog.videos.get([item.video_id])[item.video_id]
+    projects = catalog.videos.linked_projects([item.video_id]).get(item.video_id, [])
     if not projects:
         raise Blocked("no project uses this video")
     if video.same_as:
@@ -210,10 +210,10 @@ def _record(
     catalog, paths = ctx.catalog, ctx.db.paths
     # What the commit will decide, for the UI; a video of the same content committed in between
     # (another run) may change it, and the commit's decision is the one kept.
-    original = catalog.original_for(item.video_id, facts["content_hash"])
+    original = catalog.videos.original_for(item.video_id, facts["content_hash"])
 
     def commit(conn) -> None:
-        same_as = catalog.record_content(conn, item.video_id, facts["content_hash"])
+        same_as = catalog.videos.record_content(conn, item.video_id, facts["content_hash"])
         if same_as != original:
             ctx.log.info(
                 f"download {item.video_id}: "
@@ -222,9 +222,9 @@ def _record(
             )
         if same_as and file_path:  # the original's file holds the same bytes
             paths.absolute(file_path).unlink(missing_ok=True)
-        catalog.record_video_file(conn, item.video_id, None if same_as else file_path, facts)
+        catalog.videos.record_file(conn, item.video_id, None if same_as else file_path, facts)
         if rejected:
-            catalog.block_project_videos(conn, item.video_id, rejected)
+            catalog.videos.block_for_projects(conn, item.video_id, rejected)
         catalog.advance_videos(conn, [item.video_id])
 
     shown = {**extra, **_shown(facts), "same_content_as": original}

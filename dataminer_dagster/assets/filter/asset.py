@@ -39,11 +39,11 @@ from dataminer_dagster.registry import FILTER
 def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
     """Per frame: every prompt score and the keep/drop decision of the project's filter."""
     catalog = ctx.catalog
-    project = ctx.memo(("project", item.project), lambda: catalog.project(item.project))
+    project = ctx.memo(("project", item.project), lambda: catalog.projects.get(item.project))
     config = project.config.filter
     profile = project.config.extract.options().profile_id()
-    stored = catalog.frame_profiles([item.video_id]).get(item.video_id, {}).get(profile)
-    if stored is None and (original := catalog.videos([item.video_id])[item.video_id].same_as):
+    stored = catalog.frames.profiles([item.video_id]).get(item.video_id, {}).get(profile)
+    if stored is None and (original := catalog.videos.get([item.video_id])[item.video_id].same_as):
         return ItemResult(  # only with `redo`: a copy's filter item is marked done, never queued
             metadata={"outcome": f"nothing to do: same content as video {original}"},
             outcome={"same_as": original},

@@ -42,7 +42,7 @@ def _frames_on_disk(ctx: StageContext, video_id: str) -> CheckResult:
     """Every frames directory the catalog records for the video exists, with every file of its
     manifest."""
     missing_dirs, missing_files = [], []
-    recorded = ctx.catalog.frame_profiles([video_id]).get(video_id, {})
+    recorded = ctx.catalog.frames.profiles([video_id]).get(video_id, {})
     for directory, _ in recorded.values():
         if not directory.is_dir():
             missing_dirs.append(str(directory))
@@ -103,21 +103,21 @@ def describe_extraction(options: ExtractionOptions) -> str:
 def frames(item: StageItem, ctx: StageContext) -> ItemResult:
     """Frames sampled from each video, per extraction profile of the projects using it."""
     catalog, paths = ctx.catalog, ctx.db.paths
-    video = catalog.videos([item.video_id])[item.video_id]
+    video = catalog.videos.get([item.video_id])[item.video_id]
     if video.same_as:  # only with `redo`: a copy's frames item is marked done, never queued
         return ItemResult(
             metadata={"outcome": f"nothing to do: same content as video {video.same_as}"},
             outcome={"same_as": video.same_as},
             commit=lambda conn: catalog.advance_videos(conn, [item.video_id]),
         )
-    projects = catalog.linked_projects([item.video_id]).get(item.video_id, [])
+    projects = catalog.videos.linked_projects([item.video_id]).get(item.video_id, [])
     wanted: dict[str, ExtractionOptions] = {}
     for project in projects:
         options = project.config.extract.options()
         wanted.setdefault(options.profile_id(), options)
     present = {  # profile -> frames extracted before
         profile: count
-        for profile, (directory, count) in catalog.frame_profiles([item.video_id])
+        for profile, (directory, count) in catalog.frames.profiles([item.video_id])
         .get(item.video_id, {})
         .items()
         if directory.is_dir()
@@ -129,7 +129,7 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
     if missing and (source is None or not source.is_file()):
 
         def refetch(conn) -> None:  # the chain queues the download again, then this stage
-            catalog.forget_video_file(conn, item.video_id)
+            catalog.videos.forget_file(conn, item.video_id)
             catalog.advance_videos(conn, [item.video_id])
 
         ctx.log.info(f"frames {item.video_id}: the video file is gone; it will be downloaded again")
@@ -171,7 +171,7 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
     def commit(conn) -> None:  # the folders are published, and unused ones go, if it commits
         for profile, options, staging, final, count in made:
             file_changes(conn).publish(staging, final)
-            catalog.record_frames(conn, item.video_id, profile, asdict(options), final, count)
+            catalog.frames.record(conn, item.video_id, profile, asdict(options), final, count)
         release_unused_profiles(catalog, conn, item.video_id)
         catalog.refilter_new_frames(conn, item.video_id, {profile for profile, *_ in made})
         if may_delete_video_file(projects) and delete_video_file(catalog, conn, item.video_id):
