@@ -9,6 +9,7 @@ import click
 
 from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.config import ConfigError, load_project_config
+from dataminer_dagster.db.embedded_host import EmbeddedServerInUse
 from dataminer_dagster.db.project_records import ProjectBusyError
 from dataminer_dagster.paths import UnsafePathError
 from dataminer_dagster.settings import SettingsError
@@ -22,8 +23,15 @@ class Commands(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        # Settings read, a project registered, a host that asked us to wait.
-        except (SettingsError, UnsafePathError, ProjectBusyError, HostPaused) as exc:
+        # Settings read, the embedded server's host, a project registered, a host that asked us
+        # to wait.
+        except (
+            SettingsError,
+            EmbeddedServerInUse,
+            UnsafePathError,
+            ProjectBusyError,
+            HostPaused,
+        ) as exc:
             raise UserError(str(exc)) from None
 
 

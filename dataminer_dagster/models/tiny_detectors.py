@@ -75,7 +75,7 @@ def build_tiny_yolo(path: str | os.PathLike[str], *, seed: int = 0) -> Path:
         "version": ultralytics.__version__,
         "docs": "tiny random-weight YOLOv8 built by dataminer_dagster.models.tiny_detectors",
     }
-    with _atomic_path(path) as tmp:
+    with _replacing_path(path) as tmp:
         torch.save(checkpoint, tmp)
     return path
 
@@ -258,8 +258,9 @@ def _seeded(seed: int) -> Iterator:
 
 
 @contextmanager
-def _atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary sibling of `path` that replaces it when the block succeeds."""
+def _replacing_path(path: Path) -> Iterator[Path]:
+    """A temporary sibling of `path` that replaces it when the block succeeds (a file in one
+    rename; a folder is removed first, so for a moment there is none)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
@@ -274,7 +275,7 @@ def _atomic_path(path: Path) -> Iterator[Path]:
 
 def _save_pretrained(directory: str | os.PathLike[str], model, processor) -> Path:
     directory = Path(directory)
-    with _atomic_path(directory) as tmp:
+    with _replacing_path(directory) as tmp:
         model.save_pretrained(tmp)
         processor.save_pretrained(tmp)
     return directory

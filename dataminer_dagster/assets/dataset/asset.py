@@ -16,13 +16,16 @@ A review in a labelling tool comes back as corrections (corrections.py, `datamin
 build applies them, leaving rejected images out and giving corrected ones the reviewer's boxes.
 
 A build whose content differs from the last version's is kept as a new version, never changed
-again, in `<output>/dataset_versions/v<N>/`; `dataminer dataset diff` compares two.
+again, in `<output>/dataset_versions/v<N>/`, numbered by the database (store.py); `dataminer
+dataset diff` compares two.
 
 Splits are assigned by source (assets/dataset/dataset_splits.py): a video, its copies and the videos it
 shares a near-duplicate group with (the dedup table's groups) go to one split, so no scene is in
-two. Rebuilt atomically on every run: a re-run replaces the dataset, never appends to it. Its
-checks (quality_checks.py) read the files once they are in place; its previews are a sample of the images
-with their annotations drawn, and the quality report's plots.
+two. Rebuilt aside on every run and put in place by two renames (the old folder aside, the new one
+in) when the build is recorded: a reader finds the old dataset or the new one whole, or for an
+instant none; a re-run replaces the dataset, never appends to it. Its checks (quality_checks.py)
+read the files once they are in place; its previews are a sample of the images with their
+annotations drawn, and the quality report's plots.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from dataminer_dagster.assets.dataset.dataset_versions import (
 )
 from dataminer_dagster.assets.dataset.quality_checks import DATASET_CHECKS
 from dataminer_dagster.assets.dataset.review_formats import REVIEW_STATES
+from dataminer_dagster.assets.dataset.store import allocate_version_number
 from dataminer_dagster.core.coco import Detection, write_coco
 from dataminer_dagster.core.images import brightness_of_file, read_image
 from dataminer_dagster.core.redact import redact_url
@@ -146,6 +150,11 @@ def _publish(
         changes.publish(*kept)
     members = [row.video_id for row in project_members(catalog.engine, project.id)]
     release_finished_frames(catalog, conn, members, completing=project.name)
+
+
+def _new_version_number(catalog, project, paths: ProjectPaths) -> int:
+    with catalog.engine.begin() as conn:
+        return allocate_version_number(conn, project.id, paths.dataset_versions_dir)
 
 
 MANIFEST_COLUMNS = [
@@ -397,7 +406,10 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     contents = read_contents(staging)
     imports = review_imports(paths.review_dir)
     version, new_version = next_version(
-        paths.dataset_versions_dir, contents, _produced_by(project, imports)
+        paths.dataset_versions_dir,
+        contents,
+        _produced_by(project, imports),
+        allocate=lambda: _new_version_number(catalog, project, paths),
     )
     (staging / VERSION_FILE).write_text(json.dumps(version.as_json(), indent=2) + "\n")
     formats = write_formats(staging, contents, config.formats, published_at=paths.dataset_dir)

@@ -1,5 +1,5 @@
-"""Dataset versions: every build whose content differs from the last one is kept, numbered and
-never changed again, in `<output>/dataset_versions/v<N>/`:
+"""Dataset versions: every build whose content differs from the last one is kept, numbered (by the
+database: store.py) and never changed again, in `<output>/dataset_versions/v<N>/`:
 
     version.json             its number, content hash, when, how many images, what produced it
                              (the config's fingerprints, the model ids)
@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,15 +104,19 @@ def list_versions(versions_dir: Path) -> list[DatasetVersion]:
 
 
 def next_version(
-    versions_dir: Path, contents: DatasetContents, produced_by: Mapping[str, Any]
+    versions_dir: Path,
+    contents: DatasetContents,
+    produced_by: Mapping[str, Any],
+    allocate: Callable[[], int],
 ) -> tuple[DatasetVersion, bool]:
-    """The version a build with `contents` is: the latest one when its content is the same,
-    else a new number. Returns (version, new)."""
+    """The version a build with `contents` is: the latest one when its content is the same, else
+    a new one numbered by `allocate` (the database's counter: never a number another build got).
+    Returns (version, new)."""
     digest = content_hash(contents)
     kept = list_versions(versions_dir)
     if kept and kept[-1].content_hash == digest:
         return kept[-1], False
-    number = kept[-1].number + 1 if kept else 1
+    number = allocate()
     created = datetime.now(UTC).isoformat(timespec="seconds")
     return DatasetVersion(number, digest, len(contents.images), created, produced_by), True
 
