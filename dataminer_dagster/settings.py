@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dataminer_dagster.core.bounded_text import BoundedTextError, read_yaml_file
 
 ENV_HOME = "DATAMINER_HOME"
 ENV_DATABASE_URL = "DATAMINER_DATABASE_URL"
@@ -194,13 +195,22 @@ def settings_path(home: Path) -> Path | None:
     return default if default.is_file() else None
 
 
+# A settings file is a few dozen keys; it is read within the bounds a project config is read in
+# (core/bounded_text.py), far tighter, since nobody needs more.
+MAX_SETTINGS_BYTES = 2**20
+MAX_SETTINGS_VALUES = 10_000
+
+
 def _read_file(path: Path | None) -> dict:
     if path is None:
         return {}
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise SettingsError(f"{path}: not valid YAML: {exc}") from None
+        raw = read_yaml_file(path, max_bytes=MAX_SETTINGS_BYTES, max_values=MAX_SETTINGS_VALUES)
+    except BoundedTextError as exc:
+        raise SettingsError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise SettingsError(f"{path}: {exc.strerror or exc}") from None
+    raw = raw or {}
     if not isinstance(raw, dict):
         raise SettingsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
     return raw
