@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from dataminer_dagster.core.bounded_text import (
     cut,
     read_yaml_file,
     shown,
+    shown_key,
 )
 from dataminer_dagster.core.config_section import SAFE_NAME, ConfigError, Section
 from dataminer_dagster.core.rsync import is_remote
@@ -243,13 +243,6 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 
 
 PROBLEMS_SHOWN = 20
-
-
-def shown_key(part: Any) -> str:
-    """One part of a key's path as an error line names it: a key someone wrote may be long or
-    hold line breaks."""
-    text = str(part)
-    return text if re.fullmatch(r"[\w-]{1,64}", text) else shown(text, 64)
 
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:

@@ -16,6 +16,7 @@ how much was left out.
 
 from __future__ import annotations
 
+import re
 import reprlib
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,13 @@ def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     if len(text) > limit:
         text = text[:limit] + "..."
     return text + size
+
+
+def shown_key(part: Any) -> str:
+    """One part of a key's path as an error line names it: a key someone wrote may be long or
+    hold line breaks."""
+    text = str(part)
+    return text if re.fullmatch(r"[\w-]{1,64}", text) else shown(text, 64)
 
 
 def cut(text: str, limit: int) -> str:
