@@ -92,6 +92,18 @@ def pipeline(tmp_path, database_url, engine):
         yield _Pipeline(engine, database_url, tmp_path / "data", instance)
 
 
+@pytest.fixture
+def hosted_pipeline(tmp_path, database_url, engine, dataminer_env):
+    """As `pipeline`, on an instance of the repository's dagster.yaml: Dagster's storages are the
+    product's (hosting/instance_storage.py), on this test's database."""
+    dagster_home = tmp_path / "dagster"
+    dagster_home.mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / "dagster.yaml", dagster_home)
+    instance = dg.DagsterInstance.from_config(str(dagster_home))
+    yield _Pipeline(engine, database_url, dataminer_env / "data", instance)
+    instance.dispose()
+
+
 def _project(server, tmp_path, **extract):
     # Another clip than the served ones: the same bytes would be one video (a copy).
     local = write_videos(tmp_path / "local", {"clip.mp4": replace(SPEC, seed=1)})["clip.mp4"]
@@ -186,6 +198,32 @@ def test_single_partition_failure_fails_the_run_with_the_reason(served, tmp_path
     assert not result.success
     failure = result.get_step_failure_events()[0].step_failure_data.error.message
     assert "404" in failure and missing in failure
+
+
+def test_a_dead_item_fails_the_run_with_its_reason_and_no_stack(served, tmp_path, hosted_pipeline):
+    """The run's failure is the stage's own words about its dead items; Dagster recorded the
+    stack of the code that raised it too, which its UI printed under them ("Stack Trace:") as if
+    the product had crashed (hosting/described_failures.py)."""
+    pipeline = hosted_pipeline
+    config, _ = _project(served, tmp_path)
+    pipeline.catalog.register_project(config)
+    pipeline.catalog_run()
+    missing, good = (video_id_for_url(served.url(f"/{n}")) for n in ("missing.mp4", "good.mp4"))
+    result = pipeline.run([downloads], [missing, good], raise_on_error=False)
+    assert not result.success
+    kept = {
+        e.dagster_event_type: e.get_dagster_event()
+        for e in pipeline.instance.all_logs(result.run_id)
+        if e.is_dagster_event
+    }
+    step = kept[dg.DagsterEventType.STEP_FAILURE].step_failure_data
+    run = kept[dg.DagsterEventType.RUN_FAILURE].event_specific_data
+    assert step.user_failure_data.metadata["dead_items"].value == 1
+    for error in (step.error, run.error):
+        assert error.message.startswith(f"1 items are dead: download {missing}: "), error
+        assert "404" in error.message
+        assert (error.stack, error.cause, error.context) == ([], None, None)
+        assert "Stack Trace" not in error.to_string()
 
 
 def test_a_backup_run_of_a_video_without_a_backup_is_done_with_nothing_done(
