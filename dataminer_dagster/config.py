@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,14 @@ from dataminer_dagster.assets.detect.config import DetectConfig
 from dataminer_dagster.assets.download.config import DownloadConfig
 from dataminer_dagster.assets.filter.config import FilterConfig
 from dataminer_dagster.assets.frames.config import ExtractConfig
-from dataminer_dagster.core.bounded_text import BoundedTextError, cut, load_yaml, shown
+from dataminer_dagster.core.bounded_text import (
+    BoundedTextError,
+    TooLarge,
+    cut,
+    read_yaml_file,
+    shown,
+    shown_key,
+)
 from dataminer_dagster.core.config_section import SAFE_NAME, ConfigError, Section
 from dataminer_dagster.core.rsync import is_remote
 
@@ -182,23 +188,16 @@ def load_project_config(path: Path) -> ProjectConfig:
     """Read and validate a project YAML; relative paths in it are taken relative to the file.
     Every refusal is a ConfigError whose lines name the file and the key."""
     path = Path(path)
-    limit = max_config_bytes()
     try:
-        with path.open("rb") as handle:
-            data = handle.read(limit + 1)
+        raw = read_yaml_file(path, max_bytes=max_config_bytes(), max_values=MAX_CONFIG_VALUES)
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror or exc}") from None
-    if len(data) > limit:
+    except TooLarge as exc:
         raise ConfigError(
-            f"{path}: larger than {limit / 2**20:g} MB, the most a project config may be "
-            f"({ENV_MAX_CONFIG_MB} raises it)"
-        )
-    try:
-        raw = load_yaml(data.decode("utf-8"), max_values=MAX_CONFIG_VALUES)
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+            f"{path}: {exc}, the most a project config may be ({ENV_MAX_CONFIG_MB} raises it)"
+        ) from None
     except BoundedTextError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     if not isinstance(raw, dict):
@@ -244,13 +243,6 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
 
 
 PROBLEMS_SHOWN = 20
-
-
-def shown_key(part: Any) -> str:
-    """One part of a key's path as an error line names it: a key someone wrote may be long or
-    hold line breaks."""
-    text = str(part)
-    return text if re.fullmatch(r"[\w-]{1,64}", text) else shown(text, 64)
 
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dataminer_dagster.core.bounded_text import BoundedTextError, read_yaml_file, shown_key
 
 ENV_HOME = "DATAMINER_HOME"
 ENV_DATABASE_URL = "DATAMINER_DATABASE_URL"
@@ -194,24 +195,38 @@ def settings_path(home: Path) -> Path | None:
     return default if default.is_file() else None
 
 
+# A settings file is a few dozen keys; it is read within the bounds a project config is read in
+# (core/bounded_text.py), far tighter, since nobody needs more.
+MAX_SETTINGS_BYTES = 2**20
+MAX_SETTINGS_VALUES = 10_000
+
+
 def _read_file(path: Path | None) -> dict:
     if path is None:
         return {}
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise SettingsError(f"{path}: not valid YAML: {exc}") from None
+        raw = read_yaml_file(path, max_bytes=MAX_SETTINGS_BYTES, max_values=MAX_SETTINGS_VALUES)
+    except BoundedTextError as exc:
+        raise SettingsError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise SettingsError(f"{path}: {exc.strerror or exc}") from None
+    raw = raw or {}
     if not isinstance(raw, dict):
         raise SettingsError(f"{path}: expected a mapping of sections, got {type(raw).__name__}")
     return raw
 
 
 def _apply_env(raw: dict) -> dict:
-    merged = {section: dict(values or {}) for section, values in raw.items()}
+    """The file's sections with the environment's overrides on top. A section that is not a
+    mapping is left as it is, for the validation to refuse by its name."""
+    merged = {
+        section: {} if values is None else dict(values) if isinstance(values, dict) else values
+        for section, values in raw.items()
+    }
     for variable, section, key in ENV_OVERRIDES:
         value = os.environ.get(variable)
-        if value not in (None, ""):
-            merged.setdefault(section, {})[key] = value
+        if value not in (None, "") and isinstance(merged.setdefault(section, {}), dict):
+            merged[section][key] = value
     return merged
 
 
@@ -226,7 +241,7 @@ def _allowed_keys(loc: tuple) -> list[str]:
 def _describe(error: ValidationError, path: Path | None) -> str:
     problems = []
     for e in error.errors():
-        key = ".".join(str(p) for p in e["loc"])
+        key = ".".join(shown_key(p) for p in e["loc"])
         variable = next((v for v, s, k in ENV_OVERRIDES if f"{s}.{k}" == key), None)
         if variable and os.environ.get(variable):
             key = f"{key} (from {variable}={os.environ[variable]!r})"
@@ -235,7 +250,13 @@ def _describe(error: ValidationError, path: Path | None) -> str:
             problems.append(f"{key}: unknown key; allowed: {allowed}")
         else:
             problems.append(f"{key}: {e['msg']}")
-    return f"{path or 'settings'}: " + "; ".join(problems)
+    more = len(problems) - _PROBLEMS_SHOWN
+    shown = problems[:_PROBLEMS_SHOWN] + ([f"(and {more:,} more problems)"] if more > 0 else [])
+    return f"{path or 'settings'}: " + "; ".join(shown)
+
+
+# The problems of a settings file named in its one-line error; the rest are counted.
+_PROBLEMS_SHOWN = 5
 
 
 def load_settings(file: str | os.PathLike | None = None) -> Settings:

@@ -74,3 +74,27 @@ def test_run_drives_only_its_project_and_stops_at_its_deadline(
         downloads = {k: r.status for k, r in work_items(engine, "download").items()}
         slow_statuses = sorted(s for k, s in downloads.items() if k.startswith("slow"))
         assert len(slow_statuses) == 3 and slow_statuses.count("pending") >= 1, slow_statuses
+
+
+def test_a_dead_item_is_said_in_one_line_without_a_stack(tmp_path, database_url, engine, capfd):
+    """Dagster's console lines about the run's failure printed, under the reason the stage gave,
+    the stack of the code that raised it, as if the product had crashed
+    (hosting/described_failures.py)."""
+    (tmp_path / "www").mkdir()
+    data_dir = tmp_path / "data"
+    store = LeaseStore(engine)
+    catalog = Catalog(engine, store, DataPaths(data_dir))
+    defs = pipeline_definitions(resources(database_url, data_dir))
+    with LocalHTTPServer(tmp_path / "www") as server, dg.instance_for_test() as instance:
+        server.respond("/missing.mp4", status=404)
+        catalog.projects.register(
+            _config("p", [server.url("/missing.mp4")], tmp_path / "model", tmp_path)
+        )
+        result = drive_quietly(["p"], instance=instance, defs=defs, store=store, timeout_s=120)
+    assert result.stages == {"p": "failed"}
+    shown = capfd.readouterr().err
+    [step] = [line for line in shown.splitlines() if " - STEP_FAILURE - " in line]
+    [run] = [line for line in shown.splitlines() if " - RUN_FAILURE - " in line]
+    for line in (step, run):
+        assert "failed on attempt 1: " in line and "404" in line and "dead:" in line, line
+    assert "Stack Trace" not in shown and "Traceback" not in shown, shown

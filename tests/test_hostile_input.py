@@ -12,6 +12,7 @@ import pytest
 from dataminer_dagster.assets.catalog.config import InputsConfig, SearchConfig
 from dataminer_dagster.assets.catalog.inputs import collect_candidates
 from dataminer_dagster.config import ConfigError, load_project_config, parse_project_config
+from dataminer_dagster.settings import SettingsError, load_settings
 
 MINIMAL = """\
 name: p
@@ -60,6 +61,34 @@ def test_a_config_larger_than_the_bound_is_refused_before_it_is_parsed(tmp_path:
         load_project_config(path)
     monkeypatch.setenv("DATAMINER_MAX_CONFIG_MB", "8")
     assert load_project_config(path).name == "p"
+
+
+def test_a_billion_laughs_settings_file_is_refused_in_one_line_naming_it(
+    tmp_path: Path, monkeypatch
+):
+    """The settings file was read with yaml.safe_load, outside the bounds a project config is read
+    in: its aliases were expanded by whatever walked them, and its size had no bound."""
+    from click.testing import CliRunner
+
+    from dataminer_dagster.cli import main
+
+    monkeypatch.setenv("DATAMINER_HOME", str(tmp_path))
+    monkeypatch.delenv("DATAMINER_SETTINGS", raising=False)
+    path = tmp_path / "settings.yaml"
+    path.write_text(_laughs() + "lanes:\n  video:\n    batch: *l9\n")
+    with pytest.raises(SettingsError) as error:
+        load_settings()
+    [line] = str(error.value).splitlines()
+    assert line.startswith(f"{path}: ") and "each YAML alias counted" in line and len(line) < 300, (
+        line
+    )
+    result = CliRunner().invoke(main, ["status"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"Error: {line}" in result.output.splitlines()
+
+    path.write_text("retry:\n  max_attempts: 3\n# " + "x" * (2 * 2**20) + "\n")
+    with pytest.raises(SettingsError, match=rf"^{re.escape(str(path))}: larger than 1 MB$"):
+        load_settings()
 
 
 def test_a_value_in_an_error_is_shown_by_a_bounded_prefix_of_it():

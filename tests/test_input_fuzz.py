@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from dataminer_dagster.assets.catalog.config import InputsConfig, SearchConfig
 from dataminer_dagster.assets.catalog.inputs import PROBLEM_CHARS, collect_candidates
 from dataminer_dagster.config import ConfigError, ProjectConfig, load_project_config
+from dataminer_dagster.settings import Settings, SettingsError, load_settings
 
 # Fixed and small (about a second a test here): the budget is examples, derandomized, so that
 # every run asks the same.
@@ -150,3 +151,42 @@ def test_any_bytes_of_a_url_file_or_query_file_are_used_line_by_line(tmp_path_fa
     for problem in found.problems:
         assert "\n" not in problem and len(problem) <= PROBLEM_CHARS + 40, problem
         assert problem.startswith((f"url_file {path}", f"queries_file {path}")), problem
+
+
+SETTINGS = {"retry": {"max_attempts": 3}, "leases": {"heartbeat_s": 10}, "lanes": {"video": {}}}
+SETTINGS_KEYS = ["retry", "max_attempts", "leases", "heartbeat_s", "lanes", "video", "batch", "x"]
+SETTINGS_VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.dictionaries(st.sampled_from(SETTINGS_KEYS), inner, max_size=5),
+    ),
+    max_leaves=30,
+)
+
+
+def _check_settings_text(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "settings.yaml"
+    path.write_text(text, encoding="utf-8", errors="surrogateescape")
+    try:
+        loaded = load_settings(path)
+    except SettingsError as error:
+        [line] = str(error).splitlines()
+        assert line.startswith(f"{path}: ") and len(line) < 2000, line
+    else:
+        assert isinstance(loaded, Settings)
+
+
+@settings(BUDGET, max_examples=15)
+@given(value=SETTINGS_VALUES)
+def test_any_yaml_value_in_a_settings_file_is_taken_or_refused_in_one_line(tmp_path_factory, value):
+    tmp_path = tmp_path_factory.mktemp("fuzz")
+    for sections in ({**SETTINGS, "retry": value}, {**SETTINGS, "lanes": value}, value):
+        _check_settings_text(tmp_path, yaml.safe_dump(sections, allow_unicode=True))
+
+
+@BUDGET
+@given(data=st.data())
+def test_any_change_to_a_settings_text_is_taken_or_refused_in_one_line(tmp_path_factory, data):
+    tmp_path = tmp_path_factory.mktemp("fuzz")
+    _check_settings_text(tmp_path, _mutated(yaml.safe_dump(SETTINGS), data))

@@ -186,3 +186,22 @@ def test_an_instance_built_again_in_a_process_does_not_look_for_dagsters_tables(
     assert instance.get_runs() == []
     for built in instances:
         built.dispose()
+
+
+def test_a_failure_nobody_described_keeps_its_stack(dataminer_env, tmp_path: Path):
+    """The storage keeps a `dagster.Failure` as its words alone (hosting/described_failures.py);
+    an exception nobody described is a fault to debug, and keeps its stack."""
+
+    @dg.asset
+    def crashing():
+        raise RuntimeError("a fault")
+
+    shutil.copy(REPO / "dagster.yaml", tmp_path)
+    instance = dg.DagsterInstance.from_config(str(tmp_path))
+    try:
+        result = dg.materialize([crashing], instance=instance, raise_on_error=False)
+        [failure] = instance.all_logs(result.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
+    finally:
+        instance.dispose()
+    error = failure.get_dagster_event().step_failure_data.error
+    assert error.cause.message.startswith("RuntimeError: a fault") and error.cause.stack

@@ -80,6 +80,9 @@ def test_dataminer_settings_names_another_file(home, monkeypatch, tmp_path_facto
             {"leases": {"heartbeat_s": 150}},
             "leases: .*stale_after_s \\(120\\) must be at least twice heartbeat_s \\(150\\)",
         ),
+        # A section that is not a mapping was a TypeError's traceback.
+        ({"retry": 5}, "settings.yaml: retry: Input should be a valid dictionary"),
+        ({"lanes": "video"}, "settings.yaml: lanes: Input should be a valid dictionary"),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_key(home, sections, message):

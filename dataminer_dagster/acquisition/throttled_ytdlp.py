@@ -11,13 +11,14 @@ yt-dlp is imported inside the functions, so importing this module is cheap.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from dataminer_dagster.acquisition.egress import egress_checked
+from dataminer_dagster.acquisition.egress import EgressRefused, egress_checked
 from dataminer_dagster.acquisition.errors import (
     HostPaused,
     RetryableDownloadError,
@@ -76,6 +77,42 @@ def classified(
     if isinstance(error, RetryableDownloadError) and error.signal is not None:
         return HostPaused(throttle.record_pause(key, error.signal), met=True, subject=subject)
     return error
+
+
+@contextlib.contextmanager
+def ytdlp_session(
+    params: dict[str, Any],
+    *,
+    subject: str,
+    host: str,
+    throttle: HostThrottle,
+    proxy: str | None,
+    allow_private_networks: bool,
+    before_classifying: Callable[[], None] = lambda: None,
+) -> Iterator[Any]:
+    """A gated YoutubeDL (`gated_ytdlp`) for `params`, whose failures are told as `subject`'s: a
+    host's pause as HostPaused about it, an egress refusal with it in front, any other yt-dlp
+    error sorted into the outcomes of `acquisition.errors` (`classified`). `before_classifying`
+    runs before a pause or a yt-dlp error is told (a download's progress hook raises its own
+    error there, which yt-dlp wrapped)."""
+    from yt_dlp.utils import YoutubeDLError
+
+    try:
+        with gated_ytdlp()(
+            params,
+            throttle=throttle,
+            proxy=proxy,
+            allow_private_networks=allow_private_networks,
+        ) as ydl:
+            yield ydl
+    except HostPaused as exc:
+        before_classifying()
+        raise exc.about(subject) from exc
+    except EgressRefused as exc:
+        raise EgressRefused(f"{subject}: {exc}") from exc
+    except YoutubeDLError as exc:
+        before_classifying()
+        raise classified(exc, subject, throttle, throttle_key(host, proxy)) from exc
 
 
 @functools.cache

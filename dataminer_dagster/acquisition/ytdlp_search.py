@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dataminer_dagster.acquisition.egress import EgressRefused
 from dataminer_dagster.acquisition.errors import HostPaused
 from dataminer_dagster.acquisition.politeness import (
     HostThrottle,
@@ -22,12 +21,7 @@ from dataminer_dagster.acquisition.politeness import (
     host_key,
     throttle_key,
 )
-from dataminer_dagster.acquisition.throttled_ytdlp import (
-    classified,
-    gated_ytdlp,
-    next_proxy,
-    politely,
-)
+from dataminer_dagster.acquisition.throttled_ytdlp import next_proxy, politely, ytdlp_session
 from dataminer_dagster.acquisition.video_ids import (
     YOUTUBE_ID,
     is_youtube_url,
@@ -119,28 +113,23 @@ def _search(query, max_results, options, throttle, proxy) -> dict[str, Any] | No
 
 
 def _extract(target, subject, host, extra, options, throttle, proxy) -> dict[str, Any] | None:
-    from yt_dlp.utils import YoutubeDLError
-
-    key = throttle_key(host, proxy)
     params = ytdlp_params(options, proxy) | {"skip_download": True} | extra
     with tempfile.TemporaryDirectory(prefix="dataminer-search-") as scratch:
         if options.cookies_file is not None:
             params["cookiefile"] = str(private_cookies(options.cookies_file, Path(scratch)))
         try:
-            throttle.before_starting(key)
-            with gated_ytdlp()(
-                params,
-                throttle=throttle,
-                proxy=proxy,
-                allow_private_networks=options.allow_private_networks,
-            ) as ydl:
-                return ydl.extract_info(target, download=False)
+            throttle.before_starting(throttle_key(host, proxy))
         except HostPaused as exc:
             raise exc.about(subject) from exc
-        except EgressRefused as exc:
-            raise EgressRefused(f"{subject}: {exc}") from exc
-        except YoutubeDLError as exc:
-            raise classified(exc, subject, throttle, key) from exc
+        with ytdlp_session(
+            params,
+            subject=subject,
+            host=host,
+            throttle=throttle,
+            proxy=proxy,
+            allow_private_networks=options.allow_private_networks,
+        ) as ydl:
+            return ydl.extract_info(target, download=False)
 
 
 def parse_listing(info: dict[str, Any] | None) -> list[SearchHit]:

@@ -6,7 +6,8 @@ that walks them (a validator, `repr`, `str`) runs for minutes. `load_yaml` compo
 counts the values it stands for with each alias counted as often as it is used (one pass over the
 distinct nodes, so the count itself never expands anything), and refuses a document over
 `max_values`, nested deeper than MAX_DEPTH, or recursive, before any Python object is built.
-Every refusal is one line (`BoundedTextError`).
+`read_yaml_file` reads a file for it, never more than a bound of bytes. Every refusal is one line
+(`BoundedTextError`).
 
 `shown` is a value as an error message quotes it: a bounded prefix of its repr, computed without
 walking more of it than it shows, and `cut` bounds a text kept or logged, with a marker saying
@@ -15,7 +16,9 @@ how much was left out.
 
 from __future__ import annotations
 
+import re
 import reprlib
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -35,6 +38,26 @@ class BoundedTextError(ValueError):
 
 class NotYaml(BoundedTextError):
     """The text is not YAML at all (a file of plain lines may be meant)."""
+
+
+class TooLarge(BoundedTextError):
+    """The file is larger than the most that is read of it."""
+
+
+def read_yaml_file(path: Path, *, max_bytes: int, max_values: int) -> Any:
+    """The YAML document in the file at `path`, read through `load_yaml`: BoundedTextError (one
+    line; the caller names the file) when the file is larger than `max_bytes` (TooLarge, found
+    without reading more than that), not UTF-8, or refused by `load_yaml`. OSError when it cannot
+    be read."""
+    with Path(path).open("rb") as handle:
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise TooLarge(f"larger than {max_bytes / 2**20:g} MB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BoundedTextError(f"not UTF-8 text (byte {exc.start})") from None
+    return load_yaml(text, max_values=max_values)
 
 
 def load_yaml(text: str, *, max_values: int) -> Any:
@@ -149,6 +172,13 @@ def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     if len(text) > limit:
         text = text[:limit] + "..."
     return text + size
+
+
+def shown_key(part: Any) -> str:
+    """One part of a key's path as an error line names it: a key someone wrote may be long or
+    hold line breaks."""
+    text = str(part)
+    return text if re.fullmatch(r"[\w-]{1,64}", text) else shown(text, 64)
 
 
 def cut(text: str, limit: int) -> str:

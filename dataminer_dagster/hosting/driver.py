@@ -1,7 +1,8 @@
 """`dataminer run`: drive projects to completion in one foreground process, for machines without
 the Dagster UI. It takes exactly the sensors' decisions (discovery, work, transitions, reaper) and
 executes the requested runs in this process, through Dagster, so they are recorded like any other
-run. Models stay loaded between runs, so each is loaded once per command.
+run. Models stay loaded between runs, so each is loaded once per command. Dagster's console lines
+say a failure the stages described on one line, without a stack (described_failures.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataminer_dagster.engine.planning import (
     record_requests,
 )
 from dataminer_dagster.engine.run_health import reap_dead_work
+from dataminer_dagster.hosting.described_failures import one_line_console_logger
 from dataminer_dagster.lanes import DEFAULT_LANES, Lane
 from dataminer_dagster.registry import DATASET
 from dataminer_dagster.tags import DEADLINE_TAG
@@ -142,7 +144,9 @@ def drive(
         record_requests(engine, cycle.runs)
         for run in cycle.runs:
             _check_deadline(deadline, timeout_s, stages)
-            job = defs.resolve_job_def(run.request.job_name)
+            job = defs.resolve_job_def(run.request.job_name).with_logger_defs(
+                {"console": one_line_console_logger}
+            )
             tags = dict(run.request.tags)
             if deadline is not None:  # the run stops starting items then, too
                 tags[DEADLINE_TAG] = f"{time.time() + deadline - time.monotonic():.3f}"

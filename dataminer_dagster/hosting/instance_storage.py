@@ -12,13 +12,14 @@ import contextlib
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from dagster import Field, StringSource
+from dagster import EventLogEntry, Field, StringSource
 from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, PostgresScheduleStorage
 
 from dataminer_dagster.db.delta_counts import read_count
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.schema import LARGEST_ID
 from dataminer_dagster.db.server import dagster_database_url
+from dataminer_dagster.hosting.described_failures import described
 from dataminer_dagster.settings import load_settings
 
 _CONFIG = {
@@ -88,6 +89,10 @@ class DataminerEventLogStorage(_UrlFromEnvironment, PostgresEventLogStorage):
       same statement otherwise: the keys in the order given (Dagster's order is the order they
       were added), those already there skipped.
 
+    And a failure the product described (a `dagster.Failure`: the items that are dead, and why)
+    is kept as its description, without the stack Dagster records for it
+    (described_failures.py), so that the UI shows the reason alone.
+
     The figures behind each of these: bench/README.md, "Figures behind the code".
     """
 
@@ -96,6 +101,12 @@ class DataminerEventLogStorage(_UrlFromEnvironment, PostgresEventLogStorage):
         storage = super().from_config_value(inst_data, config_value)
         _prepare_partitions_table(storage._engine)
         return storage
+
+    def store_event(self, event: EventLogEntry) -> None:
+        dagster_event = event.dagster_event
+        if dagster_event is not None:
+            event = event._replace(dagster_event=described(dagster_event))
+        super().store_event(event)
 
     def dynamic_partition_count(self, partitions_def_name: str) -> int:
         """How many keys the set holds, from the kept count."""

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dataminer_dagster.acquisition.egress import EgressRefused
 from dataminer_dagster.acquisition.errors import (
     DownloadBlocked,
     HostPaused,
@@ -40,12 +39,7 @@ from dataminer_dagster.acquisition.politeness import (
     host_key,
     throttle_key,
 )
-from dataminer_dagster.acquisition.throttled_ytdlp import (
-    classified,
-    gated_ytdlp,
-    next_proxy,
-    politely,
-)
+from dataminer_dagster.acquisition.throttled_ytdlp import next_proxy, politely, ytdlp_session
 from dataminer_dagster.acquisition.ytdlp_errors import stream_url_refused
 from dataminer_dagster.acquisition.ytdlp_params import (
     YtdlpLogger,
@@ -190,38 +184,32 @@ def _fetch(
     }
     if options.cookies_file is not None:
         params["cookiefile"] = str(private_cookies(options.cookies_file, work_dir))
-    try:
-        with gated_ytdlp()(
-            params,
-            throttle=throttle,
-            proxy=proxy,
-            allow_private_networks=options.allow_private_networks,
-        ) as ydl:
-            for fresh in itertools.count():
-                info = ydl.extract_info(url, download=False)
-                _require_single_video(info, subject)
-                check_download_rules(info, options, subject=subject)
-                _require_disk_space(work_dir, expected_size(info), options, subject)
-                try:
-                    # The second half of extract_info(download=True), on the same metadata: no
-                    # second request. Private keys stay (e.g. which formats failed yt-dlp's test).
-                    result = ydl.process_ie_result(info, download=True)
-                    break
-                except YoutubeDLError as exc:
-                    hook.reraise_hook_error()
-                    if fresh >= _FRESH_METADATA_TRIES or not stream_url_refused(exc):
-                        raise
-                    logger.info(
-                        "%s: the stream URL was refused (expired?): extracting it again", subject
-                    )
-    except HostPaused as exc:
-        hook.reraise_hook_error()
-        raise exc.about(subject) from exc
-    except EgressRefused as exc:
-        raise EgressRefused(f"{subject}: {exc}") from exc
-    except YoutubeDLError as exc:
-        hook.reraise_hook_error()
-        raise classified(exc, subject, throttle, throttle_key(host_key(url), proxy)) from exc
+    with ytdlp_session(
+        params,
+        subject=subject,
+        host=host_key(url),
+        throttle=throttle,
+        proxy=proxy,
+        allow_private_networks=options.allow_private_networks,
+        before_classifying=hook.reraise_hook_error,
+    ) as ydl:
+        for fresh in itertools.count():
+            info = ydl.extract_info(url, download=False)
+            _require_single_video(info, subject)
+            check_download_rules(info, options, subject=subject)
+            _require_disk_space(work_dir, expected_size(info), options, subject)
+            try:
+                # The second half of extract_info(download=True), on the same metadata: no
+                # second request. Private keys stay (e.g. which formats failed yt-dlp's test).
+                result = ydl.process_ie_result(info, download=True)
+                break
+            except YoutubeDLError as exc:
+                hook.reraise_hook_error()
+                if fresh >= _FRESH_METADATA_TRIES or not stream_url_refused(exc):
+                    raise
+                logger.info(
+                    "%s: the stream URL was refused (expired?): extracting it again", subject
+                )
     hook.reraise_hook_error()
     return info, _produced_file(result, work_dir, ytdlp_log, options, subject)
 

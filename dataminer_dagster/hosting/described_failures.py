@@ -1,0 +1,93 @@
+"""A failure the product put into words, shown as those words: without the stack of the code that
+raised it.
+
+The stages fail a step with `dagster.Failure` only for a reason they have described: an item that
+failed or is dead, and why (engine/stage_run.py). Dagster 1.13 records every step failure with
+the Python stack of its exception all the same, a `Failure`'s included: `dagster_event_sequence_for_step`
+(dagster/_core/execution/plan/execute_plan.py, "case (2)") builds the event from `sys.exc_info()`,
+and `serializable_error_info_from_exc_info` (dagster/_utils/error.py) keeps the traceback's
+frames, of which there is always at least one. The UI prints them under the reason ("Stack
+Trace:") whenever there are any, the run's failure repeats them, and the console loggers print
+them too, so a dead video reads as a crash of the product. No setting of 1.13 leaves them out.
+
+So the product's event log storage (instance_storage.py) keeps the error of such a failure as
+its description alone (`described`), and `dataminer run` prints it on one line
+(`one_line_console_logger`). A step that fails in any other way (an exception nobody described)
+keeps its stack: that one is a fault to debug.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import dagster as dg
+from dagster._core.events import JobFailureData
+from dagster._core.execution.plan.objects import StepFailureData
+from dagster._core.log_manager import LOG_RECORD_EVENT_ATTR
+from dagster_shared.error import SerializableErrorInfo
+
+
+def description(event: dg.DagsterEvent) -> str | None:
+    """The description of a step's `dagster.Failure`, or of the run's failure that it caused;
+    None for any other event."""
+    data = event.event_specific_data
+    if event.event_type == dg.DagsterEventType.STEP_FAILURE and isinstance(data, StepFailureData):
+        failure = data.user_failure_data  # set by Dagster for a `dagster.Failure` only
+        return failure.description if failure is not None else None
+    if (
+        event.event_type == dg.DagsterEventType.RUN_FAILURE
+        and isinstance(data, JobFailureData)
+        and data.first_step_failure_event is not None
+        and data.error == data.first_step_failure_event.step_failure_data.error
+    ):
+        return description(data.first_step_failure_event)
+    return None
+
+
+def described(event: dg.DagsterEvent) -> dg.DagsterEvent:
+    """`event` with the error of a described failure (`description`) replaced by the description
+    alone, without stack, cause or context; any other event as it is."""
+    text = description(event)
+    if text is None:
+        return event
+    data = event.event_specific_data
+    if isinstance(data, StepFailureData):
+        error = _description_alone(text, data.error)
+        return event._replace(event_specific_data=data._replace(error=error))
+    assert isinstance(data, JobFailureData) and data.first_step_failure_event is not None
+    first = described(data.first_step_failure_event)
+    return event._replace(
+        event_specific_data=data._replace(
+            error=first.step_failure_data.error, first_step_failure_event=first
+        )
+    )
+
+
+def _description_alone(text: str, error: SerializableErrorInfo | None) -> SerializableErrorInfo:
+    return SerializableErrorInfo(
+        message=text, stack=[], cls_name=error.cls_name if error is not None else None
+    )
+
+
+def _failure_on_one_line(record: logging.LogRecord) -> bool:
+    """A console line about a described failure: Dagster's first line (which step or run failed)
+    and the description, on one line, in place of the error and its stack."""
+    event = getattr(record, LOG_RECORD_EVENT_ATTR, None)
+    text = description(event) if isinstance(event, dg.DagsterEvent) else None
+    if text is not None:
+        headline = str(record.msg).split("\n", 1)[0]
+        record.msg = f"{headline} {' '.join(text.split())}"
+    return True
+
+
+def _console_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
+    logger = dg.colored_console_logger.logger_fn(init_context)
+    logger.addFilter(_failure_on_one_line)
+    return logger
+
+
+one_line_console_logger = dg.LoggerDefinition(
+    _console_logger,
+    config_schema=dg.colored_console_logger.config_schema,
+    description="Dagster's console logger, a described failure on one line without its stack.",
+)
