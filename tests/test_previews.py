@@ -12,6 +12,7 @@ import dagster as dg
 import numpy as np
 import pytest
 
+from dataminer_dagster.core.files import publish, staging_path
 from dataminer_dagster.core.visualize import contact_sheet, histogram
 from dataminer_dagster.engine.previews import (
     DESCRIPTION_HEIGHT,
@@ -21,6 +22,7 @@ from dataminer_dagster.engine.previews import (
     jpeg_within,
     megabytes,
     preview_metadata,
+    previews,
     readable,
     ui_metadata,
 )
@@ -77,10 +79,12 @@ def test_ui_metadata_puts_previews_first_and_keeps_pictures_out_of_the_descripti
     metadata = {
         "outcome": "12 of 40 frames kept",
         "frames": 12,
-        **preview_metadata("kept_frames", sheet, tmp_path, budget=40_000),
-        **preview_metadata("scores", chart, tmp_path, chart=True),
+        **preview_metadata("kept_frames", sheet, tmp_path, staging_path, budget=40_000),
+        **preview_metadata("scores", chart, tmp_path, staging_path, chart=True),
     }
     shown, description = ui_metadata(metadata)
+    for preview in previews(metadata):  # as a stage's completion publishes them
+        publish(preview.staged, preview.file)
 
     assert list(shown) == [
         "kept_frames",

@@ -114,15 +114,6 @@ def test_redownload_replaces_the_file_atomically(http_server, clips, tmp_path):
     assert_nothing_left_but(tmp_path, "vid.mp4")
 
 
-def test_work_dirs_of_a_killed_attempt_are_removed(http_server, clips, tmp_path):
-    stale = tmp_path / ".vid.download-abc123"
-    stale.mkdir()
-    (stale / "video.mp4.part").write_bytes(b"partial")
-    url = serve_copy(http_server, clips["mp4"], "after_crash.mp4")
-    download_video(url, "vid", tmp_path, local_options())
-    assert_nothing_left_but(tmp_path, "vid.mp4")
-
-
 def test_server_errors_during_the_download_are_retried_by_ytdlp(http_server, clips, tmp_path):
     url = serve_copy(http_server, clips["mp4"], "flaky.mp4")
     http_server.fail_then_serve("/flaky.mp4", status=500, times=1, after=1)

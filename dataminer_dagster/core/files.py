@@ -1,23 +1,35 @@
 """Atomic publication of files and directories: build in a hidden sibling, then rename into place.
 
 A re-run replaces what was there; a crash leaves either the old output or the new one, plus a
-hidden staging directory that the next attempt removes. Work that writes much checks the free
-space first (`require_free_space`); a disk that fills all the same is recognised by `disk_full`.
+hidden sibling (a staging path, or an old output set aside) that a later writer removes. Work
+that writes much checks the free space first (`require_free_space`); a disk that fills all the
+same is recognised by `disk_full`.
+
+An output a work item's lease guards has one writer at a time, the holder, but a worker may lose
+its lease without knowing it yet (a partition, a paused machine). So the hidden siblings it makes
+carry its lease token (`.staging-<name>-<token>-<random>`, `.replaced-<name>-<token>-<random>`),
+and a leftover is removed only once its token's lease is no longer live: `remove_leftovers` asks
+the caller's `LiveTokens` (the database's answer), never guesses. A token once dead stays dead, so
+a leftover found dead may be removed by anyone, at any time after.
 """
 
 from __future__ import annotations
 
 import errno
-import glob
 import os
+import re
 import shutil
 import uuid
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 # A write refused for want of space: the disk is full, or the user's quota on it is used up.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # The same, said only in words (an error that keeps the text of the OSError it wraps).
 DISK_FULL_WORDS = ("no space left on device", "disk quota exceeded")
+
+# Given lease tokens (hex), the ones whose leases are live now: the database's answer, passed in.
+LiveTokens = Callable[[Collection[str]], Collection[str]]
 
 
 class InsufficientDiskSpace(OSError):
@@ -80,31 +92,51 @@ def write_atomically(path: Path, data: bytes | str) -> Path:
     return path
 
 
-def staging_path(final: Path) -> Path:
-    """A fresh hidden sibling of `final` on the same filesystem (so that rename is atomic).
-    Leftovers of an earlier attempt at the same output (killed mid-way) are removed first: one
-    output has one writer at a time, its work item's lease holder."""
+def staging_path(final: Path, token: str | None = None, live: LiveTokens | None = None) -> Path:
+    """A fresh hidden sibling of `final` on the same filesystem (so that rename is atomic), named
+    with `token`, the lease (hex) under which it is written. The `leftovers` of `final` whose
+    lease is no longer live by `live` are removed first; without `live` (an output no lease guards,
+    such as a command's export) every leftover is taken for a dead writer's."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    remove_leftovers(final)
-    return final.parent / f".staging-{final.name}-{uuid.uuid4().hex[:8]}"
+    remove_leftovers(final, live)
+    return final.parent / _hidden_name("staging", final.name, token)
 
 
-def leftovers(final: Path) -> list[Path]:
-    """The hidden siblings of `final` that an attempt or a deletion killed mid-way left behind
-    (`staging_path`, `set_aside`)."""
-    name = glob.escape(final.name)
-    return [*final.parent.glob(f".staging-{name}-*"), *final.parent.glob(f".replaced-{name}-*")]
+def leftovers(final: Path) -> dict[Path, str | None]:
+    """The hidden siblings of `final` that writers left there (`staging_path`, `set_aside`), each
+    with the lease token (hex) its name carries (None: a writer without a lease): those of
+    attempts killed mid-way, and those still being written."""
+    if not final.parent.is_dir():
+        return {}
+    pattern = re.compile(
+        rf"\.(?:staging|replaced)-{re.escape(final.name)}(?:-(?P<token>[0-9a-f]{{32}}))?-[0-9a-f]{{8}}"
+    )
+    found = {}
+    for path in sorted(final.parent.iterdir()):
+        if match := pattern.fullmatch(path.name):
+            found[path] = match.group("token")
+    return found
 
 
-def remove_leftovers(final: Path) -> None:
-    """Remove the `leftovers` of `final` (one output has one writer at a time, the lease holder
-    of its work item)."""
-    for leftover in leftovers(final):
-        remove(leftover)
+def remove_leftovers(final: Path, live: LiveTokens | None = None) -> list[Path]:
+    """Remove the `leftovers` of `final` whose lease is no longer live by `live` (every one
+    without it), and return them. A live holder's staging or set-aside stays: it may be
+    publishing. The leftovers are listed before `live` is asked, so one made after the question
+    (a new holder's) is never among those removed. `live` is asked even when there is none (it
+    may raise, for a caller whose own lease is gone)."""
+    found = leftovers(final)
+    tokens = {token for token in found.values() if token is not None}
+    alive = set(live(tokens)) if live is not None else set()
+    dead = [path for path, token in found.items() if token not in alive]
+    for path in dead:
+        remove(path)
+    return dead
 
 
 def publish(staged: Path, final: Path) -> None:
-    """Move `staged` (file or directory) to `final`, replacing what is there."""
+    """Move `staged` (file or directory) to `final`, replacing what is there. For an output no
+    lease guards (a command's export); a stage publishes in its completion
+    (db/file_changes.py), which checks its lease."""
     if staged.is_dir():
         old = set_aside(final) if final.exists() else None
         os.replace(staged, final)
@@ -114,13 +146,20 @@ def publish(staged: Path, final: Path) -> None:
         os.replace(staged, final)
 
 
-def set_aside(path: Path) -> Path:
-    """Rename `path` to a hidden sibling, in one step, and return the new name: a directory that is
-    to be deleted is gone from its place at once, never left half-deleted there by a crash. The
-    next `staging_path` for the same place removes a sibling a crash left behind."""
-    aside = path.parent / f".replaced-{path.name}-{uuid.uuid4().hex[:8]}"
+def set_aside(path: Path, token: str | None = None) -> Path:
+    """Rename `path` to a hidden sibling named with `token` (the lease it is set aside under), in
+    one step, and return the new name: a directory that is to be deleted is gone from its place at
+    once, never left half-deleted there by a crash. A later writer of the same place removes a
+    sibling a crash left behind once its lease is no longer live (`remove_leftovers`)."""
+    aside = path.parent / _hidden_name("replaced", path.name, token)
     os.replace(path, aside)
     return aside
+
+
+def _hidden_name(kind: str, name: str, token: str | None) -> str:
+    if token is not None and not re.fullmatch(r"[0-9a-f]{32}", token):
+        raise ValueError(f"a lease token is 32 hex digits, not {token!r}")
+    return f".{kind}-{name}{'' if token is None else f'-{token}'}-{uuid.uuid4().hex[:8]}"
 
 
 def remove(path: Path) -> None:

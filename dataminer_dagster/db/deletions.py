@@ -135,6 +135,7 @@ def _video_files(conn: sa.Connection, paths: DataPaths, video_ids: Sequence[str]
     for video_id in ids:
         found.append(paths.root / "frames" / video_id)  # profiles the database no longer lists
         found.extend(paths.videos_dir.glob(f"{video_id}.*"))  # partial downloads
+        found.append(paths.videos_dir / video_id)  # the name its downloads are staged beside
         found.extend(paths.embeddings_dir().glob(f"*/{video_id}.npz"))
     own = [f for f in found if f not in sources]
     # with the hidden siblings a killed run or deletion left: no command would find them later

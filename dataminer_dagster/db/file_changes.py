@@ -14,13 +14,19 @@ settled only once `commit()` has returned or failed:
   back on a new connection (a completion: its item, by its lease token) and settles on that. Where
   it cannot be told, nothing is deleted: set-aside folders go back in place and a published
   output stays, what it replaced left as a hidden leftover (`core/files.py`).
+
+A publish is fenced by its lease: it needs the transaction of the lease's completion
+(`LeaseStore.completing`), whose first statement checks the token and locks the item's row until
+COMMIT, so no reaper takes the lease in between and a holder that lost it publishes nothing. The
+hidden names of what is set aside carry the token, and `live_tokens` tells a later writer which
+leftovers are still a live holder's (`core/files.py` `remove_leftovers`).
 """
 
 from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +34,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from dataminer_dagster.core.files import remove, set_aside
+from dataminer_dagster.db.schema import RUNNING, SCHEMA
 
 # The transactions `committing` has open, by connection (not the connection's `info`: that is
 # the pooled connection's, and cannot be read once a lost connection has been invalidated).
@@ -51,9 +58,12 @@ def _nothing() -> None:
 
 
 class FileChanges:
-    """The file changes of one transaction, settled once its outcome is known."""
+    """The file changes of one transaction, settled once its outcome is known. `token`: the lease
+    (hex) whose completion the transaction is, which the transaction has checked; None for one
+    that completes no lease (it may set aside, never publish)."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token
         self._changes: list[_Change] = []
 
     def set_aside(self, path: Path) -> Path | None:
@@ -61,7 +71,7 @@ class FileChanges:
         once the transaction committed, put it back otherwise. None when there is nothing."""
         if not path.exists():
             return None
-        aside = set_aside(path)
+        aside = set_aside(path, self.token)
 
         def put_back() -> None:
             os.replace(aside, path)
@@ -72,8 +82,13 @@ class FileChanges:
     def publish(self, staged: Path, final: Path) -> None:
         """Move `staged` into `final`'s place now, setting aside what was there: the old one is
         deleted once the transaction committed; otherwise the new one goes back to `staged` and
-        the old one back in place."""
-        old = set_aside(final) if final.exists() else None
+        the old one back in place. Only in a lease's completion, which checked its token."""
+        if self.token is None:
+            raise RuntimeError(
+                f"{final} can only be published in the transaction of a lease's completion "
+                "(LeaseStore.completing), which checks that the lease is still held"
+            )
+        old = set_aside(final, self.token) if final.exists() else None
         os.replace(staged, final)
 
         def delete_old() -> None:
@@ -116,12 +131,15 @@ def file_changes(conn: sa.Connection) -> FileChanges:
 
 @contextmanager
 def committing(
-    engine: sa.Engine, confirm: Callable[[sa.Connection], bool | None] | None = None
+    engine: sa.Engine,
+    confirm: Callable[[sa.Connection], bool | None] | None = None,
+    token: str | None = None,
 ) -> Iterator[sa.Connection]:
     """A transaction (as `engine.begin()`) whose file changes (`file_changes`) settle on the
     outcome of its COMMIT. `confirm` reads, on a new connection, whether a commit whose
-    connection was lost went through (True), did not (False) or cannot be told (None)."""
-    changes = FileChanges()
+    connection was lost went through (True), did not (False) or cannot be told (None). `token`:
+    the lease (hex) the transaction completes, once its first statement has checked it."""
+    changes = FileChanges(token)
     with engine.connect() as conn:
         _open[conn] = changes
         try:
@@ -167,3 +185,19 @@ def _read_back(
             return confirm(conn)
     except sa.exc.DBAPIError:
         return None
+
+
+def live_tokens(engine: sa.Engine, tokens: Collection[str]) -> set[str]:
+    """The lease tokens (hex) among `tokens` whose leases are live: their items still running
+    under them. A token once dead (its item finished, failed, released or reaped) never lives
+    again, so what it left behind may go (`core/files.py` `remove_leftovers`). A completion not
+    yet committed still holds its token: its publish may be under way."""
+    if not tokens:
+        return set()
+    statement = sa.text(f"""
+        SELECT lease_token FROM {SCHEMA}.work_items
+         WHERE status = '{RUNNING}' AND lease_token = ANY(CAST(:tokens AS uuid[]))
+    """)
+    with engine.connect() as conn:
+        rows = conn.execute(statement, {"tokens": sorted(tokens)}).scalars()
+        return {token.hex for token in rows}

@@ -351,7 +351,9 @@ class LeaseStore:
         and publishes its files (db/file_changes.py: they settle on the COMMIT's real outcome).
         The row stays locked until commit, so no reaper can take the lease in between; an
         exception in the block rolls everything back. Raises LeaseLost."""
-        with committing(self.engine, confirm=lambda c: self._completed(lease, c)) as c:
+        with committing(
+            self.engine, lambda c: self._completed(lease, c), token=lease.token.hex
+        ) as c:
             if self._complete([lease], outcome, c):
                 raise LeaseLost(lease)
             yield c

@@ -12,8 +12,9 @@ The videos' rows are locked while their frames are released, so a project linkin
 meanwhile waits and then finds the frames gone (and has them extracted again). A released
 directory is renamed aside in the transaction, which must be one of db/file_changes.py
 `committing`: it is deleted once the COMMIT went through and put back otherwise. A crash never
-leaves a half-deleted directory that looks present, and a hidden sibling left by a crash is
-removed with the next extraction into its place.
+leaves a half-deleted directory that looks present; the hidden sibling it leaves carries the
+token of the lease whose completion set it aside, and the next extraction into its place removes
+it once that lease is no longer live (core/files.py `remove_leftovers`).
 
 Nothing is lost for good: the catalog forgets the deleted files, and a project that needs them
 again re-extracts the frames, re-downloading the video first if it is gone (Catalog.advance_videos).
@@ -40,11 +41,12 @@ def may_delete_video_file(projects: Sequence[ProjectRow]) -> bool:
 
 
 def delete_video_file(catalog: Catalog, conn: sa.Connection, video_id: str) -> bool:
-    """Delete a downloaded (never a local source) video file and forget it. True if deleted."""
+    """Delete a downloaded (never a local source) video file and forget it: set aside now,
+    deleted once `conn`'s transaction has committed (db/file_changes.py). True if deleted."""
     video = catalog.videos.get([video_id])[video_id]
     if video.source_path or not video.file_path:
         return False
-    catalog.paths.absolute(video.file_path).unlink(missing_ok=True)
+    file_changes(conn).set_aside(catalog.paths.absolute(video.file_path))
     catalog.videos.forget_file(conn, video_id)
     return True
 

@@ -22,13 +22,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 
 import sqlalchemy as sa
 
 from dataminer_dagster.core.process_liveness import process_space
+from dataminer_dagster.db.file_changes import live_tokens
 from dataminer_dagster.db.leases import (
     FailResult,
     Lease,
@@ -168,6 +169,11 @@ class RunLeases:
                 return False
             time.sleep(min(0.1, self.heartbeat_s / 4))
         return True
+
+    def live_tokens(self, tokens: Collection[str]) -> set[str]:
+        """The tokens (hex) among `tokens` whose leases are live now, by the database: whose
+        leftover files must stay (db/file_changes.py)."""
+        return live_tokens(self.store.engine, tokens)
 
     @property
     def held(self) -> list[Lease]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,10 +46,13 @@ _THUMBNAIL_QUALITIES = (50, 35, 25)
 class Preview:
     """A picture for the UI: the full-size PNG `file`, the thumbnail's Markdown image, and the
     picture (at most DESCRIPTION_WIDTH x DESCRIPTION_HEIGHT) shown behind [Show Markdown] within
-    `budget` bytes."""
+    `budget` bytes. The PNG is written to `staged` and published to `file` in the item's
+    completion (engine/stage_run.py), as the stage's other outputs are: a run that lost its lease
+    replaces no picture."""
 
     name: str
     file: Path
+    staged: Path
     thumbnail_markdown: str | None  # None only when not even a 32-pixel thumbnail fits
     picture: np.ndarray
     budget: int
@@ -62,19 +65,22 @@ def preview_metadata(
     name: str,
     picture: np.ndarray,
     directory: Path,
+    staging_path: Callable[[Path], Path],
     *,
     budget: int = PREVIEW_BUDGET,
     cover: np.ndarray | None = None,
     chart: bool = False,
 ) -> dict[str, Preview]:
-    """`{name: Preview}`, ready to merge into an ItemResult's metadata: `picture` (RGB) written as
-    `<directory>/<name>.png` and fitted to the UI's limits. The thumbnail is made from `cover`
+    """`{name: Preview}`, ready to merge into an ItemResult's metadata: `picture` (RGB) written for
+    `<directory>/<name>.png` (to `staging_path` of it, the stage's `ctx.staging_path`; the item's
+    completion publishes it) and fitted to the UI's limits. The thumbnail is made from `cover`
     when given (e.g. the best frame rather than a whole sheet shrunk to a few pixels per tile); a
     `chart` (flat colours) may get a few-colour PNG one."""
-    path = write_png(directory / f"{name}.png", picture)
+    final = directory / f"{name}.png"
     preview = Preview(
         name=name,
-        file=path,
+        file=final,
+        staged=write_png(staging_path(final), picture),
         thumbnail_markdown=inline_thumbnail(name, picture if cover is None else cover, chart=chart),
         picture=resize_to(picture, DESCRIPTION_WIDTH, DESCRIPTION_HEIGHT),
         budget=budget,
@@ -120,12 +126,17 @@ def _markdown_image(name: str, data: bytes, kind: str) -> str:
     return f"![{name}](data:image/{kind};base64,{base64.b64encode(data).decode()})"
 
 
+def previews(metadata: Mapping[str, Any]) -> list[Preview]:
+    """The `Preview`s among a stage's metadata values."""
+    return [value for value in metadata.values() if isinstance(value, Preview)]
+
+
 def ui_metadata(metadata: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
     """What the UI receives for a stage's metadata: previews first (thumbnail, picture, the file's
     path), then every value made readable (`readable`); and the event's description: its
     `outcome` in words (None without one), which the run log shows as the event's message."""
     shown: dict[str, Any] = {}
-    for preview in (v for v in metadata.values() if isinstance(v, Preview)):
+    for preview in previews(metadata):
         if preview.thumbnail_markdown is not None:
             shown[preview.name] = dg.MetadataValue.md(preview.thumbnail_markdown)
         shown[f"{preview.name}_picture"] = dg.MetadataValue.md(preview.picture_markdown())

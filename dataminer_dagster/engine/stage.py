@@ -5,16 +5,16 @@ engine/stage_run.py."""
 
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
-from dataminer_dagster.core.files import staging_path
+from dataminer_dagster.core.files import LiveTokens, remove_leftovers, staging_path
 from dataminer_dagster.db.catalog import Catalog
-from dataminer_dagster.db.leases import Lease
+from dataminer_dagster.db.leases import Lease, LeaseLost
 from dataminer_dagster.engine.outcomes import PastDeadline
 from dataminer_dagster.registry import split_project_video_key
 from dataminer_dagster.resources.db import DatabaseResource
@@ -88,15 +88,42 @@ class StageContext:
         return models
 
     def staging_path(self, final: Path) -> Path:
-        """A fresh hidden sibling of `final` to build it in (what an earlier attempt killed
-        mid-way left there is removed first). The stage machinery removes it once the item is
-        over, whatever became of it: the item's commit publishes it (`publish`) before that.
-        Raises LeaseLost (or LeaseFenced) first when the item's lease is no longer surely held."""
-        if self._lease is not None:
-            self.db.leases.check(self._lease)
-        staged = staging_path(final)
+        """A fresh hidden sibling of `final` to build it in, named with the item's lease token.
+        The leftovers of `final` whose lease is dead (an earlier attempt killed mid-way) are
+        removed first; a live holder's stay (`remove_leftovers`). The stage machinery removes the
+        staging path once the item is over, whatever became of it: the item's commit publishes
+        it (`file_changes(conn).publish`) before that. Raises LeaseLost (or LeaseFenced) first
+        when the item's lease is no longer held."""
+        staged = staging_path(final, self._token(), self._live_tokens())
         self._staged.append(staged)
         return staged
+
+    def remove_leftovers(self, final: Path) -> None:
+        """Remove what writers of `final` left behind (staging paths, outputs set aside) under
+        leases that are dead now, never a live holder's, which may be publishing. Raises LeaseLost
+        (or LeaseFenced) when the item's own lease is no longer held."""
+        remove_leftovers(final, self._live_tokens())
+
+    def _token(self) -> str | None:
+        return None if self._lease is None else self._lease.token.hex
+
+    def _live_tokens(self) -> LiveTokens | None:
+        """Which leases are live, by the database, for `remove_leftovers`; it raises LeaseLost
+        (or LeaseFenced) when the item's own lease is not, so that a holder that lost its lease
+        touches no file. None outside an item."""
+        lease = self._lease
+        if lease is None:
+            return None
+        self.db.leases.check(lease)
+        own = lease.token.hex
+
+        def live(tokens: Collection[str]) -> Collection[str]:
+            alive = self.db.leases.live_tokens({*tokens, own})
+            if own not in alive:
+                raise LeaseLost(lease)
+            return alive
+
+        return live
 
     def for_item(self, lease: Lease) -> "StageContext":
         """This context for the work on one item: the run's memo, the item's own staging."""

@@ -22,8 +22,12 @@ Outcomes per item:
   getting through for too long)
 
 A stage builds its files in staging paths it takes from `ctx.staging_path(final)` and publishes them
-in its commit; whatever becomes of the item, the machinery removes those paths once it is over, so
-that no failure leaves a half-written output behind to fill the disk.
+in its commit (its previews are published there by the machinery); whatever becomes of the item,
+the machinery removes those paths once it is over, so that no failure leaves a half-written
+output behind to fill the disk. Every file change is tied to the item's lease: staging names carry
+its token, a leftover is removed only once its token's lease is dead (never a live holder's), and
+a publish happens only in the completion, whose first statement checks the token and holds the
+item's row until COMMIT (engine/stage.py, core/files.py, db/file_changes.py).
 
 A run works on its items one after another, or `at_once` of them at a time in threads where the
 stage's StageSpec says so (downloads: a slow host does not hold up the rest of the batch); no item
@@ -55,6 +59,7 @@ from dataminer_dagster.core.files import InsufficientDiskSpace, disk_full, remov
 from dataminer_dagster.core.progress import Progress, RepeatedLines
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Catalog
+from dataminer_dagster.db.file_changes import file_changes
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
 from dataminer_dagster.db.project_flow import advance_projects, stale_later_stages
 from dataminer_dagster.db.schema import DEAD, DONE
@@ -67,7 +72,7 @@ from dataminer_dagster.engine.outcomes import (
     Postponed,
     RequeueFirst,
 )
-from dataminer_dagster.engine.previews import ui_metadata
+from dataminer_dagster.engine.previews import previews, ui_metadata
 from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.engine.stage_asset import StageAsset, StageConfig, StageFunction
 from dataminer_dagster.outputs import OUTPUTS_IO_MANAGER_KEY
@@ -235,6 +240,8 @@ def _process_item(
         with leases.completing(lease, result.outcome) as conn:
             if result.commit is not None:
                 result.commit(conn)
+            for preview in previews(result.metadata):
+                file_changes(conn).publish(preview.staged, preview.file)
             if lease.project_id is not None:
                 stale_later_stages(conn, lease.project_id, lease.stage)
         about = titles.about(lease)  # after it: a download has just recorded the title

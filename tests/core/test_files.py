@@ -1,15 +1,24 @@
-"""Recognising a full disk, whatever raised it; a real one from a small tmpfs."""
+"""Recognising a full disk, whatever raised it; a real one from a small tmpfs. Hidden siblings
+named with their lease token, removed only once that lease is dead."""
 
 from __future__ import annotations
 
 import errno
 import os
 import stat
+import uuid
 
 import numpy as np
 import pytest
 
-from dataminer_dagster.core.files import InsufficientDiskSpace, disk_full
+from dataminer_dagster.core.files import (
+    InsufficientDiskSpace,
+    disk_full,
+    leftovers,
+    remove_leftovers,
+    set_aside,
+    staging_path,
+)
 from tests.helpers.small_disk import fill, small_disk
 
 
@@ -87,3 +96,38 @@ def test_coco_files_and_pictures_have_the_mode_of_every_other_output(tmp_path, u
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (plain, coco, png)}
     assert modes == dict.fromkeys(modes, 0o666 & ~umask), modes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "manifest.txt", "p.png"]
+
+
+def test_a_leftover_is_removed_only_once_its_lease_is_dead(tmp_path):
+    final = tmp_path / "frames" / "v0" / "profile"
+    live, dead = uuid.uuid4().hex, uuid.uuid4().hex
+    holders = staging_path(final, live)  # a live holder's staging, and what its publish set aside
+    holders.mkdir()
+    final.mkdir()
+    aside = set_aside(final, live)
+    dead_staging = staging_path(final, dead, live=lambda tokens: {live} & set(tokens))
+    dead_staging.mkdir()
+    unleased = final.parent / f".staging-{final.name}-0badf00d"  # a writer without a lease
+    unleased.mkdir()
+    neighbour = staging_path(final.parent / f"{final.name}-2", dead)  # another output's
+    neighbour.mkdir()
+    assert live in holders.name and live in aside.name and dead in dead_staging.name
+    assert leftovers(final) == {aside: live, holders: live, dead_staging: dead, unleased: None}
+
+    asked: list[set[str]] = []
+
+    def live_tokens(tokens):
+        asked.append(set(tokens))
+        return {live} & set(tokens)
+
+    assert sorted(remove_leftovers(final, live_tokens)) == sorted([dead_staging, unleased])
+    assert asked == [{live, dead}]
+    assert holders.is_dir() and aside.is_dir() and neighbour.is_dir()
+
+    assert sorted(remove_leftovers(final)) == sorted([aside, holders]), "no lease: every one"
+    assert neighbour.is_dir()
+
+
+def test_a_lease_token_is_32_hex_digits(tmp_path):
+    with pytest.raises(ValueError, match="32 hex digits"):
+        staging_path(tmp_path / "out", "run-1")

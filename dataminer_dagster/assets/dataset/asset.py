@@ -183,7 +183,9 @@ MANIFEST_COLUMNS = [
 SAMPLE_SIZE = 8  # images in the dataset's preview
 
 
-def _sample_preview(staging: Path, contents: DatasetContents, previews: Path) -> dict:
+def _sample_preview(
+    staging: Path, contents: DatasetContents, previews: Path, ctx: StageContext
+) -> dict:
     """A sample of the dataset's images with their annotations drawn (the images with the most
     annotations first)."""
     with_boxes = contents.names is not None
@@ -210,7 +212,11 @@ def _sample_preview(staging: Path, contents: DatasetContents, previews: Path) ->
         pictures, captions, columns=4, tile_width=200, tile_height=150, empty=f"no {what}"
     )
     return preview_metadata(
-        "dataset_sample", sheet, previews, cover=pictures[0] if pictures else None
+        "dataset_sample",
+        sheet,
+        previews,
+        ctx.staging_path,
+        cover=pictures[0] if pictures else None,
     )
 
 
@@ -441,8 +447,10 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     )
     return ItemResult(
         metadata={
-            **_sample_preview(staging, contents, paths.previews_dir),
-            **preview_metadata("quality_report", overview, paths.previews_dir, chart=True),
+            **_sample_preview(staging, contents, paths.previews_dir, ctx),
+            **preview_metadata(
+                "quality_report", overview, paths.previews_dir, ctx.staging_path, chart=True
+            ),
             "images": len(manifest),
             "version": version.number,
             "new_version": new_version,

@@ -89,7 +89,9 @@ GROUP_WIDTH = 4  # tiles per group: the kept frame and up to three it replaced
 KEPT = PALETTE[0]  # the kept frame's frame colour
 
 
-def _groups_preview(frames: pd.DataFrame, titles: dict[str, str], directory: Path) -> dict:
+def _groups_preview(
+    frames: pd.DataFrame, titles: dict[str, str], directory: Path, ctx: StageContext
+) -> dict:
     """The largest duplicate groups side by side: each kept frame (framed in green), then its
     duplicates (the one a better frame replaced says so); then, where there is room, the best
     kept frames that had no duplicate."""
@@ -134,7 +136,7 @@ def _groups_preview(frames: pd.DataFrame, titles: dict[str, str], directory: Pat
         empty="no frame passed the filter",
     )
     cover = next((image for image in images if image is not None), None)
-    return preview_metadata("duplicate_groups", sheet, directory, cover=cover)
+    return preview_metadata("duplicate_groups", sheet, directory, ctx.staging_path, cover=cover)
 
 
 @stage_asset(
@@ -199,7 +201,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
 
     return ItemResult(
         metadata={
-            **_groups_preview(frames, titles, paths.previews_dir),
+            **_groups_preview(frames, titles, paths.previews_dir, ctx),
             "frames_in": len(frames),
             "new_frames": stats["new_frames"],
             "mode": stats["mode"],

@@ -61,7 +61,9 @@ def _detect_chunk(detector, chunk, pictures, config, staging, rows, images) -> N
 EXAMPLES = 8  # frames in the detections preview
 
 
-def _examples(table: pd.DataFrame, kept: pd.DataFrame, paths: ProjectPaths) -> dict:
+def _examples(
+    table: pd.DataFrame, kept: pd.DataFrame, paths: ProjectPaths, ctx: StageContext
+) -> dict:
     """A contact sheet of the frames with the most detections, boxes and class names drawn; when
     there are fewer, kept frames without any, so that the preview shows what was looked at."""
     from dataminer_dagster.models.detectors import Detection
@@ -87,7 +89,11 @@ def _examples(table: pd.DataFrame, kept: pd.DataFrame, paths: ProjectPaths) -> d
         empty="no kept frames to detect on",
     )
     return preview_metadata(
-        "detection_examples", sheet, paths.previews_dir, cover=pictures[0] if pictures else None
+        "detection_examples",
+        sheet,
+        paths.previews_dir,
+        ctx.staging_path,
+        cover=pictures[0] if pictures else None,
     )
 
 
@@ -188,7 +194,7 @@ def detections(item: StageItem, ctx: StageContext) -> ItemResult:
     model = Path(config.model)
     return ItemResult(
         metadata={
-            **_examples(table, kept, paths),
+            **_examples(table, kept, paths, ctx),
             "frames": len(kept),
             "detections": len(table),
             "frames_with_detections": int(table["frame_id"].nunique()),

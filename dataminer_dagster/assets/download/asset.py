@@ -8,7 +8,11 @@ it record it as blocked for themselves.
 Each video's file is hashed once (SHA-256 of its bytes, content_hash.py). A video whose
 content an earlier video already has is a copy of it (`videos.same_as`): its chain ends here, and
 its projects use the original's frames and results (Catalog.advance_videos); a copy's downloaded
-file is deleted at once (the original's holds the same bytes), a local one is left in place.
+file is never published (the original's holds the same bytes), a local one is left in place.
+
+A video is downloaded into a staging folder named with the item's lease token and published to
+`videos/<id>.<ext>` in the item's completion, which checks the lease: a run that lost its lease
+meanwhile replaces nothing (core/files.py, db/file_changes.py).
 
 Downloads are polite to their host across every run (acquisition/politeness.py): a host that said
 stop is paused for all of them; a run waits for a short pause and gives its items back (no attempt
@@ -31,6 +35,7 @@ from dataminer_dagster.assets.download.content_hash import file_content_hash
 from dataminer_dagster.assets.download.rules import check_download_rules
 from dataminer_dagster.core.media import VideoDecodeError, probe_video
 from dataminer_dagster.core.progress import format_seconds
+from dataminer_dagster.db.file_changes import file_changes
 from dataminer_dagster.db.project_records import ProjectRow
 from dataminer_dagster.db.video_records import VideoRow
 from dataminer_dagster.engine.outcomes import Blocked, ItemResult, PermanentFailure, Postponed
@@ -95,9 +100,11 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
                 f"download {item.video_id}: {100 * (p.downloaded_bytes or 0) / p.total_bytes:.0f}%{eta}"
             )
 
+    staging = ctx.staging_path(ctx.db.paths.videos_dir / item.video_id)
+    staging.mkdir()
     try:
         downloaded = ctx.download_client.download(
-            video.url, item.video_id, ctx.db.paths.videos_dir, options, progress, throttle
+            video.url, item.video_id, staging, options, progress, throttle
         )
     except HostPaused as exc:
         raise Postponed(str(exc), not_before=exc.pause.until) from exc
@@ -134,7 +141,10 @@ def downloads(item: StageItem, ctx: StageContext) -> ItemResult:
         "waited_for_host_seconds": round(throttle.waited_s, 2),
         "host_pauses_met": "; ".join(p.describe() for p in throttle.pauses_met) or "none",
     }
-    return _record(item, ctx, ctx.db.paths.relative(downloaded.path), facts, extra, rejected)
+    final = ctx.db.paths.videos_dir / downloaded.path.name
+    return _record(
+        item, ctx, ctx.db.paths.relative(final), facts, extra, rejected, staged=downloaded.path
+    )
 
 
 def _rejecting_projects(projects: list[ProjectRow], info: dict, video_id: str) -> dict[str, str]:
@@ -206,7 +216,10 @@ def _record(
     facts: dict,
     extra: dict,
     rejected: dict[str, str] | None = None,
+    staged: Path | None = None,
 ) -> ItemResult:
+    """What the item's commit records; a video downloaded just now (`staged`) is published to
+    `file_path` in it, under the lease's check, unless it is a copy of another video."""
     catalog, paths = ctx.catalog, ctx.db.paths
     # What the commit will decide, for the UI; a video of the same content committed in between
     # (another run) may change it, and the commit's decision is the one kept.
@@ -220,8 +233,10 @@ def _record(
                 + (f"a copy of video {same_as}" if same_as else "no copy of another video")
                 + ", as a video of the same content committed meanwhile decided"
             )
-        if same_as and file_path:  # the original's file holds the same bytes
-            paths.absolute(file_path).unlink(missing_ok=True)
+        if same_as and file_path and staged is None:  # the original's file holds the same bytes
+            file_changes(conn).set_aside(paths.absolute(file_path))
+        elif staged is not None and not same_as:
+            file_changes(conn).publish(staged, paths.absolute(file_path))
         catalog.videos.record_file(conn, item.video_id, None if same_as else file_path, facts)
         if rejected:
             catalog.videos.block_for_projects(conn, item.video_id, rejected)

@@ -3,11 +3,12 @@
 One metadata extraction per video: the rules (`rules.py`) are checked on that metadata, and
 the download reuses it. Files are written into a private work directory inside `dest_dir` and
 moved into place (`<dest_dir>/<video_id>.<ext>`) only once they probe as a video, so a failure
-never leaves a partial file behind. yt-dlp errors are sorted into the outcomes of
-`acquisition.errors` (`ytdlp_errors`), which the caller turns into claim-table states. Requests go
-through the host throttle (`throttled_ytdlp`); a stream URL refused mid-download (expired) is
-fetched again at once with fresh metadata. A transfer slower than the minimum speed, or past the
-download's deadline, is given up (`pace.py`).
+never leaves a partial file behind. The download stage passes a staging folder of its own as
+`dest_dir` and publishes the video in its completion, which checks its lease. yt-dlp errors are
+sorted into the outcomes of `acquisition.errors` (`ytdlp_errors`), which the caller turns into
+claim-table states. Requests go through the host throttle (`throttled_ytdlp`); a stream URL
+refused mid-download (expired) is fetched again at once with fresh metadata. A transfer slower
+than the minimum speed, or past the download's deadline, is given up (`pace.py`).
 
 yt-dlp is imported inside the functions, so importing this module is cheap.
 """
@@ -111,6 +112,8 @@ def download_video(
     throttle: HostThrottle | None = None,
 ) -> DownloadedVideo:
     """Download `url` to `dest_dir/<video_id>.<ext>` or raise one of the VideoDownloadErrors.
+    `dest_dir` is the caller's own (the download stage's staging folder): what a download killed
+    mid-way leaves in it goes with it.
 
     `throttle` shares the host's pauses, request turns and download slots with other runs; without
     one, pauses are kept in this call only and never waited for (HostPaused at once).
@@ -131,7 +134,6 @@ def download_video(
         raise exc.about(subject) from exc
     throttle.sleep(_download_sleep(options))
     with throttle.download_slot(host, options.max_downloads_per_host):
-        _remove_stale_work_dirs(dest_dir, video_id)
         work_dir = Path(tempfile.mkdtemp(prefix=f".{video_id}.download-", dir=dest_dir))
         try:
             fetch = functools.partial(
@@ -153,12 +155,6 @@ def _download_sleep(options: DownloadConfig) -> float:
     """The random pause before a download (yt-dlp's sleep_interval / max_sleep_interval)."""
     low = options.sleep_interval_s
     return random.uniform(low, max(low, options.max_sleep_interval_s)) if low else 0.0
-
-
-def _remove_stale_work_dirs(dest_dir: Path, video_id: str) -> None:
-    """Work dirs of an earlier attempt killed mid-download (one lease holder per video)."""
-    for stale in dest_dir.glob(f".{video_id}.download-*"):
-        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _fetch(

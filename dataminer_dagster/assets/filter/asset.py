@@ -92,7 +92,9 @@ def filtered_frames(item: StageItem, ctx: StageContext) -> ItemResult:
     model = Path(config.model)
     return ItemResult(
         metadata={
-            **_previews(table, config, ProjectPaths(project.output_dir).previews_dir / item.key),
+            **_previews(
+                table, config, ProjectPaths(project.output_dir).previews_dir / item.key, ctx
+            ),
             "outcome": f"{passed} of {len(table)} frames kept"
             if passed
             else "empty: no frame passed the filter",
@@ -132,7 +134,9 @@ def _embed_prompts(ctx: StageContext, scorer, project: str, config: FilterConfig
 KEPT_SHOWN = 8  # frames in a video's preview
 
 
-def _previews(table: pd.DataFrame, config: FilterConfig, directory: Path) -> dict:
+def _previews(
+    table: pd.DataFrame, config: FilterConfig, directory: Path, ctx: StageContext
+) -> dict:
     """The video's kept frames, best score first, and the histogram of its frames' best positive
     score with the threshold labelled."""
     best = table[table["passed"]].sort_values("pos_max", ascending=False).head(KEPT_SHOWN)
@@ -158,11 +162,17 @@ def _previews(table: pd.DataFrame, config: FilterConfig, directory: Path) -> dic
             "kept_frames",
             sheet,
             directory,
+            ctx.staging_path,
             budget=VIDEO_PREVIEW_BUDGET,
             cover=pictures[0] if pictures else None,
         ),
         **preview_metadata(
-            "filter_scores", chart, directory, budget=VIDEO_PREVIEW_BUDGET, chart=True
+            "filter_scores",
+            chart,
+            directory,
+            ctx.staging_path,
+            budget=VIDEO_PREVIEW_BUDGET,
+            chart=True,
         ),
     }
 

@@ -16,11 +16,7 @@ from dataminer_dagster.assets.backup import NO_BACKUP
 from dataminer_dagster.assets.frames.extraction_options import ExtractionOptions
 from dataminer_dagster.assets.frames.frame_extraction import extract_frames
 from dataminer_dagster.assets.frames.frame_manifest import read_manifest, write_manifest
-from dataminer_dagster.core.files import (
-    make_read_only,
-    remove_leftovers,
-    require_free_space,
-)
+from dataminer_dagster.core.files import make_read_only, require_free_space
 from dataminer_dagster.core.media import VideoDecodeError
 from dataminer_dagster.core.progress import format_seconds
 from dataminer_dagster.db.file_changes import file_changes
@@ -141,7 +137,7 @@ def frames(item: StageItem, ctx: StageContext) -> ItemResult:
 
     if missing:
         for profile in missing:  # an attempt killed mid-way may be what fills the disk
-            remove_leftovers(paths.frames_dir(item.video_id, profile))
+            ctx.remove_leftovers(paths.frames_dir(item.video_id, profile))
         _require_disk_space(ctx, projects)
     made: list[tuple[str, ExtractionOptions, Path, Path, int]] = []
     summary: dict[str, int] = {}
