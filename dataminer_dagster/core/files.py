@@ -1,9 +1,11 @@
-"""Atomic publication of files and directories: build in a hidden sibling, then rename into place.
+"""Publication of files and directories: build in a hidden sibling, then rename into place.
 
-A re-run replaces what was there; a crash leaves either the old output or the new one, plus a
-hidden sibling (a staging path, or an old output set aside) that a later writer removes. Work
-that writes much checks the free space first (`require_free_space`); a disk that fills all the
-same is recognised by `disk_full`.
+A file is one rename, atomic: a reader sees the old file or the new one. A folder is two renames
+(the old one set aside, the new one moved in): for an instant there is none, and a crash between
+the two leaves none until the next attempt. A re-run replaces what was there; a crash leaves the
+old output or the new one (or, for a folder, none), plus a hidden sibling (a staging path, or an
+old output set aside) that a later writer removes. Work that writes much checks the free space
+first (`require_free_space`); a disk that fills all the same is recognised by `disk_full`.
 
 An output a work item's lease guards has one writer at a time, the holder, but a worker may lose
 its lease without knowing it yet (a partition, a paused machine). So the hidden siblings it makes
