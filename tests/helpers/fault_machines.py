@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,7 @@ import sqlalchemy as sa
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
+EXCEPTION_LINE = re.compile(r"^[\w.]*(Error|Exception|Fenced)\b[^:]*: ")
 
 
 def missing_requirements() -> str | None:
@@ -322,6 +324,8 @@ class Worker:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(30)
 
-    def last_line(self) -> str:
+    def last_error(self) -> str:
+        """The last line of its log that names an exception (else its last line): why it ended."""
         lines = [line for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
-        return lines[-1][:300] if lines else "(no output)"
+        errors = [line for line in lines if EXCEPTION_LINE.match(line)]
+        return (errors or lines or ["(no output)"])[-1][:300]

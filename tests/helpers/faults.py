@@ -439,7 +439,7 @@ class FaultLab:
             if code == 0:
                 worker.finished = True
                 continue
-            worker.exits.append(f"worker {worker.index} exited with {code}: {worker.last_line()}")
+            worker.exits.append(f"worker {worker.index} exited with {code}: {worker.last_error()}")
             if self._project_stage(trial) in FINISHED_STAGES or worker.restarts >= MAX_RESTARTS:
                 worker.gave_up = True
             else:
