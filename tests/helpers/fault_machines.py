@@ -134,7 +134,7 @@ class Network:
             if name.startswith(cls.PREFIX) and owner.isdigit() and not _alive(int(owner)):
                 ip("netns", "del", name, check=False)
         for line in ip("-o", "-4", "addr", "show", "dev", "lo").stdout.splitlines():
-            parts = line.split()
+            parts = line.replace("\\", " ").split()  # `ip -o` ends each line's fields with "\\"
             labels = [p for p in parts if p.startswith(f"lo:{cls.PREFIX}")]
             owner = labels[0].removeprefix(f"lo:{cls.PREFIX}") if labels else ""
             if owner.isdigit() and not _alive(int(owner)):
@@ -149,7 +149,7 @@ class ScratchCluster:
     TEMPLATE = "dm_faults_template"
 
     def __init__(self, root: Path, address: str):
-        self.data = root / "pgdata"
+        self.data = self.data_dir(root)
         self.socket_dir = root / "pgsock"
         self.log = self.socket_dir / "postgres.log"  # where the postgres user may write
         self.address = address
@@ -180,6 +180,19 @@ class ScratchCluster:
             network = ".".join(address.split(".")[:2])
             hba.write(f"host all all {network}.0.0/16 trust\n")  # the lab's machines
         self.start()
+
+    @staticmethod
+    def data_dir(root: Path) -> Path:
+        return root / "pgdata"
+
+    @classmethod
+    def stop_abandoned(cls, root: Path) -> None:
+        """Stop the cluster of a lab whose process died."""
+        run_command(
+            "runuser", "-u", "postgres", "--",
+            str(PG_BIN / "pg_ctl"), "-D", str(cls.data_dir(root)), "-m", "immediate", "stop",
+            check=False,
+        )  # fmt: skip
 
     def _as_postgres(self, *command, check: bool = True) -> subprocess.CompletedProcess:
         return run_command(

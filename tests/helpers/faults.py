@@ -160,13 +160,31 @@ class Trial:
         return "\n".join(w.log.read_text(errors="replace") for w in self.workers if w.log.exists())
 
 
+LAB_PREFIX = "dm-faults-"
+
+
+def sweep_abandoned_labs() -> None:
+    """Stop the cluster, unmount the data disks and remove the files of labs whose process died
+    without closing them (a worker left behind ends once its database is gone)."""
+    for root in Path(tempfile.gettempdir()).glob(f"{LAB_PREFIX}*-*"):
+        owner = root.name.removeprefix(LAB_PREFIX).split("-")[0]
+        if not owner.isdigit() or Path(f"/proc/{owner}").exists():
+            continue
+        if (ScratchCluster.data_dir(root) / "postmaster.pid").exists():
+            ScratchCluster.stop_abandoned(root)
+        for disk in root.glob("trial*/disk"):
+            run_command("umount", "--lazy", str(disk), check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 class FaultLab:
     def __init__(self, *, workers: int = 2, clips: int = 3, settle_s: float = 240):
         reason = missing_requirements()
         if reason:
             raise RuntimeError(reason)
         self.max_workers, self.settle_s = workers, settle_s
-        self.root = Path(tempfile.mkdtemp(prefix="dm-faults-"))
+        sweep_abandoned_labs()
+        self.root = Path(tempfile.mkdtemp(prefix=f"{LAB_PREFIX}{os.getpid()}-"))
         self.root.chmod(0o755)  # the cluster runs as postgres
         self._stack = contextlib.ExitStack()
         self._trials = 0
