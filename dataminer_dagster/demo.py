@@ -48,9 +48,10 @@ def write_sample_videos(directory: Path, count: int) -> list[Path]:
 
 
 @contextmanager
-def serve_directory(directory: Path, port: int = 0) -> Iterator[str]:
-    """Serve `directory` over HTTP on 127.0.0.1; yields the base URL. A fixed port keeps the video
-    URLs (and so their ids) the same from one demo to the next; taken, an ephemeral one is used."""
+def serve_directory(directory: Path, port: int = 0, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve `directory` over HTTP on `host` (default 127.0.0.1); yields the base URL. A fixed port
+    keeps the video URLs (and so their ids) the same from one demo to the next; taken, an ephemeral
+    one is used. Another local address serves other network namespaces (tests/helpers/faults.py)."""
 
     class QuietHandler(http.server.SimpleHTTPRequestHandler):
         def log_message(self, format, *args):  # noqa: A002 - the base class's name
@@ -62,13 +63,13 @@ def serve_directory(directory: Path, port: int = 0) -> Iterator[str]:
 
     handler = partial(QuietHandler, directory=str(directory))
     try:
-        server = QuietServer(("127.0.0.1", port), handler)
+        server = QuietServer((host, port), handler)
     except OSError:
-        server = QuietServer(("127.0.0.1", 0), handler)
+        server = QuietServer((host, 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://{host}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
