@@ -26,7 +26,6 @@ from dataminer_dagster.core.world_render import (
     Reencode,
     Resize,
     SpeedUp,
-    bgr,
 )
 from dataminer_dagster.core.world_truth import FrameTruth, ObjectTruth, VideoTruth, caption
 from dataminer_dagster.demo import serve_directory
@@ -49,7 +48,9 @@ def written(world, tmp_path_factory):
 
 
 def _colour_mask(frame: np.ndarray, colour: str) -> np.ndarray:
-    return (np.abs(frame.astype(np.int16) - bgr(colour)).max(axis=2)) <= COLOUR_TOLERANCE
+    """Pixels of a BGR frame that have the named colour (COLOURS gives it in RGB)."""
+    rgb = frame[..., ::-1].astype(np.int16)
+    return np.abs(rgb - COLOURS[colour]).max(axis=2) <= COLOUR_TOLERANCE
 
 
 def _frames(video: WorldVideo, step: int = 3):
@@ -254,8 +255,8 @@ def test_a_decoded_frame_matches_its_truth_at_its_timestamp(world, written):
                         continue
                     x, y, w, h = obj.box
                     mask = _colour_mask(rendered[y : y + h, x : x + w], obj.colour)
-                    seen = np.median(image[y : y + h, x : x + w][mask], axis=0)
-                    assert np.abs(seen - bgr(obj.colour)).max() <= 40, (path, at.index, obj)
+                    seen = np.median(image[y : y + h, x : x + w][mask][:, ::-1], axis=0)
+                    assert np.abs(seen - COLOURS[obj.colour]).max() <= 40, (path, at.index, obj)
                 decoded += 1
         assert decoded == len(truth.frames), path
 
