@@ -10,6 +10,7 @@ are named and given in RGB.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field, replace
 from typing import ClassVar
 
@@ -110,7 +111,7 @@ def render_source(source: SourceSpec, t: float) -> Layers:
     elif scene.junk == "text":
         layers = Layers(_text_screen(scene, width, height), labels, ())
     else:
-        layers = Layers(_background(scene, width, height), labels, scene.objects)
+        layers = Layers(_background(scene, width, height).copy(), labels, scene.objects)
         _draw_objects(layers, scene, t - scene.start, min(width, height))
         if scene.occluder:
             _draw_occluder(layers, (t - scene.start) / (scene.end - scene.start))
@@ -276,7 +277,9 @@ def _dull_colours(rng: np.random.Generator, count: int) -> np.ndarray:
     return cv2.cvtColor(hsv[None], cv2.COLOR_HSV2BGR)[0].astype(np.float32)
 
 
+@functools.lru_cache(maxsize=16)
 def _background(scene: SceneSpec, width: int, height: int) -> np.ndarray:
+    """A scene's still background (cached: every frame of the scene draws on a copy of it)."""
     import cv2
 
     rng = np.random.default_rng(scene.seed)
