@@ -1,7 +1,9 @@
 """Synthetic videos for tests, benchmarks and the offline demo.
 
 Moving shapes over a background that changes colour at each scene cut, with per-frame noise so
-that encoded frames and JPEGs have realistic sizes. Deterministic for a given seed.
+that encoded frames and JPEGs have realistic sizes. Deterministic for a given seed. These clips
+have no ground truth; `core.world` draws a world that has one (objects, boxes, junk scenes,
+planted near-duplicates), to measure what the pipeline keeps.
 """
 
 from __future__ import annotations

@@ -13,10 +13,11 @@ small enough to build and run in well under a second on a CPU. The embeddings ca
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-# Tiny towers by default; "base-patch16-224" is the ViT-B/16 vision tower of
+# Tiny towers by default; "world" is big enough to learn the synthetic world's shapes and colours
+# (core.world) on a CPU; "base-patch16-224" is the ViT-B/16 vision tower of
 # google/siglip-base-patch16-224, a realistic CPU workload for benchmarks.
 SIGLIP_VISION_PRESETS: dict[str, dict[str, int]] = {
     "tiny": dict(
@@ -27,6 +28,14 @@ SIGLIP_VISION_PRESETS: dict[str, dict[str, int]] = {
         image_size=32,
         patch_size=8,
     ),
+    "world": dict(
+        hidden_size=96,
+        intermediate_size=192,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        image_size=96,
+        patch_size=12,
+    ),
     "base-patch16-224": dict(
         hidden_size=768,
         intermediate_size=3072,
@@ -36,13 +45,22 @@ SIGLIP_VISION_PRESETS: dict[str, dict[str, int]] = {
         patch_size=16,
     ),
 }
-_TINY_TEXT = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    max_position_embeddings=64,
-)
+SIGLIP_TEXT_PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=64,
+    ),
+    "world": dict(
+        hidden_size=96,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=32,
+    ),
+}
 # Gemma's special tokens, in Gemma's order.
 _SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
 _ALPHABET = "▁abcdefghijklmnopqrstuvwxyz0123456789.,-'/"
@@ -60,25 +78,36 @@ def build_tiny_siglip(
     seed: int = 0,
     naflex: bool = False,
     vision_preset: str = "tiny",
+    text_preset: str = "tiny",
+    words: Sequence[str] = (),
     logit_scale: float = 2.3,
     logit_bias: float = 0.0,
 ) -> Path:
     """Save a random-weight SigLIP model, its tokenizer and processor under `path`.
 
     `logit_scale` (log of the temperature, 2.3 ~ x10) and `logit_bias` replace the zero
-    initialisation so that scores spread over (0, 1) instead of sitting near 0.5. The text tower
-    stays tiny whatever `vision_preset` says: only the image tower matters for throughput.
+    initialisation so that scores spread over (0, 1) instead of sitting near 0.5. The presets
+    size the towers (SIGLIP_VISION_PRESETS, SIGLIP_TEXT_PRESETS); `words` get whole-word tokens
+    besides the built-in ones, so that a vocabulary a model is trained on reads in few tokens.
     """
     import torch
     from transformers import GemmaTokenizer, Siglip2Tokenizer
 
-    if vision_preset not in SIGLIP_VISION_PRESETS:
-        raise ValueError(
-            f"vision_preset {vision_preset!r} is not one of {', '.join(SIGLIP_VISION_PRESETS)}"
-        )
+    for name, value, presets in (
+        ("vision_preset", vision_preset, SIGLIP_VISION_PRESETS),
+        ("text_preset", text_preset, SIGLIP_TEXT_PRESETS),
+    ):
+        if value not in presets:
+            raise ValueError(f"{name} {value!r} is not one of {', '.join(presets)}")
     vision = dict(SIGLIP_VISION_PRESETS[vision_preset])
-    vocab, merges = _tiny_bpe()
-    text = dict(_TINY_TEXT, vocab_size=len(vocab), pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    vocab, merges = _tiny_bpe(words)
+    text = dict(
+        SIGLIP_TEXT_PRESETS[text_preset],
+        vocab_size=len(vocab),
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
     text["projection_size"] = vision["hidden_size"]
     tokenizer_class = Siglip2Tokenizer if naflex else GemmaTokenizer
     tokenizer = tokenizer_class(vocab=vocab, merges=merges)
@@ -158,7 +187,7 @@ def _seeded(seed: int) -> Iterator[None]:
         yield
 
 
-def _tiny_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
+def _tiny_bpe(words: Sequence[str] = ()) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """A deterministic Gemma-style BPE vocabulary: special tokens, characters, whole-word merges.
 
     Built by hand rather than trained so that the same seed always gives the same tokenizer.
@@ -168,7 +197,7 @@ def _tiny_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
     for char in _ALPHABET:
         vocab.setdefault(char, len(vocab))
     merges: list[tuple[str, str]] = []
-    for word in _MERGED_WORDS:
+    for word in [*_MERGED_WORDS, *words]:
         for end in range(2, len(word) + 1):
             left, right = word[: end - 1], word[end - 1]
             if word[:end] not in vocab:
