@@ -5,13 +5,14 @@ fault of any run or item. A process that does work (a Dagster run, `dataminer ru
 for the database (`waiting_for_the_database`): then every new connection it opens, and every claim
 operation its run makes (`wait_out`), retries with exponential back-off (from a fraction of a
 second up to a heartbeat) for up to `leases.outage_wait_s`, saying so in one line a minute
-("database unreachable since 10:02:13, retrying in 4 s: ..."). Other processes (a CLI command, a
-sensor tick) fail at once, as before: a sensor's tick says why and the next tick tries again.
+("database unreachable since 10:02:13, retrying in 4 s: ..."). Other processes (a CLI command)
+and a sensor's tick (`not_waiting_for_the_database`) fail at once, as before: the tick says why
+and the next one tries again.
 
 Every outage a process meets is remembered, for each database (`outages_of`), so that the lease
-reaper can record the time it could not see the database, and judge a run's silence only over time the database was up
-(db/run_liveness.py), and so that a run that failed while the database was away gives its items
-back uncounted.
+reaper can record the time it could not see the database and judge a run's silence only over
+time the database was up (db/run_liveness.py), and so that a run that failed while the database
+was away gives its items back uncounted.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class Outages:
 
     @property
     def going_on(self) -> bool:
+        """Whether the database could not be used at the last try, and not since."""
         return self._open is not None
 
     @property
@@ -192,6 +194,7 @@ class Patience:
 
 _patience: list[Patience] = []  # the process's, innermost last
 _patience_lock = threading.Lock()
+_this_thread = threading.local()  # `impatient`: this thread does not wait, whatever the process
 
 
 @contextmanager
@@ -207,26 +210,34 @@ def waiting_for_the_database(lease: LeasePolicy) -> Iterator[None]:
             _patience.remove(patience)
 
 
+@contextmanager
+def not_waiting_for_the_database() -> Iterator[None]:
+    """While this lasts, this thread does not wait out outages, even in a process that does (a
+    sensor's tick in a process that also runs a run: the tick must end within its deadline)."""
+    before = getattr(_this_thread, "impatient", False)
+    _this_thread.impatient = True
+    try:
+        yield
+    finally:
+        _this_thread.impatient = before
+
+
 def patience() -> Patience | None:
-    """How this process waits for the database now; None: it does not."""
+    """How this thread waits for the database now; None: it does not."""
+    if getattr(_this_thread, "impatient", False):
+        return None
     return _patience[-1] if _patience else None
 
 
-def wait_out(
-    call: Callable[[], T],
-    outages: Outages,
-    *,
-    patient: Patience | None = None,
-    settles: bool = True,
-) -> T:
+def wait_out(call: Callable[[], T], outages: Outages, *, settles: bool = True) -> T:
     """`call()`, tried again with back-off while the database is unreachable, restarting or out
-    of disk, within the process's patience (`patient` instead, where given; none: tried once).
+    of disk, within this thread's `patience()` (none: tried once).
     Raises DatabaseUnreachable when the outage outlasts it; any other error at once. For calls
     that are safe to repeat: a statement that may have gone through before its answer was lost
     is checked by its lease token when it runs again. What it meets is noted in `outages` (the
     database's); `settles`: a success ends the outage going on (not so a connect, which a full
     disk still allows)."""
-    patient = patient or patience()
+    patient = patience()
     delay = None if patient is None else patient.first_retry_s
     while True:
         try:

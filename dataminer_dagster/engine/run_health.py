@@ -78,7 +78,8 @@ def judge(
     gone: Callable[[Heartbeat], bool] = Heartbeat.process_gone,
 ) -> list[DeadRun]:
     """The runs among `records` (unfinished in Dagster) that are dead. A run with a heartbeat
-    row is dead when the row went stale, or when its process is `gone` and so is its run
+    row is dead when the row went stale (its silence counted only while the database was up:
+    `RunLiveness.heartbeats`), or when its process is `gone` and so is its run
     worker's (between two steps of a multiprocess run the step's process is gone while its run
     worker beats), from `PROCESS_GONE_GRACE_S` after its last heartbeat; one without is alive
     while its run worker beats (it waits for a step to start), else judged only if the sensors

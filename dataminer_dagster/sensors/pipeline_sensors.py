@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import dagster as dg
 
-from dataminer_dagster.db.outages import outage_reason
+from dataminer_dagster.db.outages import not_waiting_for_the_database, outage_reason
 from dataminer_dagster.db.scheduling import clear_requested
 from dataminer_dagster.engine.discovery import DiscoveryCursor
 from dataminer_dagster.engine.jobs import lanes_of, name_prefix
@@ -54,12 +54,14 @@ RUNNING = dg.DefaultSensorStatus.RUNNING
 
 def _while_the_database_is_up(sensor: Callable) -> Callable:
     """A sensor whose tick, when the database is unreachable, restarting or out of disk, skips
-    with one line that says since when and why (no traceback); the next tick tries again."""
+    at once with one line that says since when and why (no traceback); the next tick tries
+    again."""
 
     @functools.wraps(sensor)
     def tick(context, db: DatabaseResource):
         try:
-            result = sensor(context, db)
+            with not_waiting_for_the_database():
+                result = sensor(context, db)
         except Exception as error:
             reason = outage_reason(error)
             if reason is None:
