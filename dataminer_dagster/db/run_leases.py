@@ -42,7 +42,12 @@ from dataminer_dagster.db.leases import (
     LeaseStore,
     Unclaimed,
 )
-from dataminer_dagster.db.outages import outage_reason, outages_of, wait_out
+from dataminer_dagster.db.outages import (
+    not_waiting_for_the_database,
+    outage_reason,
+    outages_of,
+    wait_out,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -96,6 +101,12 @@ class RunLeases:
             self._thread = None
 
     def _run(self) -> None:
+        # A beat never waits for the database inside a connect: it fails at once and the next one
+        # tries again, so that a beat that gets through was sent (`_last_beat`) just before.
+        with not_waiting_for_the_database():
+            self._beat_every_heartbeat()
+
+    def _beat_every_heartbeat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             try:
                 self.beat()
