@@ -133,7 +133,7 @@ def test_errors_of_the_work_itself_are_no_outage(error):
 
 def _begun_item(store: LeaseStore, owner: str) -> None:
     store.enqueue(STAGE, ["v0"])
-    store.heartbeat(owner, "host", 1)
+    store.liveness.heartbeat(owner, "host", 1)
     [lease] = store.claim_next(STAGE, owner)
     store.mark_started(lease)
 
@@ -149,20 +149,20 @@ def test_a_restart_starts_every_runs_silence_and_start_grace_afresh(server):
     engine = get_engine(server.url)
     store = LeaseStore(engine)
     _begun_item(store, "run-a")
-    assert store.in_status_s([("run-b", "STARTED")]) == {"run-b": pytest.approx(0, abs=1)}
+    assert store.liveness.in_status_s([("run-b", "STARTED")]) == {"run-b": pytest.approx(0, abs=1)}
     server.stop()
     time.sleep(STALE_S + 2)
     server.start()
 
     # The reaper's first look after the restart, before the run could beat again.
-    assert store.reap(STALE_S) == []
-    assert store.heartbeats(["run-a"])["run-a"].age_s < STALE_S
-    assert store.in_status_s([("run-b", "STARTED")])["run-b"] < STALE_S
+    assert store.liveness.reap(STALE_S) == []
+    assert store.liveness.heartbeats(["run-a"])["run-a"].age_s < STALE_S
+    assert store.liveness.in_status_s([("run-b", "STARTED")])["run-b"] < STALE_S
     row = _item(engine)
     assert (row.status, row.attempts, row.lease_owner) == ("running", 1, "run-a")
 
     time.sleep(STALE_S + 0.5)  # silent while the database is up: dead, as before
-    [reaped] = store.reap(STALE_S)
+    [reaped] = store.liveness.reap(STALE_S)
     assert reaped.owner == "run-a"
 
 
@@ -172,13 +172,13 @@ def test_silence_counts_from_the_end_of_an_outage_the_reaper_recorded(engine):
     store = LeaseStore(engine)
     _begun_item(store, "run-a")
     time.sleep(STALE_S + 0.5)
-    store.record_reaper_pass("reaper on host 1", outage_s=STALE_S + 0.5)
-    assert store.reap(STALE_S) == []
+    store.liveness.record_reaper_pass("reaper on host 1", outage_s=STALE_S + 0.5)
+    assert store.liveness.reap(STALE_S) == []
     assert _item(engine).attempts == 1
 
-    store.record_reaper_pass("reaper on host 1", outage_s=None)  # a pass that met none
+    store.liveness.record_reaper_pass("reaper on host 1", outage_s=None)  # a pass that met none
     time.sleep(STALE_S + 0.5)
-    assert [r.owner for r in store.reap(STALE_S)] == ["run-a"]
+    assert [r.owner for r in store.liveness.reap(STALE_S)] == ["run-a"]
 
 
 # --- a worker through an outage --------------------------------------------------------------------
