@@ -99,6 +99,7 @@ class _Open:
     started: float  # time.monotonic()
     wall: datetime
     reason: str
+    said: bool = False  # a line said it: its end is said too
 
 
 class Outages:
@@ -129,9 +130,10 @@ class Outages:
             if self._open is None:
                 return
             lasted = time.monotonic() - self._open.started
-            self._open = None
+            said, self._open = self._open.said, None
             self._unrecorded.append(lasted)
-        _log.warning(f"database reachable again after {format_seconds(lasted)}")
+        if said:
+            _log.warning(f"database reachable again after {format_seconds(lasted)}")
 
     @property
     def going_on(self) -> bool:
@@ -158,12 +160,13 @@ class Outages:
             self._unrecorded = []
 
     def say(self, outage: _Open, retry_in_s: float) -> None:
-        line = self._lines.line(
-            "unreachable",
+        line = self._lines.line(  # at most once a minute for each outage
+            f"unreachable since {outage.started}",
             f"database unreachable since {outage.wall:%H:%M:%S}, retrying in "
             f"{retry_in_s:g} s: {outage.reason}",
         )
         if line is not None:
+            outage.said = True
             _log.warning(line)
 
 
