@@ -51,6 +51,12 @@ class LeasePolicy(_Section):
     stale_after_s: float = Field(
         120.0, gt=0, description="a run silent this long loses its leases and is failed"
     )
+    outage_wait_s: float = Field(
+        600.0,
+        gt=0,
+        description="how long a run waits for a database that is down, restarting or out of "
+        "disk before it gives up (a run that comes back keeps its leases)",
+    )
 
     @model_validator(mode="after")
     def _stale_after_some_beats(self) -> LeasePolicy:
@@ -180,6 +186,7 @@ ENV_OVERRIDES = (
     ("DATAMINER_RETRY_MAX_SECONDS", "retry", "max_delay_s"),
     ("DATAMINER_HEARTBEAT_SECONDS", "leases", "heartbeat_s"),
     ("DATAMINER_LEASE_STALE_SECONDS", "leases", "stale_after_s"),
+    ("DATAMINER_OUTAGE_WAIT_SECONDS", "leases", "outage_wait_s"),
     ("DATAMINER_UI_URL", "ui", "url"),
 )
 

@@ -68,7 +68,7 @@ def test_dataminer_settings_names_another_file(home, monkeypatch, tmp_path_facto
     [
         (
             {"leases": {"heartbeat": 1}},
-            "leases.heartbeat: unknown key; allowed: heartbeat_s, stale",
+            "leases.heartbeat: unknown key; allowed: heartbeat_s, outage_wait_s, stale",
         ),
         ({"lease": {}}, "lease: unknown key; allowed: lanes, leases, long_running, retry, runs"),
         (

@@ -28,6 +28,7 @@ def _instance():
 def run_projects(configs, *, timeout: float | None, progress: bool = True) -> int:
     from dataminer_dagster.cli.board import ProgressBoard
     from dataminer_dagster.cli.registration import registration_lines
+    from dataminer_dagster.db.outages import DatabaseUnreachable
     from dataminer_dagster.definitions import LANES, defs
     from dataminer_dagster.engine.planning import RunLimits
     from dataminer_dagster.hosting.driver import ProjectsGone, drive
@@ -63,6 +64,9 @@ def run_projects(configs, *, timeout: float | None, progress: bool = True) -> in
         )
     except (TimeoutError, ProjectsGone) as exc:  # how a run ends, not a fault in it
         stopped = exc
+    except DatabaseUnreachable as exc:  # waited for it as long as the settings say
+        click.echo(f"stopped: {exc}; run the command again to go on from there", err=True)
+        return 1
     finally:
         if board:
             board.close()

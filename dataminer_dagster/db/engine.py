@@ -4,17 +4,23 @@ Every connection has bounded waits, sized from the lease settings (`bounded_wait
 off from the database (a partition, a paused VM) never holds a row lock, nor waits for one, longer
 than a lease lives, so the reaper can take its items and another run can finish them.
 
+In a process that waits for the database (db/outages.py `waiting_for_the_database`: a run, `dataminer
+run`), a connection that cannot be made because the server is down, restarting or unreachable is
+tried again with back-off instead of failing its caller (`_wait_for_the_server`).
+
 A forked child keeps the engines but not their pooled connections (`_drop_inherited_connections`):
 those sockets are the parent's.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 
 import sqlalchemy as sa
 
+from dataminer_dagster.db.outages import Outages, outages_of, wait_out
 from dataminer_dagster.settings import LeasePolicy
 
 _lock = threading.Lock()
@@ -75,8 +81,17 @@ def get_engine(
                 },
                 **({"isolation_level": "AUTOCOMMIT"} if autocommit else {}),
             )
+            waiting = functools.partial(_wait_for_the_server, outages_of(engine.url))
+            sa.event.listen(engine, "do_connect", waiting)
             _engines[key] = engine
         return engine
+
+
+def _wait_for_the_server(outages: Outages, dialect, conn_rec, cargs, cparams):
+    """Connect, waiting out an outage where this process waits for the database (a connect is
+    always safe to repeat: nothing was sent yet). A connection made says nothing of whether the
+    outage is over (a full disk refuses writes, not connections)."""
+    return wait_out(lambda: dialect.connect(*cargs, **cparams), outages, settles=False)
 
 
 def dispose_engines() -> None:

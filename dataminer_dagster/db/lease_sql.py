@@ -29,6 +29,18 @@ from dataminer_dagster.settings import RetryPolicy
 W = f"{SCHEMA}.work_items"
 H = f"{SCHEMA}.run_heartbeats"
 SIGHTINGS = f"{SCHEMA}.run_sightings"
+REAPER_OUTAGES = f"{SCHEMA}.reaper_outages"
+
+
+def silent_since(moment: str) -> str:
+    """From when the reaper counts a run's silence (or a run's wait in a status) that began at
+    `moment`: not before the database last started (a restart), nor before the end of the last
+    outage a reaper recorded (it could not reach the database; db/outages.py). Time the database
+    was away counts against no run."""
+    return (
+        f"greatest({moment}, pg_postmaster_start_time(), "
+        f"(SELECT max(outage_ended_at) FROM {REAPER_OUTAGES}))"
+    )
 
 
 LEASE_COLUMNS = (

@@ -8,10 +8,13 @@ from `check()` / `is_lost()` and stops that unit of work cleanly. Nothing here e
 A run also fences itself: once its last successful beat is older than `FENCE_AT` of a lease's
 life (`stale_after_s`), its leases may be about to go, or gone, without it hearing so (a
 partition, a paused machine, a database restarting). `check()` then touches nothing until a beat
-gets through: the lease still held, the work goes on (a short outage costs nothing); lost, it
-raises LeaseLost; no beat within another lease's life, it raises `LeaseFenced`, and the stage
-stops touching the item's files. No database call is made under the lock, so a beat stuck on the
-network never holds up the step's own checks and claims.
+gets through: the lease still held, the work goes on (an outage costs nothing: the reaper judges
+silence only over time the database was up); lost, it raises LeaseLost. It waits for that beat for
+up to `outage_wait_s` while the database is unreachable, restarting or out of disk (db/outages.py),
+for a lease's life otherwise (a beat refused for another reason), and then raises `LeaseFenced`,
+and the stage stops touching the item's files. The run's other claim operations wait out an
+outage the same way. No database call is made under the lock, so a beat stuck on the network never
+holds up the step's own checks and claims.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from typing import TypeVar
 
 import sqlalchemy as sa
 
@@ -38,8 +42,16 @@ from dataminer_dagster.db.leases import (
     LeaseStore,
     Unclaimed,
 )
+from dataminer_dagster.db.outages import (
+    not_waiting_for_the_database,
+    outage_reason,
+    outages_of,
+    wait_out,
+)
 
 _log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # The share of a lease's life after which a run that has not reached the database stops touching
 # its items' files: the rest is the margin for a file change begun just before.
@@ -47,11 +59,23 @@ FENCE_AT = 0.75
 
 
 class RunLeases:
-    def __init__(self, store: LeaseStore, owner: str, *, heartbeat_s: float, stale_after_s: float):
+    def __init__(
+        self,
+        store: LeaseStore,
+        owner: str,
+        *,
+        heartbeat_s: float,
+        stale_after_s: float,
+        outage_wait_s: float | None = None,
+    ):
         self.store = store
         self.owner = owner
         self.heartbeat_s = heartbeat_s
         self.stale_after_s = stale_after_s
+        # How long a fenced check waits for a database that is away (None: a lease's life).
+        self.outage_wait_s = stale_after_s if outage_wait_s is None else outage_wait_s
+        self._beat_met_outage = False  # the last beat failed because the database was away
+        self._outages = outages_of(store.engine.url)
         self._held: dict[uuid.UUID, Lease] = {}
         self._lost: set[uuid.UUID] = set()
         # When the last successful beat was sent (time.monotonic()); None before the first.
@@ -77,13 +101,25 @@ class RunLeases:
             self._thread = None
 
     def _run(self) -> None:
+        # A beat never waits for the database inside a connect: it fails at once and the next one
+        # tries again, so that a beat that gets through was sent (`_last_beat`) just before.
+        with not_waiting_for_the_database():
+            self._beat_every_heartbeat()
+
+    def _beat_every_heartbeat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             try:
                 self.beat()
-            except (
-                Exception
-            ) as exc:  # a database hiccup must not kill the run; the next beat retries
-                _log.warning("heartbeat for run %s failed: %s", self.owner, exc)
+            except Exception as exc:  # a database hiccup must not kill the run: beat again
+                reason = outage_reason(exc)
+                self._beat_met_outage = reason is not None
+                if reason is None:
+                    _log.warning("heartbeat for run %s failed: %s", self.owner, exc)
+                else:
+                    self._outages.say(self._outages.unreachable(reason), self.heartbeat_s)
+            else:
+                self._beat_met_outage = False
+                self._outages.reachable()
 
     def beat(self) -> None:
         """Refresh the run's heartbeat; leases held before it was sent and missing from its answer
@@ -108,7 +144,7 @@ class RunLeases:
     # --- claiming ---------------------------------------------------------------------------
 
     def claim_next(self, stage: str, limit: int) -> list[Lease]:
-        leases = self.store.claim_next(stage, self.owner, limit)
+        leases = self._waiting(lambda: self.store.claim_next(stage, self.owner, limit))
         with self._lock:
             self._held.update((lease.token, lease) for lease in leases)
         return leases
@@ -123,14 +159,16 @@ class RunLeases:
         respect_backoff: bool = True,
         projects: Sequence[int] | None = None,
     ) -> tuple[list[Lease], list[Unclaimed]]:
-        leases, unclaimed = self.store.claim_keys(
-            stage,
-            keys,
-            self.owner,
-            redo=redo,
-            revive_dead=revive_dead,
-            respect_backoff=respect_backoff,
-            projects=projects,
+        leases, unclaimed = self._waiting(
+            lambda: self.store.claim_keys(
+                stage,
+                keys,
+                self.owner,
+                redo=redo,
+                revive_dead=revive_dead,
+                respect_backoff=respect_backoff,
+                projects=projects,
+            )
         )
         with self._lock:
             self._held.update((lease.token, lease) for lease in leases)
@@ -144,7 +182,7 @@ class RunLeases:
     def begin(self, lease: Lease) -> None:
         """Begin work on an item: raises LeaseLost if it was taken away, and marks it started."""
         self.check(lease)
-        self.store.mark_started(lease)
+        self._waiting(lambda: self.store.mark_started(lease))
 
     def check(self, lease: Lease) -> None:
         """Call before changing the item's files: raises LeaseLost when the heartbeat found the
@@ -152,7 +190,7 @@ class RunLeases:
         waits for one first, and raises LeaseFenced if none comes within a lease's life."""
         if self.is_lost(lease):
             raise LeaseLost(lease)
-        if self._fenced() and not self._wait_for_a_beat(self.stale_after_s):
+        if self._fenced() and not self._wait_for_a_beat():
             raise LeaseFenced(lease, self.silent_s(), self.stale_after_s)
         if self.is_lost(lease):
             raise LeaseLost(lease)
@@ -160,12 +198,14 @@ class RunLeases:
     def _fenced(self) -> bool:
         return self.silent_s() > FENCE_AT * self.stale_after_s
 
-    def _wait_for_a_beat(self, within_s: float) -> bool:
-        """Wait up to `within_s` for a beat to get through (the heartbeat thread's). True when
-        one did."""
-        deadline = time.monotonic() + within_s
+    def _wait_for_a_beat(self) -> bool:
+        """Wait for a beat to get through (the heartbeat thread's): for up to `outage_wait_s`
+        while the database is away, a lease's life otherwise. True when one did."""
+        started = time.monotonic()
         while self._fenced():
-            if time.monotonic() > deadline or self._stop.is_set():
+            away = self._beat_met_outage or self._outages.going_on
+            within_s = self.outage_wait_s if away else self.stale_after_s
+            if time.monotonic() - started > within_s or self._stop.is_set():
                 return False
             time.sleep(min(0.1, self.heartbeat_s / 4))
         return True
@@ -202,28 +242,37 @@ class RunLeases:
         then: Callable[[sa.Connection], None] | None = None,
     ) -> FailResult:
         try:
-            return self.store.fail(lease, error, retryable=retryable, then=then)
+            return self._waiting(
+                lambda: self.store.fail(lease, error, retryable=retryable, then=then)
+            )
         finally:
             self._forget(lease)
 
     def postpone(self, lease: Lease, reason: str, not_before: datetime | None = None) -> FailResult:
         try:
-            return self.store.postpone(lease, reason, not_before)
+            return self._waiting(lambda: self.store.postpone(lease, reason, not_before))
         finally:
             self._forget(lease)
 
     def block(self, lease: Lease, reason: str) -> bool:
         try:
-            return self.store.block(lease, reason)
+            return self._waiting(lambda: self.store.block(lease, reason))
         finally:
             self._forget(lease)
 
     def release_many(self, leases: Sequence[Lease]) -> list[Lease]:
         try:
-            return self.store.release_many(leases)
+            return self._waiting(lambda: self.store.release_many(leases))
         finally:
             for lease in leases:
                 self._forget(lease)
+
+    def _waiting(self, call: Callable[[], T]) -> T:
+        """`call()`, waiting out an outage where this process waits for the database. A repeat of
+        an operation that went through before its answer was lost changes nothing: it finds its
+        lease token gone; a repeated claim leaves the first one's items with this run, unknown
+        to it, and the reaper gives them back uncounted (never begun) once the run ends."""
+        return wait_out(call, self._outages)
 
     def _forget(self, lease: Lease) -> None:
         with self._lock:

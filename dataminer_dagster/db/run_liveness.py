@@ -1,7 +1,11 @@
 """A run's liveness in the claim tables: its heartbeat row (run_heartbeats: when it last beat,
 its host, process and process space), and what is done with the leases of a run that stopped (the
 reaper's `reap`, the run-failure sensors' `release_run`) or that holds an item far longer than
-its stage's items usually take (`long_running`)."""
+its stage's items usually take (`long_running`).
+
+Silence is judged only over time the database was up (`lease_sql.silent_since`): a restart, or an
+outage the reaper itself met and recorded (`record_reaper_pass`), starts every run's silence
+afresh, so that an outage fails no run and consumes no attempt of one that beats again."""
 
 from __future__ import annotations
 
@@ -16,12 +20,14 @@ from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.lease_sql import (
     CLEAR_LEASE,
     CONCERNS_PROJECTS,
+    REAPER_OUTAGES,
     SIGHTINGS,
     UNCOUNTED_STATUS,
     ClaimStatements,
     H,
     W,
     fail_set,
+    silent_since,
 )
 from dataminer_dagster.db.schema import (
     DONE,
@@ -32,7 +38,7 @@ from dataminer_dagster.settings import LongRunningPolicy
 
 @dataclass(frozen=True)
 class Heartbeat:
-    age_s: float  # seconds since the run's last beat, by the database clock
+    age_s: float  # seconds of silence since the run's last beat while the database was up
     host: str
     pid: int
     process_space: str | None = None  # where `pid` can be looked up; None: judged by silence only
@@ -109,7 +115,8 @@ class RunLiveness:
         if not owners:
             return {}
         statement = sa.text(f"""
-            SELECT run_id, extract(epoch FROM now() - heartbeat_at) AS age, host, pid, process_space
+            SELECT run_id, extract(epoch FROM now() - {silent_since("heartbeat_at")}) AS age,
+                   host, pid, process_space
               FROM {H} WHERE run_id = ANY(CAST(:owners AS text[]))
         """)
         rows = self.statements.run(statement, {"owners": list(owners)})
@@ -117,8 +124,9 @@ class RunLiveness:
 
     def in_status_s(self, runs: Sequence[tuple[str, str]]) -> dict[str, float]:
         """Seconds each of these (run id, status) pairs has been seen by the reaper, by the
-        database clock (0 for a pair seen first now). Their sightings in another status are
-        forgotten, and every sighting a week old (of a run finished long since)."""
+        database clock and while it was up (0 for a pair seen first now). Their sightings in
+        another status are forgotten, and every sighting a week old (of a run finished long
+        since)."""
         if not runs:
             return {}
         ids, statuses = [r for r, _ in runs], [s for _, s in runs]
@@ -138,23 +146,44 @@ class RunLiveness:
                 {"ids": ids, "statuses": statuses},
             )
             rows = c.execute(
-                sa.text(f"""SELECT run_id, extract(epoch FROM now() - seen_at) AS age
+                sa.text(f"""SELECT run_id, extract(epoch FROM now() - {silent_since("seen_at")})
+                                   AS age
                               FROM {SIGHTINGS} WHERE run_id = ANY(CAST(:ids AS text[]))"""),
                 {"ids": ids},
             ).all()
         return {r.run_id: float(r.age) for r in rows}
 
+    def record_reaper_pass(self, reaper: str, outage_s: float | None) -> None:
+        """A reaper's pass begins: with `outage_s`, the reaper has just come back from an outage
+        of that length (it could not reach or write to the database), and no run's silence is
+        counted from before now. A write, so that a database whose disk is full stops the pass
+        before it judges a run by the heartbeats that could not be written. A reaper's row is
+        forgotten a week after its last pass."""
+        statement = sa.text(f"""
+            WITH gone AS (DELETE FROM {REAPER_OUTAGES}
+                           WHERE passed_at < now() - interval '7 days' AND reaper <> :reaper)
+            INSERT INTO {REAPER_OUTAGES} AS r (reaper, passed_at, outage_ended_at, outage_s)
+            VALUES (:reaper, now(), CASE WHEN CAST(:outage_s AS float8) IS NULL THEN NULL
+                                         ELSE now() END, :outage_s)
+            ON CONFLICT (reaper) DO UPDATE SET
+                passed_at = now(),
+                outage_ended_at = coalesce(EXCLUDED.outage_ended_at, r.outage_ended_at),
+                outage_s = coalesce(EXCLUDED.outage_s, r.outage_s)
+        """)
+        self.statements.run(statement, {"reaper": reaper, "outage_s": outage_s})
+
     def reap(self, stale_after_s: float, finished_runs: Sequence[str] = ()) -> list[Reaped]:
-        """Take back the leases of runs that stopped heartbeating (or that Dagster reports as
-        finished). An item the run had begun counts the attempt: it retries with back-off, or is
-        dead; an item it had only claimed goes back uncounted."""
+        """Take back the leases of runs that stopped heartbeating while the database was up (or
+        that Dagster reports as finished). An item the run had begun counts the attempt: it
+        retries with back-off, or is dead; an item it had only claimed goes back uncounted."""
         statement = sa.text(f"""
             WITH stale AS (
                 SELECT id, lease_owner FROM {W} w
                  WHERE w.status = '{RUNNING}'
                    AND (w.lease_owner = ANY(CAST(:finished AS text[]))
                         OR NOT EXISTS (SELECT 1 FROM {H} h WHERE h.run_id = w.lease_owner
-                                         AND h.heartbeat_at > now() - make_interval(secs => :stale)))
+                                         AND {silent_since("h.heartbeat_at")}
+                                             > now() - make_interval(secs => :stale)))
                    FOR UPDATE SKIP LOCKED)
             UPDATE {W} w SET {fail_set("'lease expired: run ' || stale.lease_owner || :error", spare_unstarted=True)}
               FROM stale WHERE w.id = stale.id

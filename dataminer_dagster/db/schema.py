@@ -407,6 +407,18 @@ run_sightings = sa.Table(
     sa.Column("seen_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
 )
 
+# What each lease reaper (by host and pid) saw of the database: when its last pass began, and when
+# the last outage it met ended. No run's silence is counted from before that end
+# (db/run_liveness.py): time the database was away counts against no run.
+reaper_outages = sa.Table(
+    "reaper_outages",
+    metadata,
+    sa.Column("reaper", sa.Text, primary_key=True),
+    sa.Column("passed_at", sa.DateTime(timezone=True), nullable=False, server_default=_now),
+    sa.Column("outage_ended_at", sa.DateTime(timezone=True)),
+    sa.Column("outage_s", sa.Float),  # how long that outage lasted, as the reaper measured it
+)
+
 # Hosts that said "stop" (429, 503, a bot check, a Retry-After): no run sends them a request before
 # `paused_until` (db/host_pauses.py). One row per throttle key (a host, or a host via a proxy),
 # kept after the pause ends: `strikes` (pauses in a row without a success) sets the next pause.

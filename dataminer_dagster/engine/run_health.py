@@ -9,10 +9,17 @@ its process is known to be gone (a reaper in the same process space looks the pi
 core/process_liveness.py), as after a SIGKILL of the daemon with its runs. The lease reaper fails
 (or, when they never started, cancels) them: `reap_dead_work` is its pass, shared by the sensor
 and `dataminer run`.
+
+An outage is not a death: silence and waits are counted only over time the database was up (from
+its start, and from the end of the last outage a reaper met: db/run_liveness.py), and a pass
+begins by recording the outage this process met, a write that fails, and stops the pass before it
+judges anyone, while the database is away or its disk is full.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +27,7 @@ import dagster as dg
 from dagster._core.storage.dagster_run import FINISHED_STATUSES, NOT_FINISHED_STATUSES
 
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.outages import outages_of
 from dataminer_dagster.db.run_liveness import Heartbeat, Reaped
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.tags import LANE_TAG
@@ -70,7 +78,8 @@ def judge(
     gone: Callable[[Heartbeat], bool] = Heartbeat.process_gone,
 ) -> list[DeadRun]:
     """The runs among `records` (unfinished in Dagster) that are dead. A run with a heartbeat
-    row is dead when the row went stale, or when its process is `gone` and so is its run
+    row is dead when the row went stale (its silence counted only while the database was up:
+    `RunLiveness.heartbeats`), or when its process is `gone` and so is its run
     worker's (between two steps of a multiprocess run the step's process is gone while its run
     worker beats), from `PROCESS_GONE_GRACE_S` after its last heartbeat; one without is alive
     while its run worker beats (it waits for a step to start), else judged only if the sensors
@@ -212,7 +221,11 @@ def reap_dead_work(
     Dagster, then take back the leases of runs that stopped heartbeating or that Dagster reports
     as finished. A cancelled run's leases go back uncounted, as the release_cancelled_runs
     sensor gives them back: a person stopped the run, its items did nothing wrong, whichever of
-    the two gets there first."""
+    the two gets there first. Raises the database's error, judging no one, while it is away."""
+    reaper = f"{socket.gethostname()} {os.getpid()}"
+    outages_of(store.engine.url).record(
+        lambda outage_s: store.liveness.record_reaper_pass(reaper, outage_s)
+    )
     dead = end_dead_runs(instance, dead_runs(instance, store, lease=lease, runs=runs))
     owners = store.liveness.lease_owners()
     records = (

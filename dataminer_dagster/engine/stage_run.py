@@ -14,6 +14,8 @@ Outcomes per item:
 * a full disk, in any stage            -> postponed the same way: an OSError with errno ENOSPC or
                                           EDQUOT anywhere in the exception's chain, or
                                           InsufficientDiskSpace (core/files.py, `disk_full`)
+* the database went away mid-item      -> postponed the same way (db/outages.py `outage_reason`:
+  (a restart, a cut, its disk full)       the run waited for it to come back before it says so)
 * raise anything else                  -> failed; retried with back-off, dead after the last attempt
 * the run's deadline passed meanwhile  -> given back as it was, no attempt used (PastDeadline,
                                           raised by StageContext.check_deadline: a download)
@@ -61,6 +63,7 @@ from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.file_changes import file_changes
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
+from dataminer_dagster.db.outages import outage_reason
 from dataminer_dagster.db.project_flow import advance_projects, stale_later_stages
 from dataminer_dagster.db.schema import DEAD, DONE
 from dataminer_dagster.engine.checks import evaluate_checks
@@ -275,6 +278,10 @@ def _process_item(
             context, asset_key, ctx, lease, titles, str(postponed), postponed.not_before
         )
     except Exception as error:  # one bad item must not stop the batch
+        if (away := outage_reason(error)) is not None:  # the database's fault, not the item's
+            reason = f"the database could not be used: {away}"
+            yield from _postpone(context, asset_key, ctx, lease, titles, reason, topic=_DB_AWAY)
+            return
         if (full := disk_full(error)) is not None:  # the disk's fault, whichever stage met it
             reason = (
                 str(full)
@@ -325,6 +332,7 @@ ERROR_CHARS = 2000
 # the rest.
 _POSTPONED_LINES = RepeatedLines(every_s=60.0)
 _DISK_FULL = "the disk is full"
+_DB_AWAY = "the database could not be used"
 
 
 def _postpone(

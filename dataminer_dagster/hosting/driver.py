@@ -3,6 +3,11 @@ the Dagster UI. It takes exactly the sensors' decisions (discovery, work, transi
 executes the requested runs in this process, through Dagster, so they are recorded like any other
 run. Models stay loaded between runs, so each is loaded once per command. Dagster's console lines
 say a failure the stages described on one line, without a stack (described_failures.py).
+
+A database that goes away (a restart, a failover, a network cut, a full disk) is waited for, up
+to `leases.outage_wait_s` (db/outages.py): the command and its runs say so in one line a minute and
+go on where they were once it is back; a run that failed meanwhile gives its items back
+uncounted.
 """
 
 from __future__ import annotations
@@ -10,11 +15,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import dagster as dg
 
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.outages import outages_of, wait_out, waiting_for_the_database
 from dataminer_dagster.db.project_flow import COMPLETE, PROJECT_FAILED
 from dataminer_dagster.db.project_records import project_columns
 from dataminer_dagster.db.scheduling import next_due
@@ -35,6 +41,8 @@ from dataminer_dagster.tags import DEADLINE_TAG
 
 if TYPE_CHECKING:
     from dataminer_dagster.engine.stage_asset import StageAsset
+
+T = TypeVar("T")
 
 
 class ProjectsGone(LookupError):
@@ -82,88 +90,112 @@ def drive(
     command killed while its run held the `gpu` slot, with DAGSTER_HOME set and no daemon) are
     failed and their slots freed, or this command's GPU steps would wait for those slots for
     ever; stale leases are taken back."""
-    if stages is None:  # the registry's stages as they are now
-        from dataminer_dagster.engine.assembly import stage_assets
+    with waiting_for_the_database(limits.lease):
+        if stages is None:  # the registry's stages as they are now
+            from dataminer_dagster.engine.assembly import stage_assets
 
-        stages = stage_assets()
-    lanes = lanes_of(stages, lanes)
-    jobs = {name: job.name for name, job in lane_jobs(stages, lanes).items()}
-    stage_keys = {stage: s.key for stage, s in stages.items()}
-    config_keys = {stage: s.config_key for stage, s in stages.items() if s.config_key}
-    engine = store.engine
-    ids = project_columns(store.engine, projects, "id")
-    if unknown := sorted(set(projects) - set(ids)):
-        raise ValueError(f"unknown projects: {unknown}")
-    project_ids = list(ids.values())
-    cursor = DiscoveryCursor()
-    started = time.monotonic()
-    deadline = None if timeout_s is None else started + timeout_s
-    runs = failed = 0
-    while True:
-        for line in reap_dead_work(instance, store, lease=limits.lease, runs=limits.runs).lines():
-            log(line)
-        # Nothing is in flight between two cycles (every run below ends before the next), so
-        # no run is requested ahead of its input.
-        cycle = plan_cycle(
-            instance,
-            store,
-            lanes,
-            cursor,
-            jobs=jobs,
-            stage_keys=stage_keys,
-            config_keys=config_keys,
-            ahead=False,
-            rerequest_after_s=0,
-            projects=project_ids,
-        )
-        cycle.discovery.remove(instance)
-        cursor = cycle.discovery.cursor
-        for t in cycle.transitions:
-            log(f"project {t.project}: {t.old} -> {t.new} ({t.reason})")
-        for observation in cycle.config_versions:
-            instance.report_runless_asset_event(observation)
-        for project, decision in cycle.acquisitions:
-            log(f"project {project}: {decision}")
-            if DATASET in stage_keys:
-                instance.report_runless_asset_event(
-                    acquisition_observation(stage_keys[DATASET], project, decision)
+            stages = stage_assets()
+        lanes = lanes_of(stages, lanes)
+        jobs = {name: job.name for name, job in lane_jobs(stages, lanes).items()}
+        stage_keys = {stage: s.key for stage, s in stages.items()}
+        config_keys = {stage: s.config_key for stage, s in stages.items() if s.config_key}
+        engine = store.engine
+        outages = outages_of(engine.url)
+
+        def waiting(call: Callable[[], T]) -> T:  # safe to repeat: what the sensors do each tick
+            return wait_out(call, outages)
+
+        ids = waiting(lambda: project_columns(store.engine, projects, "id"))
+        if unknown := sorted(set(projects) - set(ids)):
+            raise ValueError(f"unknown projects: {unknown}")
+        project_ids = list(ids.values())
+        cursor = DiscoveryCursor()
+        started = time.monotonic()
+        deadline = None if timeout_s is None else started + timeout_s
+        runs = failed = 0
+        while True:
+            reaper = waiting(
+                lambda: reap_dead_work(instance, store, lease=limits.lease, runs=limits.runs)
+            )
+            for line in reaper.lines():
+                log(line)
+            # Nothing is in flight between two cycles (every run below ends before the next), so
+            # no run is requested ahead of its input.
+            cycle = waiting(
+                lambda cursor=cursor: plan_cycle(
+                    instance,
+                    store,
+                    lanes,
+                    cursor,
+                    jobs=jobs,
+                    stage_keys=stage_keys,
+                    config_keys=config_keys,
+                    ahead=False,
+                    rerequest_after_s=0,
+                    projects=project_ids,
                 )
-        on_tick()
+            )
+            cycle.discovery.remove(instance)
+            cursor = cycle.discovery.cursor
+            for t in cycle.transitions:
+                log(f"project {t.project}: {t.old} -> {t.new} ({t.reason})")
+            for observation in cycle.config_versions:
+                instance.report_runless_asset_event(observation)
+            for project, decision in cycle.acquisitions:
+                log(f"project {project}: {decision}")
+                if DATASET in stage_keys:
+                    instance.report_runless_asset_event(
+                        acquisition_observation(stage_keys[DATASET], project, decision)
+                    )
+            waiting(on_tick)
 
-        stages = _stages(store, projects)
-        if all(
-            stage in (COMPLETE, PROJECT_FAILED) for stage in stages.values()
-        ) and not listings_under_way(engine, projects):
-            return DriveResult(stages, runs, failed, time.monotonic() - started)
-        _check_deadline(deadline, timeout_s, stages)
-
-        if not cycle.runs:
-            due = next_due(engine)
-            time.sleep(idle_poll_s if due is None else min(max(due, 0.05), idle_poll_s * 5))
-            continue
-        record_requests(engine, cycle.runs)
-        for run in cycle.runs:
+            stages = waiting(lambda: _stages(store, projects))
+            if all(
+                stage in (COMPLETE, PROJECT_FAILED) for stage in stages.values()
+            ) and not waiting(lambda: listings_under_way(engine, projects)):
+                return DriveResult(stages, runs, failed, time.monotonic() - started)
             _check_deadline(deadline, timeout_s, stages)
-            job = defs.resolve_job_def(run.request.job_name).with_logger_defs(
-                {"console": one_line_console_logger}
-            )
-            tags = dict(run.request.tags)
-            if deadline is not None:  # the run stops starting items then, too
-                tags[DEADLINE_TAG] = f"{time.time() + deadline - time.monotonic():.3f}"
-            result = job.execute_in_process(
-                instance=instance,
-                tags=tags,
-                asset_selection=run.request.asset_selection,
-                run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-                raise_on_error=False,
-            )
-            runs += 1
-            if not result.success:
-                failed += 1
-                store.liveness.release_run(
-                    result.run_id, f"run {result.run_id} failed", count_attempt=True
+
+            if not cycle.runs:
+                due = waiting(lambda: next_due(engine))
+                time.sleep(idle_poll_s if due is None else min(max(due, 0.05), idle_poll_s * 5))
+                continue
+            waiting(lambda cycle=cycle: record_requests(engine, cycle.runs))
+            for run in cycle.runs:
+                _check_deadline(deadline, timeout_s, stages)
+                job = defs.resolve_job_def(run.request.job_name).with_logger_defs(
+                    {"console": one_line_console_logger}
                 )
-            on_tick()
+                tags = dict(run.request.tags)
+                if deadline is not None:  # the run stops starting items then, too
+                    tags[DEADLINE_TAG] = f"{time.time() + deadline - time.monotonic():.3f}"
+                outages_before = outages.begun
+                result = job.execute_in_process(
+                    instance=instance,
+                    tags=tags,
+                    asset_selection=run.request.asset_selection,
+                    run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+                    raise_on_error=False,
+                )
+                runs += 1
+                if not result.success:
+                    failed += 1
+                    _release_failed_run(
+                        store, result.run_id, outages.begun != outages_before, waiting
+                    )
+                waiting(on_tick)
+
+
+def _release_failed_run(
+    store: LeaseStore, run_id: str, met_outage: bool, waiting: Callable[[Callable[[], int]], int]
+) -> None:
+    """Give back what a failed run still held: its begun items count an attempt, unless the
+    database went away during the run (an outage is no item's fault)."""
+    if met_outage:
+        reason = f"run {run_id} failed while the database was unreachable"
+    else:
+        reason = f"run {run_id} failed"
+    waiting(lambda: store.liveness.release_run(run_id, reason, count_attempt=not met_outage))
 
 
 def _check_deadline(deadline: float | None, timeout_s: float | None, stages: dict) -> None:

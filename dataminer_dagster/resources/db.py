@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import dagster as dg
+import sqlalchemy as sa
 from pydantic import PrivateAttr
 
 from dataminer_dagster.assets.download.config import DownloadConfig
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.outages import Outages, outages_of, waiting_for_the_database
 from dataminer_dagster.db.run_leases import RunLeases
 from dataminer_dagster.db.served_data import require_served_data_dir
 from dataminer_dagster.db.server import claims_database_url
@@ -29,7 +32,9 @@ class DatabaseResource(dg.ConfigurableResource):
     $DATAMINER_DATABASE_URL, or the embedded PostgreSQL under $DATAMINER_HOME.
 
     Set up once per run (the in-process executor) it starts the run's heartbeat, and a run the
-    sensors requested ahead of its input waits here for that input (resources/ahead.py).
+    sensors requested ahead of its input waits here for that input (resources/ahead.py). Until
+    teardown the run waits out database outages (db/outages.py) instead of failing its items,
+    and items it still holds at the end of a step that met one go back uncounted.
 
     `settings_file`: the settings file to read (default: $DATAMINER_SETTINGS, else
     $DATAMINER_HOME/settings.yaml), so that a code location built with another one
@@ -43,19 +48,26 @@ class DatabaseResource(dg.ConfigurableResource):
     _settings: Settings | None = PrivateAttr(default=None)
     _store: LeaseStore | None = PrivateAttr(default=None)
     _run_leases: RunLeases | None = PrivateAttr(default=None)
+    _url: str | None = PrivateAttr(default=None)  # the claim tables' database, once chosen
+    _waiting: ExitStack = PrivateAttr(default_factory=ExitStack)
+    _outages_before: int = PrivateAttr(default=0)
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         settings = load_settings(self.settings_file)
         self._settings = settings
-        self._store = claims_store(settings, self.database_url)
         run = context.run
         if run is not None:
+            self._waiting.enter_context(waiting_for_the_database(settings.lease))
+        self._store = self._claims_store(settings)
+        if run is not None:
+            self._outages_before = outages_of(self._store.engine.url).begun
             heartbeat = self.heartbeat_seconds or settings.lease.heartbeat_s
             self._run_leases = RunLeases(
                 self._store,
                 run.run_id,
                 heartbeat_s=heartbeat,
                 stale_after_s=settings.lease.stale_after_s,
+                outage_wait_s=settings.lease.outage_wait_s,
             )
             self._run_leases.start()
             if is_ahead(run):
@@ -68,15 +80,23 @@ class DatabaseResource(dg.ConfigurableResource):
                 )
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        with self._waiting:
+            self._release_what_is_held(context)
+
+    def _release_what_is_held(self, context: dg.InitResourceContext) -> None:
         leases = self._run_leases
         if leases is None:
             return
         leases.stop()
         held = leases.held  # only left when the step ended without finishing an item
+        outage = outages_of(leases.store.engine.url).begun != self._outages_before
         if held and _being_cancelled(context):
             # A person stopped the run: the items did nothing wrong, so no attempt is counted.
             leases.release_many(held)
             outcome = "released uncounted: the run was cancelled"
+        elif held and outage:
+            leases.release_many(held)
+            outcome = "released uncounted: the database was unreachable during the step"
         else:
             for lease in held:
                 leases.fail(lease, "the step ended before finishing this item")
@@ -94,8 +114,18 @@ class DatabaseResource(dg.ConfigurableResource):
     @property
     def store(self) -> LeaseStore:
         if self._store is None:  # used outside a run (sensors, CLI)
-            self._store = claims_store(self.settings, self.database_url)
+            self._store = self._claims_store(self.settings)
         return self._store
+
+    def _claims_store(self, settings: Settings) -> LeaseStore:
+        self._url = self.database_url or claims_database_url(settings)
+        return claims_store(settings, self._url)
+
+    @property
+    def outages(self) -> Outages | None:
+        """The outages this process met on the claim tables' database (None before it was
+        chosen)."""
+        return None if self._url is None else outages_of(sa.engine.make_url(self._url))
 
     @property
     def leases(self) -> RunLeases:

@@ -13,16 +13,21 @@
   their sources listed again (their catalog is queued; the work sensor requests its run)
 
 All run by default. They read and write the claim tables only; no network I/O happens here.
+While the database is unreachable, restarting or out of disk, a tick does nothing and says so in
+one line (`_while_the_database_is_up`); the next tick tries again, and the reaper's first pass
+after it records the outage, so that no run is judged by silence from the time it lasted.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import dagster as dg
 
+from dataminer_dagster.db.outages import not_waiting_for_the_database, outage_reason
 from dataminer_dagster.db.scheduling import clear_requested
 from dataminer_dagster.engine.discovery import DiscoveryCursor
 from dataminer_dagster.engine.jobs import lanes_of, name_prefix
@@ -45,6 +50,34 @@ if TYPE_CHECKING:  # the sensors must not import the stage modules (and their li
     from dataminer_dagster.engine.stage_asset import StageAsset
 
 RUNNING = dg.DefaultSensorStatus.RUNNING
+
+
+def _while_the_database_is_up(sensor: Callable) -> Callable:
+    """A sensor whose tick, when the database is unreachable, restarting or out of disk, skips
+    at once with one line that says since when and why (no traceback); the next tick tries
+    again."""
+
+    @functools.wraps(sensor)
+    def tick(context, db: DatabaseResource):
+        try:
+            with not_waiting_for_the_database():
+                result = sensor(context, db)
+        except Exception as error:
+            reason = outage_reason(error)
+            if reason is None:
+                raise
+            since = ""
+            if db.outages is not None:  # the reaper's next pass records it
+                since = f" since {db.outages.unreachable(reason).wall:%H:%M:%S}"
+            return dg.SkipReason(
+                f"database unreachable{since}, retrying at the next tick: {reason}"
+            )
+        if db.outages is not None:
+            db.outages.reachable()
+        return result
+
+    return tick
+
 
 # What the UI shows for each sensor.
 _WORK_DESCRIPTION = (
@@ -108,6 +141,7 @@ def build_sensors(
         jobs=list(jobs.values()),
         description=_WORK_DESCRIPTION,
     )
+    @_while_the_database_is_up
     def work(context: dg.SensorEvaluationContext, db: DatabaseResource):
         cycle = plan_cycle(
             context.instance,
@@ -150,6 +184,7 @@ def build_sensors(
         default_status=RUNNING,
         description=_LEASE_REAPER_DESCRIPTION,
     )
+    @_while_the_database_is_up
     def lease_reaper(context: dg.SensorEvaluationContext, db: DatabaseResource):
         store, limits = db.store, db.settings
         reaper = reap_dead_work(context.instance, store, lease=limits.lease, runs=limits.runs)
@@ -179,6 +214,7 @@ def build_sensors(
         default_status=RUNNING,
         description=_REFRESH_SOURCES_DESCRIPTION,
     )
+    @_while_the_database_is_up
     def refresh_sources(context: dg.SensorEvaluationContext, db: DatabaseResource):
         from datetime import UTC, datetime
 
@@ -205,6 +241,7 @@ def build_sensors(
         monitor_all_code_locations=True,
         description=_RELEASE_FAILED_RUNS_DESCRIPTION,
     )
+    @_while_the_database_is_up
     def release_failed_runs(context: dg.RunFailureSensorContext, db: DatabaseResource):
         _release(context, db, "failed", count_attempt=True)
 
@@ -215,6 +252,7 @@ def build_sensors(
         monitor_all_code_locations=True,
         description=_RELEASE_CANCELLED_RUNS_DESCRIPTION,
     )
+    @_while_the_database_is_up
     def release_cancelled_runs(context: dg.RunStatusSensorContext, db: DatabaseResource):
         _release(context, db, "was cancelled", count_attempt=False)
 

@@ -16,6 +16,7 @@ from dataminer_dagster.db.leases import LeaseLost, LeaseStore
 from dataminer_dagster.db.run_leases import RunLeases
 from dataminer_dagster.db.schema import BLOCKED, DEAD, DONE, FAILED, PENDING, RUNNING
 from dataminer_dagster.settings import RetryPolicy
+from tests.helpers.pipeline import make_silent
 
 STAGE = "download"
 
@@ -84,12 +85,9 @@ def test_reaped_lease_cannot_be_completed_by_its_old_owner(engine):
     store.liveness.heartbeat("run-old", "host", 1)
     [old] = store.claim_next(STAGE, "run-old")
     store.mark_started(old)
-    with engine.begin() as c:  # the old run goes silent
-        c.execute(
-            sa.text("UPDATE dataminer.run_heartbeats SET heartbeat_at = now() - interval '1 hour'")
-        )
+    make_silent(engine, ["run-old"], longer_than_s=2)  # the old run goes silent
 
-    reaped = store.liveness.reap(stale_after_s=60)
+    reaped = store.liveness.reap(stale_after_s=2)
     assert [(r.key, r.owner, r.status) for r in reaped] == [("v000000", "run-old", FAILED)]
 
     store.liveness.heartbeat("run-new", "host", 2)

@@ -153,3 +153,22 @@ def work_items(engine: sa.Engine, stage: str) -> dict[str, sa.Row]:
 
 def write_videos(root: Path, names: dict[str, SyntheticVideoSpec]) -> dict[str, Path]:
     return {name: write_opencv_video(root / name, spec) for name, spec in names.items()}
+
+
+def make_silent(engine: sa.Engine, run_ids: Sequence[str], *, longer_than_s: float) -> None:
+    """Runs silent for longer than `longer_than_s` as the lease reaper counts it: the database up
+    for longer than that (no silence counts from before it started: a test on a server started
+    moments ago waits for it first), and their last heartbeat an hour ago."""
+    import time
+
+    with engine.connect() as c:
+        up_s = c.execute(
+            sa.text("SELECT extract(epoch FROM now() - pg_postmaster_start_time())")
+        ).scalar_one()
+    time.sleep(max(0.0, longer_than_s + 0.1 - float(up_s)))
+    with engine.begin() as c:
+        c.execute(
+            sa.text("""UPDATE dataminer.run_heartbeats SET heartbeat_at = now() - interval '1 hour'
+                        WHERE run_id = ANY(CAST(:runs AS text[]))"""),
+            {"runs": list(run_ids)},
+        )
