@@ -87,11 +87,6 @@ def test_killed_and_clock_stepped_machines_and_a_full_disk_lose_nothing(lab):
     assert not outcome.problems(), outcome.report()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="outage tolerance: `dataminer run` exits with a traceback when the database is stopped, "
-    "a backend is terminated or the machine is cut off, instead of waiting it out",
-)
 def test_a_database_out_of_reach_for_a_while_costs_nothing(lab):
     outcome = lab.run(DATABASE_OUTAGES)
     assert not outcome.problems(), outcome.report()
