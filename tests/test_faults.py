@@ -6,9 +6,6 @@ the data disk (tests/helpers/faults.py). After each schedule the checker (tests/
 fault_checks.py) reads the database and the disk: nothing lost, every file as the database records
 it, no live holder's files deleted, no worker ended by a fault, no attempt spent on a fault that must
 cost none, and the clean run's dataset. bench/faults.py plays hundreds of random schedules.
-
-Schedules that today's code does not survive yet are marked xfail (strict) with the piece they
-wait for, so that they turn into failures to flip once it is in.
 """
 
 from __future__ import annotations
