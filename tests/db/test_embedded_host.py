@@ -112,7 +112,7 @@ def test_a_second_host_on_one_embedded_data_directory_is_refused_with_the_holder
         assert _lock(home)["host"] == _OTHER_HOST, "another host's lock is never given up here"
     finally:
         stopped = _as_host(_OTHER_HOST, _STOP)
-    assert stopped.stdout.strip() == "True", stopped.stderr[-3000:]
+    assert stopped.stdout.strip() == "stopped", stopped.stderr[-3000:]
     assert not (home / HOST_LOCK).exists(), "the holder's `db stop` gives the lock back"
 
 
@@ -158,5 +158,5 @@ def test_this_hosts_stale_lock_is_taken_over(home, left_by):
     assert taken["host"] == socket.gethostname() and taken["space"] == process_space()
     assert taken["pid"] == _postmaster_pid(), "the lock names the server it guards"
 
-    assert stop_embedded(load_settings()) is True
+    assert stop_embedded(load_settings()) == "stopped"
     assert not (home / HOST_LOCK).exists(), "`db stop` gives the lock back"
