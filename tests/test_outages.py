@@ -78,13 +78,7 @@ def _migrated(url: str) -> str:
 def server(request) -> Iterator[Server]:
     if request.param == "embedded":
         with private_postgres() as embedded:
-            admin = sa.create_engine(
-                embedded.url("postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool
-            )
-            with admin.connect() as c:
-                c.execute(sa.text('CREATE DATABASE "dataminer"'))
-            admin.dispose()
-            yield Server(_migrated(embedded.url("dataminer")), embedded.stop, embedded.start)
+            yield Server(embedded.migrated_database(), embedded.stop, embedded.start)
             from dataminer_dagster.db.engine import dispose_engines
 
             dispose_engines()

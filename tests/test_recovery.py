@@ -30,7 +30,6 @@ import sqlalchemy as sa
 from dataminer_dagster.acquisition.video_ids import video_id_for_file
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, write_opencv_video
-from dataminer_dagster.db import migrate
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseStore
@@ -450,15 +449,7 @@ def test_two_runs_of_one_partition_one_does_the_work_the_other_leaves_cleanly(
 @pytest.fixture
 def restartable_postgres():
     with private_postgres() as server:
-        admin = sa.create_engine(
-            server.url("postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool
-        )
-        with admin.connect() as c:
-            c.execute(sa.text('CREATE DATABASE "dataminer"'))
-        admin.dispose()
-        engine = sa.create_engine(server.url("dataminer"), poolclass=sa.NullPool)
-        migrate.upgrade(engine)
-        engine.dispose()
+        server.migrated_database()
         yield server
         from dataminer_dagster.db.engine import dispose_engines
 

@@ -353,6 +353,23 @@ class PrivatePostgres:
 
         return with_driver(self.server.get_uri(database), "psycopg")
 
+    def migrated_database(self, name: str = "dataminer") -> str:
+        """Create the database `name`, apply the migrations, and return its URL."""
+        import sqlalchemy as sa
+
+        from dataminer_dagster.db import migrate
+
+        admin = sa.create_engine(
+            self.url("postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool
+        )
+        with admin.connect() as c:
+            c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        admin.dispose()
+        engine = sa.create_engine(self.url(name), poolclass=sa.NullPool)
+        migrate.upgrade(engine)
+        engine.dispose()
+        return self.url(name)
+
     def stop(self) -> None:
         self.server.stop()
 
