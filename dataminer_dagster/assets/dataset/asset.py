@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import dagster as dg
 import numpy as np
-import pandas as pd
 
 from dataminer_dagster.assets.dataset.corrections import (
     AppliedReview,
@@ -84,6 +84,9 @@ from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.registry import DATASET
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _sources(catalog, project_id: int, videos: dict) -> dict[str, list[str]]:
@@ -246,6 +249,8 @@ def _measure_brightness(kept: pd.DataFrame) -> pd.Series:
 def _manifest(catalog, project, paths: ProjectPaths, table: pd.DataFrame):
     """The kept frames of the dedup table with everything the manifest says of them, their split
     included; and the split assignment (its warnings)."""
+    import pandas as pd
+
     kept = table[table["kept"]].reset_index(drop=True)
     if "rotation" not in kept:  # a dedup table from before frames were turned: none was
         kept["rotation"] = 0
@@ -334,6 +339,8 @@ def _reviewed(
 
 def _boxes_per_image(coco: dict, file_names: pd.Series) -> pd.Series:
     """How many boxes each image has in `coco` (a reviewed image: the reviewer's)."""
+    import pandas as pd
+
     file_of = {i["id"]: i["file_name"] for i in coco["images"]}
     counts = pd.Series([file_of[a["image_id"]] for a in coco["annotations"]]).value_counts()
     return file_names.map(counts).fillna(0).astype("int64")
@@ -386,6 +393,8 @@ def _quality_report(
 def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     """The project's dataset: kept images split by source, a Parquet manifest, COCO annotations,
     the training formats of its config and a quality report."""
+    import pandas as pd
+
     catalog = ctx.catalog
     project = catalog.projects.get(item.key)
     config = project.config.dataset

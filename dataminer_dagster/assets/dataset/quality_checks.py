@@ -17,7 +17,6 @@ import json
 from pathlib import Path
 
 import dagster as dg
-import pandas as pd
 
 from dataminer_dagster.assets.dataset.dataset_files import COCO_FILE, IMAGES_DIR, MANIFEST_FILE
 from dataminer_dagster.assets.dataset.dataset_formats import format_file_counts
@@ -32,6 +31,8 @@ EXAMPLES = 5  # named in a failed check's description
 def check_dataset(root: Path, *, with_coco: bool) -> CheckResult:
     """The dataset in `root` holds as many images as its manifest has rows (and its COCO file
     images, `with_coco`), and every file they name is in images/."""
+    import pandas as pd
+
     images_dir = root / IMAGES_DIR
     on_disk = {p.name for p in images_dir.iterdir()} if images_dir.is_dir() else set()
     manifest_path = root / MANIFEST_FILE
@@ -76,6 +77,8 @@ def check_dataset(root: Path, *, with_coco: bool) -> CheckResult:
 def check_splits(root: Path, formats: list[str], *, with_boxes: bool) -> CheckResult:
     """Per split, the manifest's rows and what each format folder holds agree: COCO images,
     YOLO images and label files, imagefolder images and metadata rows."""
+    import pandas as pd
+
     manifest = pd.read_parquet(root / MANIFEST_FILE, columns=["split"])
     rows = {s: int((manifest["split"] == s).sum()) for s in SPLITS}
     found = format_file_counts(root)
@@ -105,6 +108,8 @@ def check_splits(root: Path, formats: list[str], *, with_boxes: bool) -> CheckRe
 def check_no_pairs_across_splits(root: Path, dedup_table: Path) -> CheckResult:
     """No video has images in two splits, and no near-duplicate group (the dedup table's) has
     frames in videos of two splits."""
+    import pandas as pd
+
     manifest = pd.read_parquet(root / MANIFEST_FILE, columns=["video_id", "split"])
     splits_per_video = manifest.groupby("video_id")["split"].nunique()
     spanning = sorted(splits_per_video[splits_per_video > 1].index)
@@ -132,6 +137,8 @@ def check_no_pairs_across_splits(root: Path, dedup_table: Path) -> CheckResult:
 
 def check_provenance(root: Path) -> CheckResult:
     """Every image of the manifest has a source URL or path."""
+    import pandas as pd
+
     manifest = pd.read_parquet(root / MANIFEST_FILE, columns=["file_name", "source_url"])
     missing = manifest[manifest["source_url"].fillna("").astype(str).str.strip() == ""]
     metrics = {"images": len(manifest), "without_source": len(missing)}
@@ -148,6 +155,8 @@ def check_provenance(root: Path) -> CheckResult:
 
 def check_splits_filled(root: Path, ratios: dict[str, float]) -> CheckResult:
     """Every split with a share above 0 has images."""
+    import pandas as pd
+
     manifest = pd.read_parquet(root / MANIFEST_FILE, columns=["split"])
     images = {s: int((manifest["split"] == s).sum()) for s in SPLITS}
     empty = [s for s in SPLITS if ratios[s] > 0 and not images[s]]
@@ -165,6 +174,8 @@ def check_splits_filled(root: Path, ratios: dict[str, float]) -> CheckResult:
 
 def check_image_quality(root: Path, config) -> CheckResult:
     """No image is blurry, dark or overexposed by the dataset section's thresholds."""
+    import pandas as pd
+
     manifest = pd.read_parquet(root / MANIFEST_FILE, columns=["sharpness", "brightness"])
     metrics = {
         "images": len(manifest),

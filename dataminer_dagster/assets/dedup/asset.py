@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from dataminer_dagster.assets.dedup.grouping import deduplicate
 from dataminer_dagster.assets.dedup.kept_index import (
@@ -40,11 +40,16 @@ from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.registry import DEDUP
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 def _no_duplicates_kept(ctx: StageContext, project_name: str) -> CheckResult:
     """No two kept frames of the project are at or above its threshold (with the stage's own
     search: exact up to dedup.exact_limit kept frames, approximate beyond, where a missed pair
     would go unreported)."""
+    import pandas as pd
+
     from dataminer_dagster.assets.dedup.grouping import similar_pairs
 
     project = ctx.catalog.projects.get(project_name)
@@ -95,6 +100,8 @@ def _groups_preview(
     """The largest duplicate groups side by side: each kept frame (framed in green), then its
     duplicates (the one a better frame replaced says so); then, where there is room, the best
     kept frames that had no duplicate."""
+    import pandas as pd
+
     grouped = frames[frames["group_size"] > 1].sort_values(
         ["group_size", "kept", "pos_max"], ascending=False
     )
@@ -239,6 +246,8 @@ def _earlier(paths: ProjectPaths, version: str, videos: list[str]) -> _Earlier |
     """The last dedup's table and kept index when the new frames can be added to them: made under
     the same settings (and filter), and every frame it kept still the project's. None: group
     every frame again."""
+    import pandas as pd
+
     index = KeptIndex.open(paths.dedup_index_dir, version)
     if index is None or not paths.dedup_table.is_file():
         return None
@@ -266,6 +275,8 @@ NO_SEARCH = {"pairs": 0, "exact": True, "recall": None, "engine": "faiss-cpu", "
 
 def _ungrouped(frames: pd.DataFrame) -> pd.DataFrame:
     """Passed frames with the dedup columns, before grouping: no group, not kept."""
+    import pandas as pd
+
     return frames.assign(
         group=np.full(len(frames), -1, np.int64),
         group_size=np.zeros(len(frames), np.int64),
@@ -316,6 +327,8 @@ def _group_all(ctx: StageContext, project, videos: list[str]):
 def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
     """Only the frames of videos the last dedup did not see, placed against its kept frames
     (kept_index.place_new_frames). Same returns as `_group_all`."""
+    import pandas as pd
+
     config = project.config.dedup
     table = earlier.table.copy()
     seen = set(table["video_id"].unique())

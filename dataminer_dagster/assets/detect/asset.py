@@ -11,8 +11,7 @@ import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from dataminer_dagster.core.coco import ImageDetections, build_coco, coco_problems, write_coco
 from dataminer_dagster.core.images import read_image, write_image
@@ -26,6 +25,9 @@ from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.registry import DETECT
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 READ_CHUNK = 64  # frames read from disk at a time
 # Threads reading and decoding the next chunk while the detector works on the current one: a GPU
@@ -145,6 +147,8 @@ def check_coco_file(path: Path) -> CheckResult:
 )
 def detections(item: StageItem, ctx: StageContext) -> ItemResult:
     """Detected objects on the kept frames: a table and a COCO file."""
+    import pandas as pd
+
     project = ctx.catalog.projects.get(item.key)
     config = project.config.detect
     paths = ProjectPaths(project.output_dir)

@@ -10,9 +10,9 @@ that video (its own item is marked done, naming the original).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from dataminer_dagster.assets.filter.config import FilterConfig
 from dataminer_dagster.assets.filter.filter_rule import apply_filter_rule
@@ -29,6 +29,9 @@ from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.engine.stage_asset import stage_asset
 from dataminer_dagster.paths import FRAMES_MANIFEST, ProjectPaths
 from dataminer_dagster.registry import FILTER
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @stage_asset(
@@ -208,6 +211,8 @@ def _frame_embeddings(
 def _results_table(
     manifest, frames_dir, config, readable, errors, scores, decision
 ) -> pd.DataFrame:
+    import pandas as pd
+
     columns = prompt_columns(config)
     n = len(manifest)
     full = np.full((n, len(columns)), np.nan, np.float32)

@@ -5,12 +5,15 @@ Other stages read it through this module only."""
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from dataminer_dagster.assets.filter.config import FilterConfig
 from dataminer_dagster.paths import ProjectPaths
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FRAME_COLUMNS = [
     "frame_index",
@@ -30,7 +33,6 @@ FRAME_COLUMNS = [
     "junk_max",
     "best_prompt",
 ]  # then one score column per prompt (prompt_columns)
-
 
 # Characters of a prompt in its score column's name: the column names a table shows and a
 # script types, not a store of the prompt (the project's config holds it whole).
@@ -56,6 +58,8 @@ def _prompt_column(kind: str, prompt: str) -> str:
 
 def passed_frames(project, video_ids: list[str]) -> pd.DataFrame:
     """Every passed frame of these videos of the project, in a stable order, with a stable id."""
+    import pandas as pd
+
     paths = ProjectPaths(project.output_dir)
     parts = []
     for video_id in sorted(video_ids):
