@@ -8,7 +8,9 @@ runs against both servers. Each test gets a fresh database cloned from a migrate
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +36,32 @@ os.environ.setdefault("YOLO_OFFLINE", "1")
 os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
 
 EXTERNAL_URL = os.environ.get("DATAMINER_TEST_DATABASE_URL")
+
+# Where the machine has this much shared memory free, the suite keeps its scratch files there.
+SCRATCH_IN_MEMORY_MIN_FREE = 4 * 2**30
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Scratch files in memory: pytest's tmp_path, every `tempfile` directory, and so the test
+    databases' data directories and Dagster's test instances (a SQLite commit per event) live on
+    /dev/shm, through TMPDIR, which the suite's subprocesses inherit. A test kills processes, not
+    the machine, so nothing it checks rests on a flush to a disk; what a full disk does is tested
+    on small file systems of its own (tests/helpers/small_disk.py). A TMPDIR set by the caller is
+    kept."""
+    if "TMPDIR" in os.environ:
+        return
+    shm = Path("/dev/shm")
+    try:
+        usage = shutil.disk_usage(shm)
+    except OSError:
+        return
+    if usage.free < SCRATCH_IN_MEMORY_MIN_FREE:
+        return
+    scratch = shm / "dataminer-tests"
+    scratch.mkdir(exist_ok=True)
+    scratch.chmod(0o1777)  # as /tmp: the embedded servers run as a system user of their own
+    os.environ["TMPDIR"] = str(scratch)
+    tempfile.tempdir = None  # read TMPDIR again
 
 
 @pytest.fixture(autouse=True)
