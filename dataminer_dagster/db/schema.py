@@ -412,6 +412,15 @@ dataset_version_holders = sa.Table(
     sa.Column("lease_token", UUID(as_uuid=True), nullable=False),
 )
 
+# The outputs each lease is staging (db/file_changes.py): a row outlives its item's end only when
+# the worker died with its staging on disk, which the lease reaper then removes.
+staged_outputs = sa.Table(
+    "staged_outputs",
+    metadata,
+    sa.Column("lease_token", UUID(as_uuid=True), primary_key=True),
+    sa.Column("final_path", sa.Text, primary_key=True),
+)
+
 # When the lease reaper first saw an unfinished run in a status (engine/run_health.py): its start
 # grace and queue timeout are judged from this, on the database's clock.
 run_sightings = sa.Table(
