@@ -122,6 +122,23 @@ def test_errors_of_the_work_itself_are_no_outage(error):
     assert outage_reason(sa.exc.OperationalError("UPDATE ...", {}, error)) is None
 
 
+def test_an_outage_that_comes_and_goes_is_said_once_a_minute(caplog):
+    """A database whose disk is full answers reads and refuses writes: its outage ends and begins
+    again at every statement, and is said once all the same."""
+    from dataminer_dagster.db.outages import Outages
+
+    outages = Outages()
+    with caplog.at_level("WARNING", logger="dataminer_dagster.db.outages"):
+        for _ in range(5):
+            outage = outages.unreachable("could not extend file: No space left on device")
+            outages.say(outage, 0.3)
+            outages.reachable()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert said[0].startswith("database unreachable since"), said
+    assert said[1].startswith("database reachable again after"), said
+
+
 # --- the reaper judges silence only while the database was up -----------------------------------
 
 
