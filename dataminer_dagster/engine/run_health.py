@@ -207,7 +207,8 @@ class ReaperPass:
     leftovers: list[Path] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        """One line a person can read for each run ended and each lease taken back."""
+        """One line a person can read for each run ended, each lease taken back and each leftover
+        removed."""
         return (
             [
                 f"run {d.run_id} ({d.run.tags.get(LANE_TAG) or d.run.job_name}) "
