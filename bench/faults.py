@@ -6,8 +6,8 @@ clips against a scratch PostgreSQL 15 cluster reached over veth pairs, with shor
 0.3 s, stale after 3 s). Each schedule has one to three faults at random times within the clean
 run's length, drawn from: a partition of one machine, the database stopped (`pg_ctl stop -m fast` or
 `-m immediate`) and started again, a COMMIT's answer cut off (`pg_terminate_backend` at COMMIT), a
-machine's clock off by 1-10 minutes, a machine SIGKILLed and started again, the data disk full;
-half the schedules only of faults that must cost no attempt (tests/helpers/faults.py). After each,
+machine's clock off by 1-10 minutes, a machine SIGKILLed and started again, the data disk full,
+the database's disk full; half the schedules only of faults that must cost no attempt (tests/helpers/faults.py). After each,
 the checker (tests/helpers/fault_checks.py) counts what went wrong. Needs root, iproute2 and
 PostgreSQL 15's server binaries.
 

@@ -2,10 +2,11 @@
 namespaces) against a scratch PostgreSQL 15 reached over veth pairs, with short leases, while a
 nemesis partitions a machine, stops the database (`pg_ctl stop -m fast`, `-m immediate`) and starts
 it again, cuts a COMMIT's answer off, runs a machine with its clock off, kills a machine and fills
-the data disk (tests/helpers/faults.py). After each schedule the checker (tests/helpers/
-fault_checks.py) reads the database and the disk: nothing lost, every file as the database records
-it, no live holder's files deleted, no worker ended by a fault, no attempt spent on a fault that must
-cost none, and the clean run's dataset. bench/faults.py plays hundreds of random schedules.
+the data disk or the database's (tests/helpers/faults.py). After each schedule the checker
+(tests/helpers/fault_checks.py) reads the database and the disk: nothing lost, every file as the
+database records it, no live holder's files deleted, no worker ended by a fault, no attempt spent on
+a fault that must cost none, and the clean run's dataset. bench/faults.py plays hundreds of random
+schedules.
 """
 
 from __future__ import annotations
@@ -67,14 +68,14 @@ WORKER_FAULTS = Schedule(
     )
 )
 # The database out of a worker's reach: stopped fast, a backend terminated at COMMIT, a machine cut
-# off for longer than a lease, stopped immediate. Today `dataminer run` exits on the first of them
-# it meets (the stops always: a traceback of "connection refused").
+# off for longer than a lease, stopped immediate, its disk full (reads go through, writes do not).
 DATABASE_OUTAGES = Schedule(
     (
         Fault("db_stop_fast", at_s=1, lasts_s=5),
         Fault("commit_cut", at_s=7, lasts_s=1, worker=0),
         Fault("partition", at_s=8, lasts_s=5, worker=1),
         Fault("db_stop_immediate", at_s=14, lasts_s=5),
+        Fault("db_disk_full", at_s=20, lasts_s=4),
     )
 )
 

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+import sqlalchemy as sa
 
 from dataminer_dagster.acquisition.video_ids import Candidate, video_id_for_url
 from dataminer_dagster.assets.download.asset import downloads
 from dataminer_dagster.config import parse_project_config
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.catalog import Catalog
-from dataminer_dagster.db.file_changes import committing, file_changes
+from dataminer_dagster.db.file_changes import committing, file_changes, forget_staged
 from dataminer_dagster.db.leases import Lease, LeaseLost, LeaseStore
 from dataminer_dagster.engine.stage import StageContext, StageItem
 from dataminer_dagster.paths import DataPaths
@@ -195,3 +196,53 @@ def test_a_download_by_a_lost_lease_does_not_replace_the_live_holders_video(
     published = videos / f"{video_id}.mp4"
     assert published.stat().st_ino == inode_b, "the file is B's, not replaced by A's download"
     assert not [p for p in videos.iterdir() if lease_a.token.hex in p.name], "A wrote nothing"
+
+
+def test_the_lease_reaper_removes_what_a_dead_items_worker_left(
+    dataminer_env, database_url, engine, tmp_path
+):
+    """A worker that dies with its staging on disk, on its item's last attempt: no later holder
+    will write there, so the lease reaper removes the staging once the lease is dead; a live
+    holder's staging beside it stays, and an item that ends normally leaves nothing to look for."""
+    from dataminer_dagster.engine.run_health import reap_dead_work
+    from dataminer_dagster.settings import LeasePolicy, RetryPolicy, RunPolicy
+
+    store = LeaseStore(engine, RetryPolicy(max_attempts=1))
+    store.enqueue(FRAMES, ["v0", "v1", "v2"])
+    data_dir = tmp_path / "data"
+    final = {key: data_dir / "frames" / key / "profile" for key in ("v0", "v1", "v2")}
+    lease = LeasePolicy(heartbeat_s=0.5, stale_after_s=REAPED_AFTER_S)
+    with (
+        dg.instance_for_test() as instance,
+        _worker("run-a", database_url, data_dir, instance) as run_a,
+        _worker("run-b", database_url, data_dir, instance) as run_b,
+    ):
+        [dying] = run_a.db.leases.claim_keys(FRAMES, ["v0"], respect_backoff=False)[0]
+        claimed, _ = run_b.db.leases.claim_keys(FRAMES, ["v1", "v2"], respect_backoff=False)
+        live, done = sorted(claimed, key=lambda held: held.key)
+        staged = {}
+        for ctx, held in ((run_a, dying), (run_b, live), (run_b, done)):
+            ctx.db.leases.begin(held)
+            staged[held.key] = ctx.for_item(held).staging_path(final[held.key])
+            staged[held.key].mkdir()
+            (staged[held.key] / "frame.jpg").write_text(held.key)
+        with run_b.db.leases.completing(done) as conn:  # as the stage machinery completes
+            file_changes(conn).publish(staged["v2"], final["v2"])
+            forget_staged(conn, done.token.hex)
+
+        run_a.db.leases.stop()  # A dies: its heartbeats stop, its staging stays
+        time.sleep(REAPED_AFTER_S + 0.5)
+        reaper = reap_dead_work(instance, store, lease=lease, runs=RunPolicy())
+
+        assert [(r.key, r.status) for r in reaper.reaped] == [("v0", "dead")]
+        [left] = reaper.leftovers
+        assert dying.token.hex in left.name and not left.exists()
+        assert any(f"removed {left}" in line for line in reaper.lines())
+        assert sorted(p.name for p in final["v0"].parent.iterdir()) == []
+        [kept] = final["v1"].parent.iterdir()
+        assert live.token.hex in kept.name and (kept / "frame.jpg").read_text() == "v1"
+        assert (final["v2"] / "frame.jpg").read_text() == "v2"
+        with engine.connect() as c:
+            rows = c.execute(sa.text("SELECT lease_token FROM dataminer.staged_outputs")).scalars()
+            assert [token.hex for token in rows] == [live.token.hex], "only the live holder's"
+        assert reap_dead_work(instance, store, lease=lease, runs=RunPolicy()).leftovers == []

@@ -122,6 +122,23 @@ def test_errors_of_the_work_itself_are_no_outage(error):
     assert outage_reason(sa.exc.OperationalError("UPDATE ...", {}, error)) is None
 
 
+def test_an_outage_that_comes_and_goes_is_said_once_a_minute(caplog):
+    """A database whose disk is full answers reads and refuses writes: its outage ends and begins
+    again at every statement, and is said once all the same."""
+    from dataminer_dagster.db.outages import Outages
+
+    outages = Outages()
+    with caplog.at_level("WARNING", logger="dataminer_dagster.db.outages"):
+        for _ in range(5):
+            outage = outages.unreachable("could not extend file: No space left on device")
+            outages.say(outage, 0.3)
+            outages.reachable()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert said[0].startswith("database unreachable since"), said
+    assert said[1].startswith("database reachable again after"), said
+
+
 # --- the reaper judges silence only while the database was up -----------------------------------
 
 
@@ -414,3 +431,41 @@ def test_dataminer_run_waits_out_a_stopped_database_and_ends_with_the_clean_runs
     assert "Traceback" not in output, output
     assert {(r.status, r.attempts) for r in attempts} == {("done", 1)}, attempts
     pd.testing.assert_frame_equal(_dataset(config), _dataset(clean))
+
+
+def test_dataminer_run_started_while_the_database_is_down_waits_for_it(
+    tmp_path, tiny_siglip, tiny_yolo
+):
+    """Started by a service manager while the database restarts, `dataminer run` waits for it
+    from its first connection on (the schema migrated, the project registered) and says so in one
+    line, instead of ending at once."""
+    clips = write_sample_videos(tmp_path / "clips", 2)
+    config_path, config = _project(tmp_path, "down", clips, TinyModels(tiny_siglip, tiny_yolo))
+    with scratch_cluster() as cluster:
+        url = cluster.new_database()  # empty: the run migrates it once it is up
+        cluster.stop("fast")
+        process = _dataminer_run(config_path, tmp_path / "home", url)
+        lines: list[str] = []
+        reading = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+        reading.start()
+        try:
+            deadline = time.monotonic() + 300
+            while not any("database unreachable since" in line for line in lines):
+                assert process.poll() is None, "".join(lines)
+                assert time.monotonic() < deadline, "".join(lines)
+                time.sleep(0.2)
+            time.sleep(3)  # a few tries later
+            assert process.poll() is None, "".join(lines)
+            cluster.start()
+            process.wait(timeout=600)
+            reading.join(30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        output = "".join(lines)
+
+    assert process.returncode == 0, output
+    assert output.count("database unreachable since") == 1, output
+    assert "Traceback" not in output, output
+    assert "project outage: complete" in output, output
+    assert len(_dataset(config)) > 0

@@ -13,7 +13,8 @@ from dataminer_dagster.db.schema import FINISHED
 
 class ProgressBoard:
     """One tqdm bar per stage of a project: finished items out of all known items. Without a
-    terminal, a one-line summary every 15 seconds instead."""
+    terminal, a one-line summary every 15 seconds instead; not `enabled`, nothing (and no
+    query)."""
 
     def __init__(self, engine: sa.Engine, project_id: int, *, enabled: bool = True):
         import sys
@@ -21,6 +22,7 @@ class ProgressBoard:
         from tqdm import tqdm
 
         self.engine, self.project_id = engine, project_id
+        self.shown = enabled
         self.lines = enabled and not sys.stderr.isatty()
         enabled = enabled and not self.lines
         self.bars = {
@@ -38,6 +40,8 @@ class ProgressBoard:
         self._last = 0.0
 
     def update(self, *, force: bool = False) -> None:
+        if not self.shown:
+            return
         if not force and time.monotonic() - self._last < (15.0 if self.lines else 0.5):
             return
         self._last = time.monotonic()
@@ -61,7 +65,7 @@ class ProgressBoard:
             bar.refresh()
 
     def close(self) -> None:
-        self.update(force=True)
+        """Close the bars as they are (`update(force=True)` first shows the last counts)."""
         for bar in self.bars.values():
             bar.close()
 

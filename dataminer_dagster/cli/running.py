@@ -26,17 +26,28 @@ def _instance():
 
 
 def run_projects(configs, *, timeout: float | None, progress: bool = True) -> int:
+    """Drive `configs`' projects to complete; the exit code. The command waits out a database
+    outage (db/outages.py) from its first connection to its last line, as its runs do: a command
+    started while the database restarts waits for it instead of ending."""
+    from dataminer_dagster.db.outages import DatabaseUnreachable, waiting_for_the_database
+    from dataminer_dagster.settings import load_settings
+
+    with waiting_for_the_database(load_settings().lease):
+        try:
+            return _run_projects(configs, timeout=timeout, progress=progress)
+        except DatabaseUnreachable as exc:  # waited for it as long as the settings say
+            click.echo(f"stopped: {exc}; run the command again to go on from there", err=True)
+            return 1
+
+
+def _run_projects(configs, *, timeout: float | None, progress: bool) -> int:
     from dataminer_dagster.cli.board import ProgressBoard
     from dataminer_dagster.cli.registration import registration_lines
-    from dataminer_dagster.db.outages import DatabaseUnreachable
     from dataminer_dagster.definitions import LANES, defs
     from dataminer_dagster.engine.planning import RunLimits
     from dataminer_dagster.hosting.driver import ProjectsGone, drive
 
-    settings, store, catalog = context()
-    registered = [
-        catalog.projects.register(cfg, protected=settings.protected_dirs) for cfg in configs
-    ]
+    settings, store, catalog, registered, waiting = _registered(configs)
     for result in registered:
         if result.changed and not result.created:
             for line in registration_lines(result)[1:]:
@@ -51,30 +62,31 @@ def run_projects(configs, *, timeout: float | None, progress: bool = True) -> in
     say = board.write if board else click.echo
     stopped: Exception | None = None
     try:
-        result = drive(
-            [p.name for p in projects],
-            instance=instance,
-            defs=defs,
-            store=store,
-            limits=RunLimits(settings.lease, settings.runs),
-            on_tick=board.update if board else (lambda: None),
-            log=say,
-            timeout_s=timeout,
-            lanes=LANES,
-        )
-    except (TimeoutError, ProjectsGone) as exc:  # how a run ends, not a fault in it
-        stopped = exc
-    except DatabaseUnreachable as exc:  # waited for it as long as the settings say
-        click.echo(f"stopped: {exc}; run the command again to go on from there", err=True)
-        return 1
+        try:
+            result = drive(
+                [p.name for p in projects],
+                instance=instance,
+                defs=defs,
+                store=store,
+                limits=RunLimits(settings.lease, settings.runs),
+                on_tick=board.update if board else (lambda: None),
+                log=say,
+                timeout_s=timeout,
+                lanes=LANES,
+            )
+        except (TimeoutError, ProjectsGone) as exc:  # how a run ends, not a fault in it
+            stopped = exc
+        if board:
+            waiting(lambda: board.update(force=True))  # the last counts
     finally:
         if board:
             board.close()
         if keep_alive is not None:
             instance.dispose()
             keep_alive.cleanup()
-    for project in projects:
-        if (row := catalog.projects.get(project.name)) is not None:
+    rows = waiting(lambda: [catalog.projects.get(project.name) for project in projects])
+    for row in rows:
+        if row is not None:
             _print_outcome(row)
     if isinstance(stopped, TimeoutError):
         click.echo(f"stopped: {stopped}; run the command again to go on from there", err=True)
@@ -88,6 +100,30 @@ def run_projects(configs, *, timeout: float | None, progress: bool = True) -> in
     from dataminer_dagster.db.project_flow import COMPLETE
 
     return 0 if all(stage == COMPLETE for stage in result.stages.values()) else 1
+
+
+def _registered(configs):
+    """Settings, lease store, catalog, the projects registered, and a `waiting(call)` that tries a
+    call again while the database is away: the schema migrated and the projects registered are
+    safe to repeat (a registration that went through registers nothing new)."""
+    import functools
+
+    import sqlalchemy as sa
+
+    from dataminer_dagster.db.outages import outages_of, wait_out
+    from dataminer_dagster.db.server import claims_database_url
+    from dataminer_dagster.settings import load_settings
+
+    outages = outages_of(sa.make_url(claims_database_url(load_settings())))
+    waiting = functools.partial(wait_out, outages=outages)
+
+    def register():
+        settings, store, catalog = context()
+        protected = settings.protected_dirs
+        registered = [catalog.projects.register(cfg, protected=protected) for cfg in configs]
+        return settings, store, catalog, registered
+
+    return (*waiting(register), waiting)
 
 
 def _print_outcome(project) -> None:

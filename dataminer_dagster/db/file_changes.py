@@ -33,7 +33,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from dataminer_dagster.core.files import remove, set_aside
+from dataminer_dagster.core.files import remove, remove_leftovers, set_aside
 from dataminer_dagster.db.schema import RUNNING, SCHEMA
 
 # The transactions `committing` has open, by connection (not the connection's `info`: that is
@@ -187,17 +187,73 @@ def _read_back(
         return None
 
 
-def live_tokens(engine: sa.Engine, tokens: Collection[str]) -> set[str]:
+def live_tokens(
+    engine: sa.Engine, tokens: Collection[str], staging: tuple[str, Path] | None = None
+) -> set[str]:
     """The lease tokens (hex) among `tokens` whose leases are live: their items still running
     under them. A token once dead (its item finished, failed, released or reaped) never lives
     again, so what it left behind may go (`core/files.py` `remove_leftovers`). A completion not
-    yet committed still holds its token: its publish may be under way."""
-    if not tokens:
+    yet committed still holds its token: its publish may be under way.
+
+    `staging`: (token, final) of an output the lease is about to stage, recorded in the same
+    statement (table `staged_outputs`), so that what a worker that dies leaves beside `final` is
+    found again (`remove_dead_leftovers`)."""
+    if not tokens and staging is None:
         return set()
+    record = f"""WITH recorded AS (
+                     INSERT INTO {SCHEMA}.staged_outputs (lease_token, final_path)
+                     VALUES (CAST(:token AS uuid), :final) ON CONFLICT DO NOTHING)"""
     statement = sa.text(f"""
+        {record if staging is not None else ""}
         SELECT lease_token FROM {SCHEMA}.work_items
          WHERE status = '{RUNNING}' AND lease_token = ANY(CAST(:tokens AS uuid[]))
     """)
-    with engine.connect() as conn:
-        rows = conn.execute(statement, {"tokens": sorted(tokens)}).scalars()
+    params: dict = {"tokens": sorted(tokens)}
+    if staging is not None:
+        params.update(token=staging[0], final=str(Path(staging[1]).absolute()))
+    with engine.begin() as conn:
+        rows = conn.execute(statement, params).scalars()
         return {token.hex for token in rows}
+
+
+def forget_staged(conn: sa.Connection, token: str) -> None:
+    """The lease `token` (hex) has removed its staging: no leftover of it is to be looked for."""
+    conn.execute(
+        sa.text(f"DELETE FROM {SCHEMA}.staged_outputs WHERE lease_token = CAST(:token AS uuid)"),
+        {"token": token},
+    )
+
+
+def remove_dead_leftovers(engine: sa.Engine, limit: int = 200) -> list[Path]:
+    """Remove what workers that died left beside the outputs they were staging (staging paths,
+    outputs set aside: `core/files.py` `remove_leftovers`), once their leases are dead, up to
+    `limit` outputs at a time; the paths removed. For the lease reaper: an item that is dead, or
+    that no one claims again, has no later holder to remove them. A live holder's stay."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(f"""
+                SELECT o.lease_token, o.final_path FROM {SCHEMA}.staged_outputs o
+                 WHERE NOT EXISTS (SELECT 1 FROM {SCHEMA}.work_items w
+                                    WHERE w.status = '{RUNNING}'
+                                      AND w.lease_token = o.lease_token)
+                 LIMIT :limit
+            """),
+            {"limit": limit},
+        ).all()
+    removed: list[Path] = []
+    for row in rows:
+        removed += remove_leftovers(Path(row.final_path), lambda t: live_tokens(engine, t))
+    if rows:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(f"""
+                    DELETE FROM {SCHEMA}.staged_outputs o
+                     USING unnest(CAST(:tokens AS uuid[]), CAST(:finals AS text[])) AS d(t, f)
+                     WHERE o.lease_token = d.t AND o.final_path = d.f
+                """),
+                {
+                    "tokens": [row.lease_token.hex for row in rows],
+                    "finals": [row.final_path for row in rows],
+                },
+            )
+    return removed

@@ -160,8 +160,10 @@ class Outages:
             self._unrecorded = []
 
     def say(self, outage: _Open, retry_in_s: float) -> None:
-        line = self._lines.line(  # at most once a minute for each outage
-            f"unreachable since {outage.started}",
+        # At most once a minute, however many outages: a full disk refuses writes but not reads,
+        # so its outage ends at each read that goes through and begins again at the next write.
+        line = self._lines.line(
+            "unreachable",
             f"database unreachable since {outage.wall:%H:%M:%S}, retrying in "
             f"{retry_in_s:g} s: {outage.reason}",
         )

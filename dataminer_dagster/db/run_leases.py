@@ -28,12 +28,13 @@ import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import TypeVar
 
 import sqlalchemy as sa
 
 from dataminer_dagster.core.process_liveness import process_space
-from dataminer_dagster.db.file_changes import live_tokens
+from dataminer_dagster.db.file_changes import forget_staged, live_tokens
 from dataminer_dagster.db.leases import (
     FailResult,
     Lease,
@@ -210,10 +211,19 @@ class RunLeases:
             time.sleep(min(0.1, self.heartbeat_s / 4))
         return True
 
-    def live_tokens(self, tokens: Collection[str]) -> set[str]:
+    def live_tokens(
+        self, tokens: Collection[str], staging: tuple[Lease, Path] | None = None
+    ) -> set[str]:
         """The tokens (hex) among `tokens` whose leases are live now, by the database: whose
-        leftover files must stay (db/file_changes.py)."""
-        return live_tokens(self.store.engine, tokens)
+        leftover files must stay. `staging`: (lease, final) of an output that lease is about to
+        stage, recorded meanwhile (db/file_changes.py)."""
+        recorded = None if staging is None else (staging[0].token.hex, staging[1])
+        return live_tokens(self.store.engine, tokens, recorded)
+
+    def forget_staged(self, lease: Lease) -> None:
+        """`lease` removed its staging: no leftover of it is to be looked for (db/file_changes.py)."""
+        with self.store.engine.begin() as conn:
+            forget_staged(conn, lease.token.hex)
 
     @property
     def held(self) -> list[Lease]:

@@ -397,6 +397,30 @@ dataset_version_numbers = sa.Table(
     sa.Column("last_number", sa.Integer, nullable=False),
 )
 
+# Each dataset version number given out and not yet published, with its build's lease token
+# (assets/dataset/store.py): a number whose build's lease died unpublished is given again.
+dataset_version_holders = sa.Table(
+    "dataset_version_holders",
+    metadata,
+    sa.Column(
+        "project_id",
+        sa.Integer,
+        sa.ForeignKey(f"{SCHEMA}.projects.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("number", sa.Integer, primary_key=True),
+    sa.Column("lease_token", UUID(as_uuid=True), nullable=False),
+)
+
+# The outputs each lease is staging (db/file_changes.py): a row outlives its item's end only when
+# the worker died with its staging on disk, which the lease reaper then removes.
+staged_outputs = sa.Table(
+    "staged_outputs",
+    metadata,
+    sa.Column("lease_token", UUID(as_uuid=True), primary_key=True),
+    sa.Column("final_path", sa.Text, primary_key=True),
+)
+
 # When the lease reaper first saw an unfinished run in a status (engine/run_health.py): its start
 # grace and queue timeout are judged from this, on the database's clock.
 run_sightings = sa.Table(

@@ -21,11 +21,13 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import dagster as dg
 from dagster._core.storage.dagster_run import FINISHED_STATUSES, NOT_FINISHED_STATUSES
 
+from dataminer_dagster.db.file_changes import remove_dead_leftovers
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.outages import outages_of
 from dataminer_dagster.db.run_liveness import Heartbeat, Reaped
@@ -197,21 +199,28 @@ def end_dead_runs(instance: dg.DagsterInstance, dead: Iterable[DeadRun]) -> list
 
 @dataclass(frozen=True)
 class ReaperPass:
-    """What one pass of the lease reaper did: the dead runs it ended and the leases it took back."""
+    """What one pass of the lease reaper did: the dead runs it ended, the leases it took back, and
+    the files that workers which died left beside their outputs, removed."""
 
     dead: list[DeadRun]
     reaped: list[Reaped]
+    leftovers: list[Path] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        """One line a person can read for each run ended and each lease taken back."""
-        return [
-            f"run {d.run_id} ({d.run.tags.get(LANE_TAG) or d.run.job_name}) "
-            f"{'cancelled' if d.cancel else 'failed'}: {d.reason}"
-            for d in self.dead
-        ] + [
-            f"{r.stage} {r.key}: lease of run {r.owner} taken back; now {r.status}"
-            for r in self.reaped
-        ]
+        """One line a person can read for each run ended, each lease taken back and each leftover
+        removed."""
+        return (
+            [
+                f"run {d.run_id} ({d.run.tags.get(LANE_TAG) or d.run.job_name}) "
+                f"{'cancelled' if d.cancel else 'failed'}: {d.reason}"
+                for d in self.dead
+            ]
+            + [
+                f"{r.stage} {r.key}: lease of run {r.owner} taken back; now {r.status}"
+                for r in self.reaped
+            ]
+            + [f"removed {path}, left by a worker whose lease is dead" for path in self.leftovers]
+        )
 
 
 def reap_dead_work(
@@ -221,7 +230,10 @@ def reap_dead_work(
     Dagster, then take back the leases of runs that stopped heartbeating or that Dagster reports
     as finished. A cancelled run's leases go back uncounted, as the release_cancelled_runs
     sensor gives them back: a person stopped the run, its items did nothing wrong, whichever of
-    the two gets there first. Raises the database's error, judging no one, while it is away."""
+    the two gets there first. Then what workers that died left beside the outputs they were
+    staging is removed once their leases are dead (db/file_changes.py `remove_dead_leftovers`):
+    a dead item has no later holder to do it. Raises the database's error, judging no one, while
+    it is away."""
     reaper = f"{socket.gethostname()} {os.getpid()}"
     outages_of(store.engine.url).record(
         lambda outage_s: store.liveness.record_reaper_pass(reaper, outage_s)
@@ -240,4 +252,5 @@ def reap_dead_work(
             store.liveness.release_run(run_id, f"run {run_id} was cancelled", count_attempt=False)
         else:
             finished.append(run_id)
-    return ReaperPass(dead, store.liveness.reap(lease.stale_after_s, finished))
+    reaped = store.liveness.reap(lease.stale_after_s, finished)
+    return ReaperPass(dead, reaped, remove_dead_leftovers(store.engine))

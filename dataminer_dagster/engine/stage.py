@@ -94,7 +94,7 @@ class StageContext:
         staging path once the item is over, whatever became of it: the item's commit publishes
         it (`file_changes(conn).publish`) before that. Raises LeaseLost (or LeaseFenced) first
         when the item's lease is no longer held."""
-        staged = staging_path(final, self._token(), self._live_tokens())
+        staged = staging_path(final, self._token(), self._live_tokens(staging=final))
         self._staged.append(staged)
         return staged
 
@@ -107,10 +107,12 @@ class StageContext:
     def _token(self) -> str | None:
         return None if self._lease is None else self._lease.token.hex
 
-    def _live_tokens(self) -> LiveTokens | None:
+    def _live_tokens(self, staging: Path | None = None) -> LiveTokens | None:
         """Which leases are live, by the database, for `remove_leftovers`; it raises LeaseLost
         (or LeaseFenced) when the item's own lease is not, so that a holder that lost its lease
-        touches no file. None outside an item."""
+        touches no file. None outside an item. `staging`: the output the item is about to stage,
+        recorded by the same question, so that the lease reaper finds what a worker that dies
+        leaves beside it (db/file_changes.py `remove_dead_leftovers`)."""
         lease = self._lease
         if lease is None:
             return None
@@ -118,7 +120,8 @@ class StageContext:
         own = lease.token.hex
 
         def live(tokens: Collection[str]) -> Collection[str]:
-            alive = self.db.leases.live_tokens({*tokens, own})
+            recorded = None if staging is None else (lease, staging)
+            alive = self.db.leases.live_tokens({*tokens, own}, recorded)
             if own not in alive:
                 raise LeaseLost(lease)
             return alive

@@ -47,6 +47,7 @@ partition key, and the attempt only when it was a retry. A stage's `PartitionChe
 of the run, once for each partition it finished, and are recorded on that partition.
 """
 
+import contextlib
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -54,6 +55,7 @@ from datetime import datetime
 from typing import Any
 
 import dagster as dg
+import sqlalchemy as sa
 
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.core.bounded_text import cut
@@ -61,9 +63,9 @@ from dataminer_dagster.core.files import InsufficientDiskSpace, disk_full, remov
 from dataminer_dagster.core.progress import Progress, RepeatedLines
 from dataminer_dagster.core.redact import redact
 from dataminer_dagster.db.catalog import Catalog
-from dataminer_dagster.db.file_changes import file_changes
+from dataminer_dagster.db.file_changes import file_changes, forget_staged
 from dataminer_dagster.db.leases import Lease, LeaseLost, Unclaimed
-from dataminer_dagster.db.outages import outage_reason
+from dataminer_dagster.db.outages import DatabaseUnreachable, outage_reason
 from dataminer_dagster.db.project_flow import advance_projects, stale_later_stages
 from dataminer_dagster.db.schema import DEAD, DONE
 from dataminer_dagster.engine.checks import evaluate_checks
@@ -235,6 +237,7 @@ def _process_item(
     leases = ctx.db.leases
     item = StageItem(lease)
     ctx = ctx.for_item(lease)
+    completed = False
     try:
         leases.begin(lease)
         result = process(item, ctx)
@@ -247,6 +250,9 @@ def _process_item(
                 file_changes(conn).publish(preview.staged, preview.file)
             if lease.project_id is not None:
                 stale_later_stages(conn, lease.project_id, lease.stage)
+            if ctx.staged:  # published, or removed below
+                forget_staged(conn, lease.token.hex)
+        completed = True
         about = titles.about(lease)  # after it: a download has just recorded the title
         yield dg.AssetMaterialization(
             asset_key=asset_key,
@@ -320,6 +326,10 @@ def _process_item(
     finally:  # whatever became of the item: no staging is left to fill the disk
         for path in ctx.staged:
             remove(path)
+        if ctx.staged and not completed:
+            # Else the lease reaper looks for leftovers of the lease once it is dead.
+            with contextlib.suppress(sa.exc.SQLAlchemyError, DatabaseUnreachable):
+                leases.forget_staged(lease)
 
 
 # The most of an item's error kept (last_error) and logged: a pasted file in a URL is not copied

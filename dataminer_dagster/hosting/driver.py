@@ -135,18 +135,19 @@ def drive(
                     projects=project_ids,
                 )
             )
-            cycle.discovery.remove(instance)
+            # The instance's storage is this database too where DAGSTER_HOME names ours
+            # (dagster.yaml): a partition removed or an observation reported twice is the same.
+            waiting(lambda cycle=cycle: cycle.discovery.remove(instance))
             cursor = cycle.discovery.cursor
             for t in cycle.transitions:
                 log(f"project {t.project}: {t.old} -> {t.new} ({t.reason})")
             for observation in cycle.config_versions:
-                instance.report_runless_asset_event(observation)
+                waiting(lambda o=observation: instance.report_runless_asset_event(o))
             for project, decision in cycle.acquisitions:
                 log(f"project {project}: {decision}")
                 if DATASET in stage_keys:
-                    instance.report_runless_asset_event(
-                        acquisition_observation(stage_keys[DATASET], project, decision)
-                    )
+                    observation = acquisition_observation(stage_keys[DATASET], project, decision)
+                    waiting(lambda o=observation: instance.report_runless_asset_event(o))
             waiting(on_tick)
 
             stages = waiting(lambda: _stages(store, projects))

@@ -144,18 +144,27 @@ class Network:
 
 class ScratchCluster:
     """A PostgreSQL 15 cluster of its own, listening on the service address (and a private Unix
-    socket), that the nemesis may stop, start and reconfigure."""
+    socket), that the nemesis may stop, start and reconfigure. Its trials' databases live in a
+    tablespace on a small disk of their own (`disk`, a tmpfs), which the nemesis may fill: the
+    database's disk full (writes that need room fail with SQLSTATE 53100) while its WAL, on
+    the cluster's own disk, goes on."""
 
     TEMPLATE = "dm_faults_template"
+    TABLESPACE = "dm_faults_disk"
+    DISK_MB = 64
 
     def __init__(self, root: Path, address: str):
         self.data = self.data_dir(root)
+        self.disk = self.disk_dir(root)
         self.socket_dir = root / "pgsock"
         self.log = self.socket_dir / "postgres.log"  # where the postgres user may write
         self.address = address
         self.port = 5432  # free on this address: the address is the lab's own
-        for path in (self.data, self.socket_dir):
+        for path in (self.data, self.socket_dir, self.disk):
             path.mkdir(mode=0o700)
+        run_command("mount", "-t", "tmpfs", "-o", f"size={self.DISK_MB}m", "tmpfs", str(self.disk))
+        for path in (self.data, self.socket_dir, self.disk):
+            path.chmod(0o700)
             shutil.chown(path, "postgres", "postgres")
         self._as_postgres(
             PG_BIN / "initdb",
@@ -184,6 +193,10 @@ class ScratchCluster:
     @staticmethod
     def data_dir(root: Path) -> Path:
         return root / "pgdata"
+
+    @staticmethod
+    def disk_dir(root: Path) -> Path:
+        return root / "dbdisk"
 
     @classmethod
     def stop_abandoned(cls, root: Path) -> None:
@@ -236,6 +249,7 @@ class ScratchCluster:
             engine.dispose()
 
     def migrate_template(self) -> None:
+        self.admin(f"CREATE TABLESPACE {self.TABLESPACE} LOCATION '{self.disk}'")
         self.admin(f"CREATE DATABASE {self.TEMPLATE}")
         from dataminer_dagster.db import migrate
         from dataminer_dagster.db.engine import dispose_engines, get_engine
@@ -244,7 +258,7 @@ class ScratchCluster:
         dispose_engines()
 
     def new_database(self, name: str) -> str:
-        self.admin(f"CREATE DATABASE {name} TEMPLATE {self.TEMPLATE}")
+        self.admin(f"CREATE DATABASE {name} TEMPLATE {self.TEMPLATE} TABLESPACE {self.TABLESPACE}")
         return self.url(name)
 
     def drop(self, name: str) -> None:
@@ -288,6 +302,7 @@ class ScratchCluster:
 
     def close(self) -> None:
         self.stop("immediate")
+        run_command("umount", "--lazy", str(self.disk), check=False)
 
 
 class Worker:

@@ -68,7 +68,14 @@ STALE_AFTER_S = SETTINGS["leases"]["stale_after_s"]
 # Faults of the database or of a worker's surroundings, which must cost no attempt: a schedule made
 # only of these must end with every item tried as often as in the clean run. A partition or a kill
 # is a worker's own failure, after which its items may be tried again.
-NO_COST_KINDS = ("db_stop_fast", "db_stop_immediate", "commit_cut", "clock_offset", "disk_full")
+NO_COST_KINDS = (
+    "db_stop_fast",
+    "db_stop_immediate",
+    "commit_cut",
+    "clock_offset",
+    "disk_full",
+    "db_disk_full",
+)
 WORKER_KINDS = ("partition", "sigkill")
 KINDS = (*WORKER_KINDS, *NO_COST_KINDS)
 ONE_MACHINE_KINDS = (*WORKER_KINDS, "commit_cut", "clock_offset")
@@ -85,6 +92,7 @@ DURATIONS_S = {
     "commit_cut": (COMMIT_WINDOW_S, COMMIT_WINDOW_S),
     "clock_offset": (1.0, 20.0),
     "disk_full": (0.5, 2 * STALE_AFTER_S),
+    "db_disk_full": (0.5, 2 * STALE_AFTER_S),
 }
 RESTART_AFTER_S = 1.0
 MAX_RESTARTS = 8
@@ -164,7 +172,7 @@ LAB_PREFIX = "dm-faults-"
 
 
 def sweep_abandoned_labs() -> None:
-    """Stop the cluster, unmount the data disks and remove the files of labs whose process died
+    """Stop the cluster, unmount the disks and remove the files of labs whose process died
     without closing them (a worker left behind ends once its database is gone)."""
     for root in Path(tempfile.gettempdir()).glob(f"{LAB_PREFIX}*-*"):
         owner = root.name.removeprefix(LAB_PREFIX).split("-")[0]
@@ -172,6 +180,7 @@ def sweep_abandoned_labs() -> None:
             continue
         if (ScratchCluster.data_dir(root) / "postmaster.pid").exists():
             ScratchCluster.stop_abandoned(root)
+        run_command("umount", "--lazy", str(ScratchCluster.disk_dir(root)), check=False)
         for disk in root.glob("trial*/disk"):
             run_command("umount", "--lazy", str(disk), check=False)
         shutil.rmtree(root, ignore_errors=True)
@@ -333,6 +342,7 @@ class FaultLab:
             self.cluster.admin("ALTER SYSTEM RESET synchronous_standby_names")
             self.cluster.admin("SELECT pg_reload_conf()")
         (trial.data_dir / "filler").unlink(missing_ok=True)
+        (self.cluster.disk / "filler").unlink(missing_ok=True)
 
     def _play(self, trial: Trial) -> None:
         for worker in trial.workers:
@@ -419,6 +429,11 @@ class FaultLab:
             return (
                 lambda: (fill(trial.data_dir), note(fault.describe())),
                 lambda: (trial.data_dir / "filler").unlink(missing_ok=True),
+            )
+        if fault.kind == "db_disk_full":
+            return (
+                lambda: (fill(self.cluster.disk), note(fault.describe())),
+                lambda: (self.cluster.disk / "filler").unlink(missing_ok=True),
             )
         return (
             lambda: self._kill(worker, fault, note),

@@ -69,7 +69,7 @@ from dataminer_dagster.assets.dataset.dataset_versions import (
 )
 from dataminer_dagster.assets.dataset.quality_checks import DATASET_CHECKS
 from dataminer_dagster.assets.dataset.review_formats import REVIEW_STATES
-from dataminer_dagster.assets.dataset.store import allocate_version_number
+from dataminer_dagster.assets.dataset.store import allocate_version_number, version_published
 from dataminer_dagster.core.coco import Detection, write_coco
 from dataminer_dagster.core.images import brightness_of_file, read_image
 from dataminer_dagster.core.redact import redact_url
@@ -142,22 +142,32 @@ def _produced_by(project, imports: list[dict]) -> dict:
 
 
 def _publish(
-    catalog, conn, project, paths: ProjectPaths, staging: Path, kept: tuple[Path, Path] | None
+    catalog,
+    conn,
+    project,
+    paths: ProjectPaths,
+    staging: Path,
+    kept: tuple[Path, Path, int] | None,
 ) -> None:
     """Publish the dataset and, where it is a new version, its version folder (`kept`: staged,
-    final), and release the members' frames: on disk only if the transaction commits
+    final, number), and release the members' frames: on disk only if the transaction commits
     (db/file_changes.py)."""
     changes = file_changes(conn)
     changes.publish(staging, paths.dataset_dir)
-    if kept is not None and not kept[1].exists():  # a kept version is never changed again
-        changes.publish(*kept)
+    if kept is not None:
+        staged, final, number = kept
+        if not final.exists():  # a kept version is never changed again
+            changes.publish(staged, final)
+        version_published(conn, project.id, [number])
     members = [row.video_id for row in project_members(catalog.engine, project.id)]
     release_finished_frames(catalog, conn, members, completing=project.name)
 
 
-def _new_version_number(catalog, project, paths: ProjectPaths) -> int:
+def _new_version_number(catalog, project, paths: ProjectPaths, item: StageItem) -> int:
     with catalog.engine.begin() as conn:
-        return allocate_version_number(conn, project.id, paths.dataset_versions_dir)
+        return allocate_version_number(
+            conn, project.id, paths.dataset_versions_dir, item.lease.token
+        )
 
 
 MANIFEST_COLUMNS = [
@@ -424,7 +434,7 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
         paths.dataset_versions_dir,
         contents,
         _produced_by(project, imports),
-        allocate=lambda: _new_version_number(catalog, project, paths),
+        allocate=lambda: _new_version_number(catalog, project, paths, item),
     )
     (staging / VERSION_FILE).write_text(json.dumps(version.as_json(), indent=2) + "\n")
     formats = write_formats(staging, contents, config.formats, published_at=paths.dataset_dir)
@@ -443,7 +453,7 @@ def dataset(item: StageItem, ctx: StageContext) -> ItemResult:
     kept_version = None
     if new_version:
         final = version_folder(paths.dataset_versions_dir, version.number)
-        kept_version = (ctx.staging_path(final), final)
+        kept_version = (ctx.staging_path(final), final, version.number)
         build_version(staging, kept_version[0], version)
     minutes = sum(y["downloaded_minutes"] for y in yields)
     ctx.log.info(
