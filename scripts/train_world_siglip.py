@@ -11,14 +11,17 @@ object the frame shows only a sliver of. Besides its frames' captions, every bat
 world's short captions (each object, junk kind and background on its own, `prompt_facts`), so
 that each frame is a labelled example of each of them at every step: with one caption per frame,
 a few hundred steps learnt the junk scenes and none of the twenty objects. The temperature and
-bias start as SigLIP's do and learn faster than the towers (SCALAR_LR_FACTOR).
+bias start as SigLIP's do and learn faster than the towers (SCALAR_LR_FACTOR). Frames are taken
+sparsely from many worlds (128 worlds, every 12th frame: 2,300 scenes): from 16 worlds at every
+other frame (290 scenes) the model learnt its training scenes by heart (loss 0.01) and scored the
+held-out world worse (mean precision 0.45, recall 0.33).
 
 It then scores a held-out world through `models.siglip.SiglipScorer` (the filter stage's scorer,
 on JPEG files) with one prompt per object ("a red circle") and per junk kind ("a black screen"),
 and prints and saves (training.json beside the weights) the precision and recall of each prompt
 at a score of 0.5, and the top-1 accuracy of the object prompts on frames with a single object.
 
-    PYTHONPATH=. python scripts/train_world_siglip.py --out world-siglip              # the model
+    PYTHONPATH=. python scripts/train_world_siglip.py --out dataminer_dagster/models/world/siglip
     PYTHONPATH=. python scripts/train_world_siglip.py --out /tmp/s --steps 10 --worlds 1  # smoke
 """
 
@@ -338,11 +341,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the trained model")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--batch-size", type=int, default=48)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--worlds", type=int, default=16, help="training worlds")
-    parser.add_argument("--frame-step", type=int, default=2, help="use every n-th frame")
+    parser.add_argument("--worlds", type=int, default=128, help="training worlds")
+    parser.add_argument("--frame-step", type=int, default=12, help="use every n-th frame")
     parser.add_argument("--threads", type=int, default=2)
     figures = train(parser.parse_args())
     print(json.dumps({k: v for k, v in figures.items() if k != "prompts"}, indent=1))

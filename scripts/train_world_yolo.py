@@ -7,7 +7,7 @@ width, trained by ultralytics' own trainer, and saved as the `.pt` checkpoint th
 and the detect stage load. Its validation figures (mAP50, mAP50-95 on the held-out world) are
 printed and saved as training.json beside the weights.
 
-    PYTHONPATH=. python scripts/train_world_yolo.py --out world-yolo                 # the model
+    PYTHONPATH=. python scripts/train_world_yolo.py --out dataminer_dagster/models/world/yolo
     PYTHONPATH=. python scripts/train_world_yolo.py --out /tmp/y --epochs 1 --worlds 1  # smoke
 """
 
