@@ -300,9 +300,10 @@ def _add_files(found: Collected, pattern: str, limit: int) -> None:
 
 
 def _video_files(pattern: str, limit: int) -> tuple[list[str], list[str], int] | None:
-    """The paths `pattern` matches whose name is a video's, sorted; the first NAMES_SHOWN files
-    whose name is not, and how many there are. None when there are more than `limit` of the
-    first (the walk stops there, so `/**/*.mp4` does not list the whole filesystem first)."""
+    """The paths `pattern` matches whose name is a video's, sorted; the NAMES_SHOWN first by name
+    of the files whose name is not (the same whatever order the file system lists a folder in),
+    and how many there are. None when there are more than `limit` of the first (the walk stops
+    there, so `/**/*.mp4` does not list the whole filesystem first)."""
     videos, not_videos, not_videos_count = [], [], 0
     for match in glob.iglob(pattern, recursive=True):
         if Path(match).suffix.lower() in VIDEO_SUFFIXES:
@@ -311,9 +312,11 @@ def _video_files(pattern: str, limit: int) -> tuple[list[str], list[str], int] |
                 return None
         elif not os.path.isdir(match):  # a folder a pattern walks through is no problem
             not_videos_count += 1
-            if len(not_videos) < NAMES_SHOWN:
-                not_videos.append(match)
-    return sorted(videos), not_videos, not_videos_count
+            not_videos.append(match)
+            if len(not_videos) > NAMES_SHOWN:
+                not_videos.sort()
+                not_videos.pop()
+    return sorted(videos), sorted(not_videos), not_videos_count
 
 
 def _files(count: int) -> str:
