@@ -108,6 +108,8 @@ def record(outcome) -> dict:
         "problems": outcome.problems(),
         "seconds": round(outcome.work_seconds, 1),
         "extra_attempts": outcome.extra_attempts,
+        "spent": outcome.spent,
+        "log_tail": outcome.log_tail if outcome.problems() else "",
     }
 
 

@@ -50,10 +50,14 @@ def test_the_checker_sees_files_out_of_step_with_the_database(tmp_path: Path):
 
 def test_attempts_count_against_the_clean_run_only_where_faults_must_cost_none():
     def outcome(*faults: Fault) -> Outcome:
-        return Outcome(Schedule(faults), "complete", [], [], [], [], [], {}, 2, {}, None)
+        spent = ["frames v1: 3 attempts (clean run 1), last error: gone"]
+        return Outcome(
+            Schedule(faults), "complete", [], [], [], [], [], {}, 2, {}, None, spent=spent
+        )
 
     assert outcome(Fault("db_stop_fast", 1, 5)).problems() == [
-        "2 attempts consumed by faults that must cost none"
+        "2 attempts consumed by faults that must cost none: "
+        "frames v1: 3 attempts (clean run 1), last error: gone"
     ]
     assert outcome(Fault("db_stop_fast", 1, 5), Fault("sigkill", 2, 1)).problems() == []
 

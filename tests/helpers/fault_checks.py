@@ -47,6 +47,7 @@ class Outcome:
     dataset: dict | None
     dataset_difference: str | None
     notes: list[str] = field(default_factory=list)
+    spent: list[str] = field(default_factory=list)  # items beyond the clean run's attempts
     log_tail: str = ""  # the end of the workers' logs
     work_seconds: float = 0.0
     finished: bool = True
@@ -72,7 +73,10 @@ class Outcome:
             if items:
                 found.append(f"{what} ({len(items)}): " + "; ".join(items[:5]))
         if self.outage_attempts:
-            found.append(f"{self.outage_attempts} attempts consumed by faults that must cost none")
+            found.append(
+                f"{self.outage_attempts} attempts consumed by faults that must cost none: "
+                + "; ".join(self.spent[:5])
+            )
         if self.dataset_difference:
             found.append(f"the dataset is not the clean run's: {self.dataset_difference}")
         return found
@@ -141,6 +145,7 @@ def check(trial, reference: Reference | None) -> Outcome:
         worker_exits=[e for w in trial.workers for e in w.exits],
         attempts=attempts,
         extra_attempts=_extra_attempts(attempts, reference),
+        spent=_spent(items, reference),
         dataset=dataset,
         dataset_difference=_dataset_difference(dataset, reference),
         notes=list(trial.notes),
@@ -173,6 +178,19 @@ def files_against_records(
 
 def leftovers(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if LEFTOVER.search(p.name)) if root.is_dir() else []
+
+
+def _spent(items, reference: Reference | None) -> list[str]:
+    """The items that took more attempts than in the clean run, each with its last error."""
+    if reference is None:
+        return []
+    return [
+        f"{r.stage} {r.item_key}: {r.attempts} attempts (clean run "
+        f"{reference.attempts.get(f'{r.stage} {r.item_key}', 1)}), last error: "
+        f"{(r.last_error or 'none')[:300]}"
+        for r in items
+        if r.attempts > reference.attempts.get(f"{r.stage} {r.item_key}", 1)
+    ]
 
 
 def _extra_attempts(attempts: dict[str, int], reference: Reference | None) -> int:
