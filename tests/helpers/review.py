@@ -74,6 +74,7 @@ def _installed_label_studio() -> tuple[Path | None, str]:
         LABEL_STUDIO_VENV / "bin" / "pip",
         "install",
         "-q",
+        "--no-compile",  # its first start compiles what it imports, a fraction of the files
         f"label-studio=={LABEL_STUDIO_VERSION}",
     ]
     steps = {"python -m venv": [sys.executable, "-m", "venv", str(LABEL_STUDIO_VENV)], "pip": pip}
