@@ -57,14 +57,13 @@ def _dataset(name: str):
     return project, paths, read_contents(paths.dataset_dir)
 
 
-def _image_url(paths, image_url: str | None, document_root: Path | None):
-    """Where the labelling tool loads each image from: under `image_url`, or through Label
-    Studio's local files, relative to its LOCAL_FILES_DOCUMENT_ROOT."""
+def image_urls(images: Path, image_url: str | None, document_root: Path | None):
+    """Where the labelling tool loads each image of the folder `images` from: under
+    `image_url`, or through Label Studio's local files, relative to its
+    LOCAL_FILES_DOCUMENT_ROOT."""
     from urllib.parse import quote
 
-    from dataminer_dagster.assets.dataset.dataset_files import IMAGES_DIR
-
-    images = (paths.dataset_dir / IMAGES_DIR).resolve()
+    images = images.resolve()
     if image_url:
         prefix = image_url.rstrip("/") + "/"
         return lambda name: prefix + quote(name)
@@ -72,10 +71,14 @@ def _image_url(paths, image_url: str | None, document_root: Path | None):
     try:
         relative = images.relative_to(root)
     except ValueError:
-        raise UserError(
-            f"the dataset's images ({images}) are not under the document root {root}"
-        ) from None
+        raise UserError(f"the images ({images}) are not under the document root {root}") from None
     return lambda name: LOCAL_FILES_URL + quote(f"{relative.as_posix()}/{name}")
+
+
+def _image_url(paths, image_url: str | None, document_root: Path | None):
+    from dataminer_dagster.assets.dataset.dataset_files import IMAGES_DIR
+
+    return image_urls(paths.dataset_dir / IMAGES_DIR, image_url, document_root)
 
 
 def _model_version(project, paths) -> str:
@@ -87,7 +90,7 @@ def _model_version(project, paths) -> str:
     return f"dataminer {project.name} v{version} ({made_by})"
 
 
-_image_options = _options(
+image_options = _options(
     click.option(
         "--image-url",
         help="Where the tool loads the images from: this URL followed by the image's file name "
@@ -105,7 +108,7 @@ _image_options = _options(
 @review.command("export")
 @click.argument("name")
 @click.argument("dest", type=click.Path(path_type=Path, file_okay=False))
-@_image_options
+@image_options
 def export(name: str, dest: Path, image_url: str | None, document_root: Path | None) -> None:
     """Write project NAME's dataset for review into folder DEST: tasks.json (Label Studio tasks,
     the boxes as predictions), labeling.xml (its labelling interface) and
@@ -250,7 +253,7 @@ _server_options = _options(
 @review.command("push")
 @click.argument("name")
 @_server_options
-@_image_options
+@image_options
 @click.option("--title", help="The Label Studio project's title [default: dataminer NAME vN].")
 def push(
     name: str,
