@@ -166,6 +166,14 @@ def test_calibration_recommends_the_threshold_that_reaches_the_precision_and_app
     recommended = float(re.search(r"recommended positive_threshold: ([0-9.e-]+)", said)[1])
     truly = _truly_reaching(frames, PRECISION)
     assert abs(recommended - truly) <= 0.05, (recommended, truly, said)
+    # Its row: the frames kept counted, the project's true precision and recall in the intervals.
+    row = re.search(
+        r"\n +([0-9.]+) +(\d+) +\S+ \[(\S+)-(\S+)\] +\S+ \[(\S+)-(\S+)\] +<- recommended", said
+    )
+    kept = frames[frames["pos_max"] > np.float32(recommended)]
+    assert float(row[1]) == recommended and int(row[2]) == len(kept)
+    assert float(row[3]) <= kept["yes"].mean() <= float(row[4]), said
+    assert float(row[5]) <= kept["yes"].sum() / frames["yes"].sum() <= float(row[6]), said
 
     said = dataminer("calibrate", "show", "calib", "--precision", str(PRECISION), "--apply")
     assert "changed: filter.positive_threshold" in said

@@ -88,6 +88,8 @@ def export(
     its answers."""
     import shutil
 
+    import numpy as np
+
     from dataminer_dagster.assets.filter.calibration import draw_sample
     from dataminer_dagster.assets.filter.calibration_review import (
         ANSWERS_FILE,
@@ -122,6 +124,7 @@ def export(
         chosen["pos_max"].to_numpy(),
         sample.stratum_of,
         chosen["rule_allows"].to_numpy(),
+        np.sort(population.loc[population["rule_allows"], "pos_max"].to_numpy(np.float32)),
     )
     dest = dest.expanduser().resolve()
     if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
@@ -297,7 +300,7 @@ def _report(catalog, project, paths, sample, answers, precision, apply, wait, ti
             f"  {answered.uncovered} frames are in strata without an answer: no estimate covers "
             "them"
         )
-    for line in table_lines([estimate(answered, t) for t in rows], marks):
+    for line in table_lines([estimate(answered, t) for t in rows], sample.kept, marks):
         click.echo(line)
     if len(sample.prompts) > 1 and chosen is not None:
         click.echo(f"per best positive prompt, at {chosen:g}:")

@@ -211,7 +211,6 @@ class Estimate:
     """Precision and recall of the filter at one positive threshold, for the whole project."""
 
     threshold: float
-    kept: float  # estimated frames of the project the filter keeps
     precision: float  # NaN where no answered frame is kept
     precision_interval: tuple[float, float]
     recall: float  # NaN where no frame was answered yes
@@ -263,7 +262,6 @@ def estimate(answers: Answers, threshold: float) -> Estimate:
     recall, recall_interval = _ratio(answers, answers.yes & kept, answers.yes)
     return Estimate(
         threshold,
-        float(np.sum(answers.weights * kept)),
         precision,
         precision_interval,
         recall,

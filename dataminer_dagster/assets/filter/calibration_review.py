@@ -1,9 +1,10 @@
 """A calibration's sample on disk, its yes/no review in a labelling tool, and the report.
 
 The sample (`SampledFrames`, `sample.json` in the project's calibration folder) keeps what the
-estimates need after the review: the strata with their sizes, and each sampled frame's stable
-id (`<video>_<frame:06d>.<ext>`, as the dataset names frames), score, stratum and whether the
-rest of the filter rule lets it through. The answers (`answers.json` beside it) map ids to
+estimates need after the review: the strata with their sizes, each sampled frame's stable id
+(`<video>_<frame:06d>.<ext>`, as the dataset names frames), score, stratum and whether the rest
+of the filter rule lets it through, and the scores of all the frames it lets through (how many
+a threshold keeps is counted, not estimated). The answers (`answers.json` beside it) map ids to
 yes (the frame is what the project wants) or no.
 
 Out: one Label Studio task per sampled frame with the id in `data.frame`, and a labelling
@@ -61,6 +62,12 @@ class SampledFrames:
     score: np.ndarray  # float32
     stratum_of: np.ndarray  # int64
     rule_allows: np.ndarray  # bool
+    allowed_scores: np.ndarray  # float32, ascending: of every frame the rest of the rule allows
+
+    def kept(self, threshold: float) -> int:
+        """Frames of the project the filter keeps at `threshold` (when the sample was drawn)."""
+        above = np.searchsorted(self.allowed_scores, np.float32(threshold), side="right")
+        return len(self.allowed_scores) - int(above)
 
     def answers(self, said: Mapping[str, bool]) -> Answers:
         """The answered frames (`said`: id -> yes) as the estimates take them."""
@@ -87,6 +94,7 @@ class SampledFrames:
                     self.ids, self.score, self.stratum_of, self.rule_allows, strict=True
                 )
             ],
+            "allowed_scores": [float(s) for s in self.allowed_scores],
         }
 
     @classmethod
@@ -104,6 +112,7 @@ class SampledFrames:
             np.array([f[1] for f in frames], np.float32),
             np.array([f[2] for f in frames], np.int64),
             np.array([f[3] for f in frames], bool),
+            np.array(data["allowed_scores"], np.float32),
         )
 
 
@@ -248,12 +257,16 @@ def _share(value: float, interval: tuple[float, float]) -> str:
     return f"{value:5.2f} [{interval[0]:.2f}-{interval[1]:.2f}]"
 
 
-def table_lines(rows: Sequence[Estimate], marks: Mapping[float, str]) -> list[str]:
+def table_lines(
+    rows: Sequence[Estimate], kept: Callable[[float], int], marks: Mapping[float, str]
+) -> list[str]:
+    """The report's table: per threshold, the frames kept, precision and recall."""
     lines = [f"  {'threshold':>9} {'kept':>8}  {'precision':<18} {'recall':<18}"]
     for e in rows:
         mark = marks.get(e.threshold, "")
         lines.append(
-            f"  {e.threshold:9.4f} {e.kept:8.0f}  {_share(e.precision, e.precision_interval):<18} "
+            f"  {e.threshold:9.4f} {kept(e.threshold):8d}  "
+            f"{_share(e.precision, e.precision_interval):<18} "
             f"{_share(e.recall, e.recall_interval):<18} {mark}".rstrip()
         )
     return lines
