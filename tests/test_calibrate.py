@@ -131,6 +131,12 @@ def test_calibration_recommends_the_threshold_that_reaches_the_precision_and_app
     use_changing_data(database_url, tmp_path, monkeypatch)
     assert "no project named 'nope'" in _refused("calibrate", "export", "nope", str(tmp_path / "x"))
     assert "no calibration sample" in _refused("calibrate", "show", "calib")
+    unfiltered = catalog.projects.get("calib").config.to_json()
+    unfiltered.update(name="unfiltered", output_dir=str(tmp_path / "out" / "unfiltered"))
+    catalog.projects.register(parse_project_config(unfiltered))
+    assert "project unfiltered has no filtered frames yet" in _refused(
+        "calibrate", "export", "unfiltered", str(tmp_path / "x")
+    )
 
     said = dataminer(
         "calibrate", "export", "calib", str(tmp_path / "sample"), "--image-url", "http://h/i"
@@ -182,3 +188,12 @@ def test_calibration_recommends_the_threshold_that_reaches_the_precision_and_app
     after = _frames(catalog, world)
     assert after["passed"].tolist() == (after["pos_max"] > np.float32(recommended)).tolist()
     assert after["passed"].sum() != frames["passed"].sum()
+
+    # New prompts not filtered yet: neither a new sample nor the old one's answers fit them.
+    changed = project.config.to_json()
+    changed["filter"]["positive_prompts"] = ["a red circle"]
+    catalog.projects.register(parse_project_config(changed))
+    assert "filtered with other prompts" in _refused(
+        "calibrate", "export", "calib", str(tmp_path / "again")
+    )
+    assert "drawn for other prompts" in _refused("calibrate", "show", "calib")

@@ -1,8 +1,10 @@
 """Calibration of the filter's positive threshold: the stratified sample, the weighted estimates
-with their intervals, and the threshold chosen, against populations whose truth is known."""
+with their intervals, and the threshold chosen, against populations whose truth is known; the
+sample's file and the yes/no answers of Label Studio and CVAT."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -25,6 +27,14 @@ from dataminer_dagster.assets.filter.calibration import (
     kept_apart_from_threshold,
     stratify,
     wilson,
+)
+from dataminer_dagster.assets.filter.calibration_review import (
+    CalibrationImportError,
+    SampledFrames,
+    check_fits,
+    label_studio_config,
+    label_studio_tasks,
+    read_answers,
 )
 from dataminer_dagster.assets.filter.filter_rule import apply_filter_rule
 
@@ -234,3 +244,92 @@ def test_the_rule_keeps_what_the_rest_of_it_allows_above_the_threshold(scores, t
     passed = apply_filter_rule(scores, **counts, thresholds=Rule(threshold)).passed
     pos_max = scores[:, :2].max(axis=1)
     assert passed.tolist() == (allows & (pos_max > np.float32(threshold))).tolist()
+
+
+# -- the sample on disk and its review formats ----------------------------------------------------
+
+
+def _sampled() -> SampledFrames:
+    return SampledFrames(
+        "model",
+        ("a red circle", 'a "quoted" <thing>'),
+        10,
+        3,
+        (Stratum(0, 0.1, 0.2, 6), Stratum(1, 0.5, 0.9, 4)),
+        ("v1_000001.jpg", "v1_000004.jpg", "v2_000002.jpg"),
+        np.array([0.1, 0.2, 0.9], np.float32),
+        np.array([0, 0, 1]),
+        np.array([True, False, True]),
+        np.array([0.1, 0.15, 0.5, 0.9], np.float32),
+    )
+
+
+def test_a_sample_reads_back_as_it_was_written():
+    sample = _sampled()
+    again = SampledFrames.from_json(json.loads(json.dumps(sample.to_json())))
+    assert again.ids == sample.ids and again.strata == sample.strata
+    assert again.score.tolist() == sample.score.tolist()
+    assert again.rule_allows.tolist() == sample.rule_allows.tolist()
+    assert [again.kept(t) for t in (0.0, 0.1, 0.2, 0.9)] == [4, 3, 2, 0]
+    answers = again.answers({"v2_000002.jpg": True, "v1_000001.jpg": False})
+    assert answers.score.tolist() == pytest.approx([0.1, 0.9]) and answers.yes.tolist() == [
+        False,
+        True,
+    ]
+
+
+def _label_studio_task(frame: str, *answers: tuple[str, str, bool]) -> dict:
+    return {
+        "data": {"image": f"http://h/{frame}", "frame": frame},
+        "annotations": [
+            {
+                "was_cancelled": cancelled,
+                "updated_at": when,
+                "result": [
+                    {"type": "choices", "from_name": "match", "value": {"choices": [choice]}}
+                ],
+            }
+            for choice, when, cancelled in answers
+        ],
+    }
+
+
+def test_answers_come_back_from_label_studio_and_cvat(tmp_path):
+    sample = _sampled()
+    config = label_studio_config(sample.prompts)
+    assert '<Choices name="match"' in config and "&quot;quoted&quot; &lt;thing&gt;" in config
+    tasks = label_studio_tasks(sample, lambda name: "http://h/" + name)
+    assert [t["data"]["frame"] for t in tasks] == list(sample.ids)
+
+    export = [
+        _label_studio_task(
+            "v1_000001.jpg", ("yes", "2026-12-01", False), ("no", "2026-12-02", False)
+        ),
+        _label_studio_task("v1_000004.jpg", ("yes", "2026-12-03", True)),  # skipped
+        _label_studio_task("v2_000002.jpg", ("yes", "2026-12-01", False)),
+    ]
+    (tmp_path / "ls.json").write_text(json.dumps(export))
+    assert read_answers(tmp_path / "ls.json") == (
+        "label-studio",
+        {"v1_000001.jpg": False, "v2_000002.jpg": True},
+    )
+    (tmp_path / "cvat.xml").write_text(
+        '<?xml version="1.0"?><annotations><version>1.1</version>'
+        '<image id="0" name="images/v1_000001.jpg"><tag label="yes" source="manual"/></image>'
+        '<image id="1" name="v1_000004.jpg"><tag label="no" source="manual"/></image>'
+        '<image id="2" name="v2_000002.jpg"></image></annotations>'
+    )
+    kind, said = read_answers(tmp_path / "cvat.xml")
+    assert kind == "cvat" and said == {"v1_000001.jpg": True, "v1_000004.jpg": False}
+    check_fits(said, sample)
+
+    with pytest.raises(CalibrationImportError, match="1 of the export's 2 answered frames"):
+        check_fits({"v9_000001.jpg": True, "v1_000001.jpg": True}, sample)
+    with pytest.raises(CalibrationImportError, match="answers none"):
+        check_fits({}, sample)
+    (tmp_path / "other.json").write_text(json.dumps([{"data": {"image": "x"}}]))
+    with pytest.raises(CalibrationImportError, match="no data.frame"):
+        read_answers(tmp_path / "other.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(CalibrationImportError, match="neither a Label Studio"):
+        read_answers(tmp_path / "bad.json")
