@@ -72,7 +72,7 @@ def _population(catalog, project):
     help="Frames to review: more narrow the intervals.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draw.")
-@image_options
+@image_options("DEST/images/")
 def export(
     name: str,
     dest: Path,
@@ -321,8 +321,9 @@ def _report(catalog, project, paths, sample, answers, precision, apply, wait, ti
         f"recommended positive_threshold: {chosen:g} ({choice.goal}; the config has {current:g})"
     )
     if not apply:
+        asked = f" --precision {precision:g}" if precision is not None else ""
         click.echo(
-            f"  `dataminer calibrate show {project.name} ... --apply` writes it to the config"
+            f"  `dataminer calibrate show {project.name}{asked} --apply` writes it to the config"
         )
         return
     _apply(catalog, project, chosen, wait, timeout)

@@ -90,25 +90,27 @@ def _model_version(project, paths) -> str:
     return f"dataminer {project.name} v{version} ({made_by})"
 
 
-image_options = _options(
-    click.option(
-        "--image-url",
-        help="Where the tool loads the images from: this URL followed by the image's file name "
-        "(a web server over the dataset's images/). Default: Label Studio's local files.",
-    ),
-    click.option(
-        "--document-root",
-        type=click.Path(path_type=Path, file_okay=False),
-        help="Label Studio's LOCAL_FILES_DOCUMENT_ROOT, which the local-files URLs are relative "
-        "to [default: /].",
-    ),
-)
+def image_options(images: str):
+    """The options that say where a labelling tool loads `images` (a folder, in words) from."""
+    return _options(
+        click.option(
+            "--image-url",
+            help="Where the tool loads the images from: this URL followed by the image's file "
+            f"name (a web server over {images}). Default: Label Studio's local files.",
+        ),
+        click.option(
+            "--document-root",
+            type=click.Path(path_type=Path, file_okay=False),
+            help="Label Studio's LOCAL_FILES_DOCUMENT_ROOT, which the local-files URLs are "
+            "relative to [default: /].",
+        ),
+    )
 
 
 @review.command("export")
 @click.argument("name")
 @click.argument("dest", type=click.Path(path_type=Path, file_okay=False))
-@image_options
+@image_options("the dataset's images/")
 def export(name: str, dest: Path, image_url: str | None, document_root: Path | None) -> None:
     """Write project NAME's dataset for review into folder DEST: tasks.json (Label Studio tasks,
     the boxes as predictions), labeling.xml (its labelling interface) and
@@ -253,7 +255,7 @@ _server_options = _options(
 @review.command("push")
 @click.argument("name")
 @_server_options
-@image_options
+@image_options("the dataset's images/")
 @click.option("--title", help="The Label Studio project's title [default: dataminer NAME vN].")
 def push(
     name: str,
