@@ -9,7 +9,7 @@ what they show or do lives in the package's other parts (db/, hosting/, core/).
     admin.py      project delete, delete-videos, cleanup-orphans, retry, force-<stage>
     dev.py        dataminer dev, dataminer export
     review.py     dataminer review export|import|push|pull
-    calibrate.py  dataminer calibrate export|import|show
+    calibrate.py  dataminer calibrate export|import|push|pull|show
     services.py   dataminer services ...
     progress.py   the progress bars of `run` and `demo`
 """

@@ -3,6 +3,8 @@
 export   draw a sample of the project's frames across each prompt's score range and write it
          for review: the frames, Label Studio tasks and their labelling interface
 import   bring the answers back (Label Studio's JSON export, CVAT's XML export) and report
+push     draw a sample and send it into a running Label Studio, as a new project
+pull     that project's answers back, as `import` does with an export file
 show     report again, for another precision; `--apply` writes the threshold to the config
 
 As `dataminer review`, a round trip through a labelling tool: the review takes a person hours,
@@ -18,9 +20,19 @@ from pathlib import Path
 import click
 
 from dataminer_dagster.cli.app import UserError, context, main, project_or_fail
-from dataminer_dagster.cli.review import LABEL_CONFIG_FILE, TASKS_FILE, image_options, image_urls
+from dataminer_dagster.cli.review import (
+    LABEL_CONFIG_FILE,
+    LABEL_STUDIO_FILE,
+    TASKS_FILE,
+    option_group,
+    image_options,
+    image_urls,
+    label_studio,
+    server_options,
+)
 
 IMAGES_DIR = "images"
+REVIEW_DIR = "review"  # in the calibration folder: what `push` sent to Label Studio
 DEFAULT_FRAMES = 48
 TABLE_ROWS = 10
 
@@ -61,46 +73,25 @@ def _population(catalog, project):
     return frames
 
 
-@calibrate.command("export")
-@click.argument("name")
-@click.argument("dest", type=click.Path(path_type=Path, file_okay=False))
-@click.option(
-    "--frames",
-    type=click.IntRange(min=2),
-    default=DEFAULT_FRAMES,
-    show_default=True,
-    help="Frames to review: more narrow the intervals.",
+_sample_options = (
+    click.option(
+        "--frames",
+        type=click.IntRange(min=2),
+        default=DEFAULT_FRAMES,
+        show_default=True,
+        help="Frames to review: more narrow the intervals.",
+    ),
+    click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draw."),
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draw.")
-@image_options("DEST/images/")
-def export(
-    name: str,
-    dest: Path,
-    frames: int,
-    seed: int,
-    image_url: str | None,
-    document_root: Path | None,
-) -> None:
-    """Draw a sample of project NAME's frames for a yes/no review and write it into folder DEST:
-    images/ (the frames), tasks.json (Label Studio tasks) and labeling.xml (their labelling
-    interface). The sample takes frames from every part of each positive prompt's score range
-    (strata by best prompt and score); a new export replaces the project's earlier sample and
-    its answers."""
-    import shutil
 
+
+def _draw(name: str, frames: int, seed: int):
+    """A new sample of project NAME's frames: the project, its paths, the sample as it is
+    kept, the sampled frames' files, and the frames it was drawn from."""
     import numpy as np
 
     from dataminer_dagster.assets.filter.calibration import draw_sample
-    from dataminer_dagster.assets.filter.calibration_review import (
-        ANSWERS_FILE,
-        SAMPLE_FILE,
-        SampledFrames,
-        frame_id,
-        label_studio_config,
-        label_studio_tasks,
-        save_json,
-    )
-    from dataminer_dagster.core.files import publish, staging_path
+    from dataminer_dagster.assets.filter.calibration_review import SampledFrames, frame_id
 
     catalog, project, paths = _project(name)
     population = _population(catalog, project)
@@ -126,23 +117,72 @@ def export(
         chosen["rule_allows"].to_numpy(),
         np.sort(population.loc[population["rule_allows"], "pos_max"].to_numpy(np.float32)),
     )
-    dest = dest.expanduser().resolve()
-    if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
-        raise UserError(f"{dest} already exists and is not an empty folder; choose a new one")
+    return project, paths, sampled, list(chosen["file"])
+
+
+def _write_for_review(sampled, files, dest: Path, image_url, document_root) -> list[dict]:
+    """The frames, tasks and labelling interface in folder `dest` (built aside, then renamed
+    into place); returns the tasks."""
+    import shutil
+
+    from dataminer_dagster.assets.filter.calibration_review import (
+        label_studio_config,
+        label_studio_tasks,
+        save_json,
+    )
+    from dataminer_dagster.core.files import publish, staging_path
+
     staging = staging_path(dest)
     (staging / IMAGES_DIR).mkdir(parents=True)
-    for frame_file, image in zip(chosen["file"], sampled.ids, strict=True):
+    for frame_file, image in zip(files, sampled.ids, strict=True):
         shutil.copyfile(frame_file, staging / IMAGES_DIR / image)
-    url = image_urls(dest / IMAGES_DIR, image_url, document_root)
-    save_json(staging / TASKS_FILE, label_studio_tasks(sampled, url))
+    tasks = label_studio_tasks(sampled, image_urls(dest / IMAGES_DIR, image_url, document_root))
+    save_json(staging / TASKS_FILE, tasks)
     (staging / LABEL_CONFIG_FILE).write_text(label_studio_config(sampled.prompts))
     publish(staging, dest)
+    return tasks
+
+
+def _keep(paths, sampled) -> None:
+    """The sample becomes the project's, in place of an earlier one and its answers."""
+    from dataminer_dagster.assets.filter.calibration_review import (
+        ANSWERS_FILE,
+        SAMPLE_FILE,
+        save_json,
+    )
+
     paths.calibration_dir.mkdir(parents=True, exist_ok=True)
     (paths.calibration_dir / ANSWERS_FILE).unlink(missing_ok=True)
     save_json(paths.calibration_dir / SAMPLE_FILE, sampled.to_json())
+
+
+@calibrate.command("export")
+@click.argument("name")
+@click.argument("dest", type=click.Path(path_type=Path, file_okay=False))
+@option_group(*_sample_options)
+@image_options("DEST/images/")
+def export(
+    name: str,
+    dest: Path,
+    frames: int,
+    seed: int,
+    image_url: str | None,
+    document_root: Path | None,
+) -> None:
+    """Draw a sample of project NAME's frames for a yes/no review and write it into folder DEST:
+    images/ (the frames), tasks.json (Label Studio tasks) and labeling.xml (their labelling
+    interface). The sample takes frames from every part of each positive prompt's score range
+    (strata by best prompt and score); a new sample replaces the project's earlier one and its
+    answers."""
+    dest = dest.expanduser().resolve()
+    if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
+        raise UserError(f"{dest} already exists and is not an empty folder; choose a new one")
+    project, paths, sampled, files = _draw(name, frames, seed)
+    _write_for_review(sampled, files, dest, image_url, document_root)
+    _keep(paths, sampled)
     click.echo(
-        f"{len(sampled.ids)} of the {len(population)} frames of project {name} in {dest}, from "
-        f"{len(sample.strata)} strata of best prompt and score:"
+        f"{len(sampled.ids)} of the {sampled.population} frames of project {name} in {dest}, "
+        f"from {len(sampled.strata)} strata of best prompt and score:"
     )
     click.echo(f"  {TASKS_FILE}: Label Studio tasks (import them into a project whose labelling")
     click.echo(f"    interface is {LABEL_CONFIG_FILE}: answer each frame yes or no)")
@@ -151,33 +191,79 @@ def export(
     click.echo(f"the answers come back with `dataminer calibrate import {name} EXPORT`")
 
 
-def _report_options(command):
-    for option in reversed(
-        (
-            click.option(
-                "--precision",
-                type=click.FloatRange(0, 1, min_open=True),
-                help="Recommend the lowest threshold whose estimated precision reaches this "
-                "(the most recall at that precision) [default: the threshold of the best F1].",
-            ),
-            click.option(
-                "--apply",
-                is_flag=True,
-                help="Write the recommended threshold to the project's config: its frames are "
-                "filtered again from the embedding cache, and what follows is made again.",
-            ),
-            click.option(
-                "--wait/--no-wait",
-                default=True,
-                show_default=True,
-                help="With --apply: run the project now, in this process (--no-wait: queue it "
-                "for the sensors or the next `dataminer run`).",
-            ),
-            click.option("--timeout", type=float, help="Give up waiting after this many seconds."),
+@calibrate.command("push")
+@click.argument("name")
+@option_group(*_sample_options)
+@server_options
+@image_options("the project's calibration/review/images/")
+@click.option("--title", help="The Label Studio project's title [default: calibrate NAME].")
+def push(
+    name: str,
+    frames: int,
+    seed: int,
+    url: str | None,
+    token: str | None,
+    image_url: str | None,
+    document_root: Path | None,
+    title: str | None,
+) -> None:
+    """Draw a sample of project NAME's frames, as `export` does into the project's
+    calibration/review/ folder, and send it to a running Label Studio as a new project for a
+    yes/no review. Without --image-url, Label Studio serves the images itself
+    (LOCAL_FILES_SERVING_ENABLED=true and LOCAL_FILES_DOCUMENT_ROOT, given as --document-root)."""
+    import json
+    import shutil
+
+    from dataminer_dagster.assets.dataset.label_studio import LabelStudioError
+    from dataminer_dagster.assets.filter.calibration_review import label_studio_config
+
+    project, paths, sampled, files = _draw(name, frames, seed)
+    folder = paths.calibration_dir / REVIEW_DIR
+    client = label_studio(url, token)
+    shutil.rmtree(folder, ignore_errors=True)
+    tasks = _write_for_review(sampled, files, folder, image_url, document_root)
+    try:
+        project_id = client.create_project(
+            title or f"calibrate {name}", label_studio_config(sampled.prompts)
         )
-    ):
-        command = option(command)
-    return command
+        if not image_url:
+            client.connect_local_files(project_id, str(folder / IMAGES_DIR), f"{name} frames")
+        taken = client.import_tasks(project_id, tasks)
+    except LabelStudioError as error:
+        raise UserError(str(error)) from None
+    _keep(paths, sampled)
+    (paths.calibration_dir / LABEL_STUDIO_FILE).write_text(
+        json.dumps({"url": client.url, "project": project_id}, indent=1) + "\n"
+    )
+    click.echo(
+        f"{taken} of the {sampled.population} frames of project {name} in Label Studio: "
+        f"{client.url}/projects/{project_id}"
+    )
+    click.echo(f"when answered: dataminer calibrate pull {name}")
+
+
+_report_options = option_group(
+    click.option(
+        "--precision",
+        type=click.FloatRange(0, 1, min_open=True),
+        help="Recommend the lowest threshold whose estimated precision reaches this "
+        "(the most recall at that precision) [default: the threshold of the best F1].",
+    ),
+    click.option(
+        "--apply",
+        is_flag=True,
+        help="Write the recommended threshold to the project's config: its frames are "
+        "filtered again from the embedding cache, and what follows is made again.",
+    ),
+    click.option(
+        "--wait/--no-wait",
+        default=True,
+        show_default=True,
+        help="With --apply: run the project now, in this process (--no-wait: queue it "
+        "for the sensors or the next `dataminer run`).",
+    ),
+    click.option("--timeout", type=float, help="Give up waiting after this many seconds."),
+)
 
 
 @calibrate.command("import")
@@ -196,6 +282,11 @@ def import_command(
     Studio's JSON export, or CVAT's 'CVAT for images 1.1' XML export), keep them, and report
     precision and recall per threshold. Answers of a later import replace those of an earlier
     one frame by frame."""
+    catalog, project, paths = _project(name)
+    _import(catalog, project, paths, export, precision, apply, wait, timeout)
+
+
+def _import(catalog, project, paths, export: Path, precision, apply, wait, timeout) -> None:
     from dataminer_dagster.assets.filter.calibration_review import (
         ANSWERS_FILE,
         CalibrationImportError,
@@ -205,13 +296,12 @@ def import_command(
         save_json,
     )
 
-    catalog, project, paths = _project(name)
     sample = _sample(project, paths)
     try:
         kind, said = read_answers(export)
         check_fits(said, sample)
     except CalibrationImportError as error:
-        raise UserError(f"project {name}: {error}; nothing was imported") from None
+        raise UserError(f"project {project.name}: {error}; nothing was imported") from None
     answers = {**load_answers(paths.calibration_dir), **said}
     save_json(paths.calibration_dir / ANSWERS_FILE, answers)
     yes = sum(said.values())
@@ -220,6 +310,42 @@ def import_command(
         f"{len(answers)} of the sample's {len(sample.ids)} frames are answered"
     )
     _report(catalog, project, paths, sample, answers, precision, apply, wait, timeout)
+
+
+@calibrate.command("pull")
+@click.argument("name")
+@server_options
+@_report_options
+def pull(
+    name: str,
+    url: str | None,
+    token: str | None,
+    precision: float | None,
+    apply: bool,
+    wait: bool,
+    timeout: float | None,
+) -> None:
+    """Bring the answers of the Label Studio project that `calibrate push` made for project NAME
+    back, as `import` does with an export file (kept in the project's calibration/ folder)."""
+    import json
+
+    from dataminer_dagster.assets.dataset.label_studio import LabelStudioError
+
+    catalog, project, paths = _project(name)
+    pushed = paths.calibration_dir / LABEL_STUDIO_FILE
+    if not pushed.is_file():
+        raise UserError(
+            f"no Label Studio project known for {name}'s calibration: `dataminer calibrate push "
+            f"{name}` first"
+        )
+    known = json.loads(pushed.read_text())
+    try:
+        answers = label_studio(url or known["url"], token).export_answers(known["project"])
+    except LabelStudioError as error:
+        raise UserError(str(error)) from None
+    export = paths.calibration_dir / f"label-studio-{known['project']}.json"
+    export.write_text(json.dumps(answers))
+    _import(catalog, project, paths, export, precision, apply, wait, timeout)
 
 
 @calibrate.command("show")

@@ -24,7 +24,7 @@ LOCAL_FILES_URL = "/data/local-files/?d="
 LABEL_STUDIO_FILE = "label_studio.json"  # in the review folder: the project pushed, for pull
 
 
-def _options(*options):
+def option_group(*options):
     """One decorator for a group of click options, in the order given."""
 
     def apply(command):
@@ -92,7 +92,7 @@ def _model_version(project, paths) -> str:
 
 def image_options(images: str):
     """The options that say where a labelling tool loads `images` (a folder, in words) from."""
-    return _options(
+    return option_group(
         click.option(
             "--image-url",
             help="Where the tool loads the images from: this URL followed by the image's file "
@@ -201,7 +201,7 @@ def _import_and_rebuild(name: str, export: Path, wait: bool, timeout: float | No
     raise SystemExit(code)
 
 
-_wait_options = _options(
+_wait_options = option_group(
     click.option(
         "--wait/--no-wait",
         default=True,
@@ -225,7 +225,7 @@ def import_command(name: str, export: Path, wait: bool, timeout: float | None) -
     _import_and_rebuild(name, export, wait, timeout)
 
 
-def _label_studio(url: str | None, token: str | None):
+def label_studio(url: str | None, token: str | None):
     from dataminer_dagster.assets.dataset.label_studio import LabelStudio
 
     if not url or not token:
@@ -237,7 +237,7 @@ def _label_studio(url: str | None, token: str | None):
     return LabelStudio(url, token)
 
 
-_server_options = _options(
+server_options = option_group(
     click.option(
         "--url",
         envvar="LABEL_STUDIO_URL",
@@ -254,7 +254,7 @@ _server_options = _options(
 
 @review.command("push")
 @click.argument("name")
-@_server_options
+@server_options
 @image_options("the dataset's images/")
 @click.option("--title", help="The Label Studio project's title [default: dataminer NAME vN].")
 def push(
@@ -281,7 +281,7 @@ def push(
     tasks = label_studio_tasks(contents, _image_url(paths, image_url, document_root), model_version)
     title = title or model_version.split(" (")[0]
     try:
-        client = _label_studio(url, token)
+        client = label_studio(url, token)
         project_id = client.create_project(title, label_studio_config(contents.names))
         if not image_url:
             images = (paths.dataset_dir / IMAGES_DIR).resolve()
@@ -301,7 +301,7 @@ def push(
 
 @review.command("pull")
 @click.argument("name")
-@_server_options
+@server_options
 @click.option(
     "--project",
     "project_id",
@@ -338,7 +338,7 @@ def pull(
     if project_id is None:
         raise UserError(f"no Label Studio project known for {name}: push it first, or --project")
     try:
-        client = _label_studio(url or known.get("url"), token)
+        client = label_studio(url or known.get("url"), token)
         answers = client.export_answers(project_id)
     except LabelStudioError as error:
         raise UserError(str(error)) from None
