@@ -196,4 +196,4 @@ def test_calibration_recommends_the_threshold_that_reaches_the_precision_and_app
     assert "filtered with other prompts" in _refused(
         "calibrate", "export", "calib", str(tmp_path / "again")
     )
-    assert "drawn for other prompts" in _refused("calibrate", "show", "calib")
+    assert "drawn for other prompts, another model" in _refused("calibrate", "show", "calib")

@@ -24,10 +24,10 @@ from dataminer_dagster.cli.review import (
     LABEL_CONFIG_FILE,
     LABEL_STUDIO_FILE,
     TASKS_FILE,
-    option_group,
     image_options,
     image_urls,
     label_studio,
+    option_group,
     server_options,
 )
 
@@ -91,7 +91,11 @@ def _draw(name: str, frames: int, seed: int):
     import numpy as np
 
     from dataminer_dagster.assets.filter.calibration import draw_sample
-    from dataminer_dagster.assets.filter.calibration_review import SampledFrames, frame_id
+    from dataminer_dagster.assets.filter.calibration_review import (
+        SampledFrames,
+        frame_id,
+        rule_of,
+    )
 
     catalog, project, paths = _project(name)
     population = _population(catalog, project)
@@ -103,6 +107,7 @@ def _draw(name: str, frames: int, seed: int):
     sampled = SampledFrames(
         config.model,
         tuple(config.positive_prompts),
+        rule_of(config),
         len(population),
         seed,
         sample.strata,
@@ -370,7 +375,9 @@ def show(
 
 
 def _sample(project, paths):
-    from dataminer_dagster.assets.filter.calibration_review import load_sample
+    import json
+
+    from dataminer_dagster.assets.filter.calibration_review import load_sample, rule_of
 
     sample = load_sample(paths.calibration_dir)
     if sample is None:
@@ -379,36 +386,60 @@ def _sample(project, paths):
             f"`dataminer calibrate export {project.name} DEST`"
         )
     config = project.config.filter
-    if (sample.model, sample.prompts) != (config.model, tuple(config.positive_prompts)):
+    drawn = (sample.model, sample.prompts, json.dumps(sample.rule, sort_keys=True))
+    if drawn != (
+        config.model,
+        tuple(config.positive_prompts),
+        json.dumps(rule_of(config), sort_keys=True),
+    ):
         raise UserError(
-            f"project {project.name}'s calibration sample was drawn for other prompts or another "
-            f"model than its config has now: draw a new one with `dataminer calibrate export "
-            f"{project.name} DEST`"
+            f"project {project.name}'s calibration sample was drawn for other prompts, another "
+            "model or other negative and junk thresholds than its config has now: once the "
+            f"project is filtered with them, draw a new one (`dataminer calibrate export "
+            f"{project.name} DEST`)"
         )
     return sample
 
 
 def _report(catalog, project, paths, sample, answers, precision, apply, wait, timeout) -> None:
-    from dataminer_dagster.assets.filter.calibration import (
-        choose_threshold,
-        curve,
-        estimate,
-        report_thresholds,
-    )
-    from dataminer_dagster.assets.filter.calibration_review import table_lines
+    from dataminer_dagster.assets.filter.calibration import choose_threshold, curve
 
     answered = sample.answers(answers)
     if not len(answered.yes):
         raise UserError(f"none of the answers is about project {project.name}'s current sample")
-    current = project.config.filter.positive_threshold
     choice = choose_threshold(curve(answered), precision)
     chosen = choice.estimate.threshold if choice.estimate else None
-    rows = report_thresholds(
-        answered, TABLE_ROWS, [current] + ([chosen] if chosen is not None else [])
+    _print_estimates(project, sample, answered, chosen, choice.goal)
+    if chosen is None:
+        raise UserError(
+            "no threshold keeps a frame answered yes"
+            if precision is None
+            else f"no threshold reaches {choice.goal} on these answers: ask for less, or review "
+            "more frames (a new `dataminer calibrate export` with more --frames)"
+        )
+    current = project.config.filter.positive_threshold
+    click.echo(
+        f"recommended positive_threshold: {chosen:g} ({choice.goal}; the config has {current:g})"
     )
+    if not apply:
+        asked = f" --precision {precision:g}" if precision is not None else ""
+        click.echo(
+            f"  `dataminer calibrate show {project.name}{asked} --apply` writes it to the config"
+        )
+        return
+    _apply(catalog, project, chosen, wait, timeout)
+
+
+def _print_estimates(project, sample, answered, chosen: float | None, goal: str) -> None:
+    """The table of thresholds (the config's and the chosen one marked), then each prompt's
+    figures at the chosen one."""
+    from dataminer_dagster.assets.filter.calibration import estimate, report_thresholds
+    from dataminer_dagster.assets.filter.calibration_review import table_lines
+
+    current = project.config.filter.positive_threshold
     marks = {current: "<- the config's"}
     if chosen is not None:
-        marks[chosen] = f"<- recommended ({choice.goal})" + (
+        marks[chosen] = f"<- recommended ({goal})" + (
             " and the config's" if chosen == current else ""
         )
     n_yes = int(answered.yes.sum())
@@ -426,33 +457,20 @@ def _report(catalog, project, paths, sample, answers, precision, apply, wait, ti
             f"  {answered.uncovered} frames are in strata without an answer: no estimate covers "
             "them"
         )
+    rows = report_thresholds(answered, TABLE_ROWS, list(marks))
     for line in table_lines([estimate(answered, t) for t in rows], sample.kept, marks):
         click.echo(line)
-    if len(sample.prompts) > 1 and chosen is not None:
-        click.echo(f"per best positive prompt, at {chosen:g}:")
-        for index, prompt in enumerate(sample.prompts):
-            mine = answered.of_prompt(index)
-            if len(mine.yes):
-                e = estimate(mine, chosen)
-                click.echo(
-                    f"  {prompt!r}: precision {_figure(e.precision, e.precision_interval)}, "
-                    f"recall {_figure(e.recall, e.recall_interval)} ({len(mine.yes)} answers)"
-                )
-    if chosen is None:
-        raise UserError(
-            f"no threshold reaches {choice.goal} on these answers: ask for less, or review more "
-            "frames (a new `dataminer calibrate export` with more --frames)"
-        )
-    click.echo(
-        f"recommended positive_threshold: {chosen:g} ({choice.goal}; the config has {current:g})"
-    )
-    if not apply:
-        asked = f" --precision {precision:g}" if precision is not None else ""
-        click.echo(
-            f"  `dataminer calibrate show {project.name}{asked} --apply` writes it to the config"
-        )
+    if len(sample.prompts) < 2 or chosen is None:
         return
-    _apply(catalog, project, chosen, wait, timeout)
+    click.echo(f"per best positive prompt, at {chosen:g}:")
+    for index, prompt in enumerate(sample.prompts):
+        mine = answered.of_prompt(index)
+        if len(mine.yes):
+            e = estimate(mine, chosen)
+            click.echo(
+                f"  {prompt!r}: precision {_figure(e.precision, e.precision_interval)}, "
+                f"recall {_figure(e.recall, e.recall_interval)} ({len(mine.yes)} answers)"
+            )
 
 
 def _figure(value: float, interval: tuple[float, float]) -> str:

@@ -253,6 +253,7 @@ def _sampled() -> SampledFrames:
     return SampledFrames(
         "model",
         ("a red circle", 'a "quoted" <thing>'),
+        {"negative_prompts": ["a dog"], "negative_threshold": 0.3},
         10,
         3,
         (Stratum(0, 0.1, 0.2, 6), Stratum(1, 0.5, 0.9, 4)),
@@ -267,7 +268,7 @@ def _sampled() -> SampledFrames:
 def test_a_sample_reads_back_as_it_was_written():
     sample = _sampled()
     again = SampledFrames.from_json(json.loads(json.dumps(sample.to_json())))
-    assert again.ids == sample.ids and again.strata == sample.strata
+    assert again.ids == sample.ids and again.strata == sample.strata and again.rule == sample.rule
     assert again.score.tolist() == sample.score.tolist()
     assert again.rule_allows.tolist() == sample.rule_allows.tolist()
     assert [again.kept(t) for t in (0.0, 0.1, 0.2, 0.9)] == [4, 3, 2, 0]

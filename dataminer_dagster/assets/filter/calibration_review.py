@@ -55,6 +55,7 @@ class SampledFrames:
 
     model: str
     prompts: tuple[str, ...]  # the positive prompts, in the config's order
+    rule: Mapping[str, Any]  # the rest of the filter rule it was drawn under (`rule_of`)
     population: int  # frames of the project when it was drawn
     seed: int
     strata: tuple[Stratum, ...]
@@ -85,6 +86,7 @@ class SampledFrames:
             "format": SAMPLE_FORMAT,
             "model": self.model,
             "prompts": list(self.prompts),
+            "rule": dict(self.rule),
             "population": self.population,
             "seed": self.seed,
             "strata": [[s.prompt, s.low, s.high, s.size] for s in self.strata],
@@ -105,6 +107,7 @@ class SampledFrames:
         return cls(
             data["model"],
             tuple(data["prompts"]),
+            dict(data["rule"]),
             int(data["population"]),
             int(data["seed"]),
             tuple(Stratum(int(p), float(lo), float(hi), int(n)) for p, lo, hi, n in data["strata"]),
@@ -114,6 +117,14 @@ class SampledFrames:
             np.array([f[3] for f in frames], bool),
             np.array(data["allowed_scores"], np.float32),
         )
+
+
+def rule_of(config: Any) -> dict[str, Any]:
+    """What decides, besides the positive prompts and threshold, whether the filter keeps a
+    frame (a project config's `filter:` section): a sample's `rule_allows` holds for it only."""
+    names = ("negative_prompts", "junk_prompts", "negative_threshold", "pos_neg_margin")
+    names += ("junk_threshold", "pos_junk_margin")
+    return {name: getattr(config, name) for name in names}
 
 
 def save_json(path: Path, document: Any) -> None:
