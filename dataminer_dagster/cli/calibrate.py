@@ -419,7 +419,8 @@ def _report(catalog, project, paths, sample, answers, precision, apply, wait, ti
         )
     current = project.config.filter.positive_threshold
     click.echo(
-        f"recommended positive_threshold: {chosen:g} ({choice.goal}; the config has {current:g})"
+        f"recommended positive_threshold: {_decimal(chosen)} ({choice.goal}; the config has "
+        f"{_decimal(current)})"
     )
     if not apply:
         asked = f" --precision {precision:g}" if precision is not None else ""
@@ -462,7 +463,7 @@ def _print_estimates(project, sample, answered, chosen: float | None, goal: str)
         click.echo(line)
     if len(sample.prompts) < 2 or chosen is None:
         return
-    click.echo(f"per best positive prompt, at {chosen:g}:")
+    click.echo(f"per best positive prompt, at {_decimal(chosen)}:")
     for index, prompt in enumerate(sample.prompts):
         mine = answered.of_prompt(index)
         if len(mine.yes):
@@ -471,6 +472,11 @@ def _print_estimates(project, sample, answered, chosen: float | None, goal: str)
                 f"  {prompt!r}: precision {_figure(e.precision, e.precision_interval)}, "
                 f"recall {_figure(e.recall, e.recall_interval)} ({len(mine.yes)} answers)"
             )
+
+
+def _decimal(value: float) -> str:
+    """A threshold as YAML reads it back as a number: 0.00001, not 1e-05."""
+    return format(value, ".8f").rstrip("0").rstrip(".") or "0"
 
 
 def _figure(value: float, interval: tuple[float, float]) -> str:
@@ -482,18 +488,19 @@ def _apply(catalog, project, threshold: float, wait: bool, timeout: float | None
     cache, as after any change of its thresholds."""
     from dataminer_dagster.cli.registration import registration_lines
     from dataminer_dagster.config import ConfigError, parse_project_config
+    from dataminer_dagster.settings import load_settings
 
     raw = project.config.to_json()
     raw["filter"]["positive_threshold"] = threshold
     try:
         config = parse_project_config(raw, source=f"project {project.name}")
-        result = catalog.projects.register(config)
+        result = catalog.projects.register(config, protected=load_settings().protected_dirs)
     except ConfigError as error:
         raise UserError(str(error)) from None
     for line in registration_lines(result):
         click.echo(line)
     click.echo(
-        f"  set positive_threshold: {threshold:g} in the project's YAML file too: a later "
+        f"  set positive_threshold: {_decimal(threshold)} in the project's YAML file too: a later "
         "`dataminer run` or `project add` of the file registers what it says"
     )
     if not wait:
