@@ -157,6 +157,9 @@ def test_calibration_recommends_the_threshold_that_reaches_the_precision_and_app
     )
 
     truth = dict(zip(frames["frame"], frames["yes"], strict=True))
+    (tmp_path / "half.json").write_text(json.dumps(_answered(tasks[:24], truth)))
+    said = dataminer("calibrate", "import", "calib", str(tmp_path / "half.json"))
+    assert "24 of the sample's 48 frames are answered" in said and "(best F1;" in said
     (tmp_path / "answers.json").write_text(json.dumps(_answered(tasks, truth)))
     said = dataminer(
         "calibrate",
@@ -167,7 +170,7 @@ def test_calibration_recommends_the_threshold_that_reaches_the_precision_and_app
         str(PRECISION),
     )
     yes = sum(truth[t["data"]["frame"]] for t in tasks)
-    assert f"imported 48 answers (label-studio): {yes} yes, {48 - yes} no" in said
+    assert f"imported 48 answers (label-studio): {yes} yes, {48 - yes} no; 48 of" in said
     assert f"estimates for all {len(frames)} frames of the project" in said
     recommended = float(re.search(r"recommended positive_threshold: ([0-9.e-]+)", said)[1])
     truly = _truly_reaching(frames, PRECISION)
