@@ -87,42 +87,17 @@ _sample_options = (
 
 def _draw(name: str, frames: int, seed: int):
     """A new sample of project NAME's frames: the project, its paths, the sample as it is
-    kept, the sampled frames' files, and the frames it was drawn from."""
-    import numpy as np
-
+    kept, and the sampled frames' files."""
     from dataminer_dagster.assets.filter.calibration import draw_sample
-    from dataminer_dagster.assets.filter.calibration_review import (
-        SampledFrames,
-        frame_id,
-        rule_of,
-    )
+    from dataminer_dagster.assets.filter.calibration_review import sampled_frames
 
     catalog, project, paths = _project(name)
     population = _population(catalog, project)
-    config = project.config.filter
     sample = draw_sample(
         population["pos_max"].to_numpy(), population["best_positive"].to_numpy(), frames, seed
     )
-    chosen = population.iloc[sample.frames]
-    sampled = SampledFrames(
-        config.model,
-        tuple(config.positive_prompts),
-        rule_of(config),
-        len(population),
-        seed,
-        sample.strata,
-        tuple(
-            frame_id(v, i, f)
-            for v, i, f in zip(
-                chosen["video_id"], chosen["frame_index"], chosen["file"], strict=True
-            )
-        ),
-        chosen["pos_max"].to_numpy(),
-        sample.stratum_of,
-        chosen["rule_allows"].to_numpy(),
-        np.sort(population.loc[population["rule_allows"], "pos_max"].to_numpy(np.float32)),
-    )
-    return project, paths, sampled, list(chosen["file"])
+    sampled = sampled_frames(population, sample, project.config.filter, seed)
+    return project, paths, sampled, list(population["file"].iloc[sample.frames])
 
 
 def _write_for_review(sampled, files, dest: Path, image_url, document_root) -> list[dict]:

@@ -24,12 +24,15 @@ import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape
 
 import numpy as np
 
-from dataminer_dagster.assets.filter.calibration import Answers, Estimate, Stratum
+from dataminer_dagster.assets.filter.calibration import Answers, Estimate, Sample, Stratum
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SAMPLE_FILE = "sample.json"
 ANSWERS_FILE = "answers.json"
@@ -125,6 +128,33 @@ def rule_of(config: Any) -> dict[str, Any]:
     names = ("negative_prompts", "junk_prompts", "negative_threshold", "pos_neg_margin")
     names += ("junk_threshold", "pos_junk_margin")
     return {name: getattr(config, name) for name in names}
+
+
+def sampled_frames(
+    population: pd.DataFrame, sample: Sample, config: Any, seed: int
+) -> SampledFrames:
+    """The sample drawn from `population` (the filter's `scored_frames`) as it is kept, for
+    the project config's `filter:` section `config`."""
+    chosen = population.iloc[sample.frames]
+    allowed = population.loc[population["rule_allows"], "pos_max"]
+    return SampledFrames(
+        config.model,
+        tuple(config.positive_prompts),
+        rule_of(config),
+        len(population),
+        seed,
+        sample.strata,
+        tuple(
+            frame_id(v, i, f)
+            for v, i, f in zip(
+                chosen["video_id"], chosen["frame_index"], chosen["file"], strict=True
+            )
+        ),
+        chosen["pos_max"].to_numpy(np.float32),
+        sample.stratum_of,
+        chosen["rule_allows"].to_numpy(bool),
+        np.sort(allowed.to_numpy(np.float32)),
+    )
 
 
 def save_json(path: Path, document: Any) -> None:
