@@ -103,6 +103,11 @@ class ProjectPaths:
         return self.root / "review"
 
     @property
+    def calibration_dir(self) -> Path:
+        """A calibration's sample and its answers (assets/filter/calibration_review.py)."""
+        return self.root / "calibration"
+
+    @property
     def marker(self) -> Path:
         return self.root / OUTPUT_MARKER
 
@@ -116,6 +121,7 @@ class ProjectPaths:
             self.dataset_versions_dir,
             self.previews_dir,
             self.review_dir,
+            self.calibration_dir,
             self.marker,
         ]
 

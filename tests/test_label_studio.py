@@ -116,3 +116,53 @@ def test_a_review_in_label_studio_comes_back(
     assert coco[emptied] == [] and len(coco[added]) == len(before[added]) + 1
     assert all(coco[n] == before[n] for n in set(coco) - {moved, emptied, added})
     assert "## Review" in (dataset / "report.md").read_text()
+
+
+def test_a_calibration_sample_is_answered_in_label_studio(
+    label_studio, changing, database_url, tmp_path, monkeypatch
+):
+    """`dataminer calibrate push` makes a yes/no project that Label Studio accepts and serves
+    the frames of; the answers given through its API come back with `calibrate pull`."""
+    changing.run()
+    use_changing_data(database_url, tmp_path, monkeypatch)
+    with label_studio_server(label_studio, tmp_path / "label-studio", tmp_path) as url:
+        monkeypatch.setenv("LABEL_STUDIO_URL", url)
+        monkeypatch.setenv("LABEL_STUDIO_API_KEY", TOKEN)
+        said = dataminer(
+            "calibrate", "push", "changing", "--frames", "6", "--document-root", str(tmp_path)
+        )
+        assert "6 of the" in said and "frames of project changing in Label Studio" in said
+        pushed = json.loads(
+            (changing.output.root / "calibration" / "label_studio.json").read_text()
+        )
+        api = requests.Session()
+        api.headers["Authorization"] = f"Token {TOKEN}"
+        listed = api.get(
+            f"{url}/api/tasks",
+            params={"project": pushed["project"], "fields": "all", "page_size": 100},
+        ).json()["tasks"]
+        assert len(listed) == 6
+        images = changing.output.root / "calibration" / "review" / "images"
+        first = listed[0]
+        picture = api.get(url + first["data"]["image"])
+        assert picture.status_code == 200
+        assert picture.content == (images / first["data"]["frame"]).read_bytes()
+
+        for n, task in enumerate(listed):
+            answered = api.post(
+                f"{url}/api/tasks/{task['id']}/annotations/",
+                json={
+                    "result": [
+                        {
+                            "type": "choices",
+                            "from_name": "match",
+                            "to_name": "image",
+                            "value": {"choices": ["yes" if n % 2 else "no"]},
+                        }
+                    ]
+                },
+            )
+            assert answered.status_code == 201, answered.text
+        said = dataminer("calibrate", "pull", "changing")
+    assert "imported 6 answers (label-studio): 3 yes, 3 no" in said
+    assert "recommended positive_threshold" in said

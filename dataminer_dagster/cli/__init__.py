@@ -9,12 +9,14 @@ what they show or do lives in the package's other parts (db/, hosting/, core/).
     admin.py      project delete, delete-videos, cleanup-orphans, retry, force-<stage>
     dev.py        dataminer dev, dataminer export
     review.py     dataminer review export|import|push|pull
+    calibrate.py  dataminer calibrate export|import|push|pull|show
     services.py   dataminer services ...
     progress.py   the progress bars of `run` and `demo`
 """
 
 from dataminer_dagster.cli import (
     admin,
+    calibrate,
     database,
     dev,
     projects,
@@ -28,6 +30,7 @@ from dataminer_dagster.cli.app import main
 __all__ = [
     "main",
     "admin",
+    "calibrate",
     "database",
     "dev",
     "projects",

@@ -24,7 +24,7 @@ LOCAL_FILES_URL = "/data/local-files/?d="
 LABEL_STUDIO_FILE = "label_studio.json"  # in the review folder: the project pushed, for pull
 
 
-def _options(*options):
+def option_group(*options):
     """One decorator for a group of click options, in the order given."""
 
     def apply(command):
@@ -57,14 +57,13 @@ def _dataset(name: str):
     return project, paths, read_contents(paths.dataset_dir)
 
 
-def _image_url(paths, image_url: str | None, document_root: Path | None):
-    """Where the labelling tool loads each image from: under `image_url`, or through Label
-    Studio's local files, relative to its LOCAL_FILES_DOCUMENT_ROOT."""
+def image_urls(images: Path, image_url: str | None, document_root: Path | None):
+    """Where the labelling tool loads each image of the folder `images` from: under
+    `image_url`, or through Label Studio's local files, relative to its
+    LOCAL_FILES_DOCUMENT_ROOT."""
     from urllib.parse import quote
 
-    from dataminer_dagster.assets.dataset.dataset_files import IMAGES_DIR
-
-    images = (paths.dataset_dir / IMAGES_DIR).resolve()
+    images = images.resolve()
     if image_url:
         prefix = image_url.rstrip("/") + "/"
         return lambda name: prefix + quote(name)
@@ -72,10 +71,14 @@ def _image_url(paths, image_url: str | None, document_root: Path | None):
     try:
         relative = images.relative_to(root)
     except ValueError:
-        raise UserError(
-            f"the dataset's images ({images}) are not under the document root {root}"
-        ) from None
+        raise UserError(f"the images ({images}) are not under the document root {root}") from None
     return lambda name: LOCAL_FILES_URL + quote(f"{relative.as_posix()}/{name}")
+
+
+def _image_url(paths, image_url: str | None, document_root: Path | None):
+    from dataminer_dagster.assets.dataset.dataset_files import IMAGES_DIR
+
+    return image_urls(paths.dataset_dir / IMAGES_DIR, image_url, document_root)
 
 
 def _model_version(project, paths) -> str:
@@ -87,25 +90,27 @@ def _model_version(project, paths) -> str:
     return f"dataminer {project.name} v{version} ({made_by})"
 
 
-_image_options = _options(
-    click.option(
-        "--image-url",
-        help="Where the tool loads the images from: this URL followed by the image's file name "
-        "(a web server over the dataset's images/). Default: Label Studio's local files.",
-    ),
-    click.option(
-        "--document-root",
-        type=click.Path(path_type=Path, file_okay=False),
-        help="Label Studio's LOCAL_FILES_DOCUMENT_ROOT, which the local-files URLs are relative "
-        "to [default: /].",
-    ),
-)
+def image_options(images: str):
+    """The options that say where a labelling tool loads `images` (a folder, in words) from."""
+    return option_group(
+        click.option(
+            "--image-url",
+            help="Where the tool loads the images from: this URL followed by the image's file "
+            f"name (a web server over {images}). Default: Label Studio's local files.",
+        ),
+        click.option(
+            "--document-root",
+            type=click.Path(path_type=Path, file_okay=False),
+            help="Label Studio's LOCAL_FILES_DOCUMENT_ROOT, which the local-files URLs are "
+            "relative to [default: /].",
+        ),
+    )
 
 
 @review.command("export")
 @click.argument("name")
 @click.argument("dest", type=click.Path(path_type=Path, file_okay=False))
-@_image_options
+@image_options("the dataset's images/")
 def export(name: str, dest: Path, image_url: str | None, document_root: Path | None) -> None:
     """Write project NAME's dataset for review into folder DEST: tasks.json (Label Studio tasks,
     the boxes as predictions), labeling.xml (its labelling interface) and
@@ -196,7 +201,7 @@ def _import_and_rebuild(name: str, export: Path, wait: bool, timeout: float | No
     raise SystemExit(code)
 
 
-_wait_options = _options(
+_wait_options = option_group(
     click.option(
         "--wait/--no-wait",
         default=True,
@@ -220,7 +225,7 @@ def import_command(name: str, export: Path, wait: bool, timeout: float | None) -
     _import_and_rebuild(name, export, wait, timeout)
 
 
-def _label_studio(url: str | None, token: str | None):
+def label_studio(url: str | None, token: str | None):
     from dataminer_dagster.assets.dataset.label_studio import LabelStudio
 
     if not url or not token:
@@ -232,7 +237,7 @@ def _label_studio(url: str | None, token: str | None):
     return LabelStudio(url, token)
 
 
-_server_options = _options(
+server_options = option_group(
     click.option(
         "--url",
         envvar="LABEL_STUDIO_URL",
@@ -249,8 +254,8 @@ _server_options = _options(
 
 @review.command("push")
 @click.argument("name")
-@_server_options
-@_image_options
+@server_options
+@image_options("the dataset's images/")
 @click.option("--title", help="The Label Studio project's title [default: dataminer NAME vN].")
 def push(
     name: str,
@@ -276,7 +281,7 @@ def push(
     tasks = label_studio_tasks(contents, _image_url(paths, image_url, document_root), model_version)
     title = title or model_version.split(" (")[0]
     try:
-        client = _label_studio(url, token)
+        client = label_studio(url, token)
         project_id = client.create_project(title, label_studio_config(contents.names))
         if not image_url:
             images = (paths.dataset_dir / IMAGES_DIR).resolve()
@@ -296,7 +301,7 @@ def push(
 
 @review.command("pull")
 @click.argument("name")
-@_server_options
+@server_options
 @click.option(
     "--project",
     "project_id",
@@ -333,7 +338,7 @@ def pull(
     if project_id is None:
         raise UserError(f"no Label Studio project known for {name}: push it first, or --project")
     try:
-        client = _label_studio(url or known.get("url"), token)
+        client = label_studio(url or known.get("url"), token)
         answers = client.export_answers(project_id)
     except LabelStudioError as error:
         raise UserError(str(error)) from None

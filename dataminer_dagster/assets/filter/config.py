@@ -33,7 +33,9 @@ class FilterConfig(Section):
         description="Like negative prompts, with their own thresholds (close-ups, partial views...).",
     )
     positive_threshold: Probability = Field(
-        0.3, description="Best positive score must be above this."
+        0.3,
+        description="Best positive score must be above this (`dataminer calibrate` finds the "
+        "one for a precision from a yes/no review of a few dozen frames).",
     )
     negative_threshold: Probability = Field(
         0.3, description="Best negative score must be below this."

@@ -1,5 +1,5 @@
-"""The filter's SQL: a project video's frame counts in `project_videos`, and the videos with
-frames that passed (what dedup reads)."""
+"""The filter's SQL: a project video's frame counts in `project_videos`, the videos with frames
+that passed (what dedup reads) and the videos it scored (what a calibration samples)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,19 @@ def videos_with_passed_frames(engine: sa.Engine, project_id: int) -> list[str]:
             c.execute(
                 sa.text(f"""SELECT video_id FROM {S}.project_videos WHERE project_id = :p
                                AND frames_passed > 0 ORDER BY video_id"""),
+                {"p": project_id},
+            ).scalars()
+        )
+
+
+def filtered_videos(engine: sa.Engine, project_id: int) -> list[str]:
+    """The project's videos whose frames the filter has scored (a copy of another video has no
+    table of its own: its original's stands for it)."""
+    with engine.connect() as c:
+        return list(
+            c.execute(
+                sa.text(f"""SELECT video_id FROM {S}.project_videos WHERE project_id = :p
+                               AND frames_total > 0 ORDER BY video_id"""),
                 {"p": project_id},
             ).scalars()
         )

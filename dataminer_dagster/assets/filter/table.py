@@ -76,3 +76,57 @@ def passed_frames(project, video_ids: list[str]) -> pd.DataFrame:
     frames = pd.concat(parts, ignore_index=True)
     frames["frame_id"] = frames["video_id"] + "_" + frames["frame_index"].map("{:06d}".format)
     return frames.sort_values("frame_id", ignore_index=True)
+
+
+def scored_frames(project, video_ids: list[str]) -> pd.DataFrame:
+    """Every readable frame of these videos of the project with its best positive score
+    (`pos_max`), the position of its best positive prompt in the config (`best_positive`), and
+    whether the rest of the filter rule (negative and junk prompts, margins) lets it through at
+    any positive threshold (`rule_allows`). Raises StaleFilterTable for a video whose table was
+    scored with other prompts than the project's config has now."""
+    import pandas as pd
+
+    from dataminer_dagster.assets.filter.calibration import kept_apart_from_threshold
+
+    config = project.config.filter
+    columns = prompt_columns(config)
+    paths = ProjectPaths(project.output_dir)
+    parts = []
+    for video_id in sorted(video_ids):
+        table = pd.read_parquet(paths.filter_table(video_id))
+        if list(table.columns[len(FRAME_COLUMNS) :]) != columns:
+            raise StaleFilterTable(video_id)
+        table = table[table["readable"]]
+        scores = table[columns].to_numpy(np.float32)
+        positives = len(config.positive_prompts)
+        parts.append(
+            pd.DataFrame(
+                {
+                    "video_id": video_id,
+                    "frame_index": table["frame_index"].to_numpy(),
+                    "file": table["file"].to_numpy(),
+                    "pos_max": table["pos_max"].to_numpy(np.float32),
+                    "best_positive": scores[:, :positives].argmax(axis=1),
+                    "rule_allows": kept_apart_from_threshold(
+                        scores,
+                        n_positive=positives,
+                        n_negative=len(config.negative_prompts),
+                        n_junk=len(config.junk_prompts),
+                        thresholds=config,
+                    ),
+                }
+            )
+        )
+    if not parts:
+        return pd.DataFrame(
+            columns=["video_id", "frame_index", "file", "pos_max", "best_positive", "rule_allows"]
+        )
+    return pd.concat(parts, ignore_index=True)
+
+
+class StaleFilterTable(ValueError):
+    """A video's filter table scored other prompts than the project's config has."""
+
+    def __init__(self, video_id: str):
+        super().__init__(video_id)
+        self.video_id = video_id

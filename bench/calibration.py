@@ -1,0 +1,178 @@
+"""How close `dataminer calibrate` comes to the threshold that truly reaches a precision, over
+many draws of its sample, on a project over the synthetic world filtered by the shipped world
+SigLIP.
+
+The project (the world of `--world-seed`, one frame every 0.2 s, the prompts "a <colour>
+<shape>" for the world's four shapes) is driven to complete as `dataminer run` drives it. Its
+frames' truth is the world's: a frame is a yes when it shows an object of that colour. Then, for
+each sample size and precision asked, `--draws` samples are drawn (seeds 0, 1, ...) and
+answered from the truth, and the threshold that `calibrate` recommends (the same functions:
+scored_frames, draw_sample, curve, choose_threshold) is set against the lowest threshold at
+which the project's frames truly reach that precision. Reported per row: the share of draws
+within 0.05 of it, the median distance, and the true precision the recommended thresholds give.
+
+    python bench/calibration.py                          # embedded PostgreSQL
+    python bench/calibration.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+WITHIN = 0.05
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--world-seed", type=int, default=4401)
+    parser.add_argument("--colour", default="red")
+    parser.add_argument("--frames", type=int, nargs="+", default=[48, 96])
+    parser.add_argument("--precision", type=float, nargs="+", default=[0.9, 0.95])
+    parser.add_argument("--draws", type=int, default=20)
+    parser.add_argument("--database-url", default=None)
+    args = parser.parse_args()
+
+    from databases import scratch_database
+
+    root = Path(tempfile.mkdtemp(prefix="bench-calibration-"))
+    with scratch_database(args.database_url, "bench_calibration") as url:
+        os.environ.update(
+            DATAMINER_HOME=str(root / "home"),
+            DATAMINER_DATA_DIR=str(root / "data"),
+            DATAMINER_DATABASE_URL=url,
+        )
+        frames = filtered_world(root, args.world_seed, args.colour)
+    print(
+        f"world {args.world_seed}, prompts 'a {args.colour} <shape>': {len(frames)} frames, "
+        f"{int(frames['yes'].sum())} show a {args.colour} object; {args.draws} draws a row"
+    )
+    print(
+        f"{'frames':>6} {'precision':>9} {'truly':>6}  {'within ' + str(WITHIN):>11} "
+        f"{'median |d|':>10}  true precision of the recommended: median (min-max)"
+    )
+    for size in args.frames:
+        for precision in args.precision:
+            row(frames, size, precision, args.draws)
+
+
+def filtered_world(root: Path, seed: int, colour: str):
+    """The world's project driven to complete: its scored frames, each with its truth."""
+    import dagster as dg
+    import pandas as pd
+
+    from dataminer_dagster.assets.filter.store import filtered_videos
+    from dataminer_dagster.assets.filter.table import scored_frames
+    from dataminer_dagster.config import parse_project_config
+    from dataminer_dagster.core.world import load_world, plan_world, write_world
+    from dataminer_dagster.core.world_render import SHAPES
+    from dataminer_dagster.db.catalog import Catalog
+    from dataminer_dagster.db.engine import get_engine
+    from dataminer_dagster.db.leases import LeaseStore
+    from dataminer_dagster.definitions import LANES, defs
+    from dataminer_dagster.engine.planning import RunLimits
+    from dataminer_dagster.hosting.driver import drive
+    from dataminer_dagster.models.world_models import WORLD_SIGLIP
+    from dataminer_dagster.paths import DataPaths, ProjectPaths
+    from dataminer_dagster.settings import load_settings
+
+    write_world(root / "world", plan_world(seed))
+    world = load_world(root / "world")
+    settings = load_settings()
+    engine = get_engine(os.environ["DATAMINER_DATABASE_URL"])
+    store = LeaseStore(engine, settings.retry)
+    catalog = Catalog(engine, store, DataPaths(settings.data_dir))
+    raw = {
+        "name": "calibration",
+        "output_dir": str(root / "out"),
+        "inputs": {"files": sorted({str(root / "world" / p) for p in world.truths})},
+        "extract": {"strategy": "time", "every_seconds": 0.2},
+        "filter": {
+            "model": str(WORLD_SIGLIP),
+            "device": "cpu",
+            "positive_prompts": [f"a {colour} {shape}" for shape in SHAPES],
+        },
+    }
+    with dg.instance_for_test() as instance:
+        catalog.projects.register(parse_project_config(raw))
+        result = drive(
+            ["calibration"],
+            instance=instance,
+            defs=defs,
+            store=store,
+            limits=RunLimits(settings.lease, settings.runs),
+            log=lambda line: None,
+            lanes=LANES,
+        )
+    assert result.stages == {"calibration": "complete"}, result
+    project = catalog.projects.get("calibration")
+    frames = scored_frames(project, filtered_videos(engine, project.id))
+    paths = ProjectPaths(project.output_dir)
+    videos = catalog.videos.get(sorted(set(frames["video_id"])))
+    yes = []
+    for video_id, part in frames.groupby("video_id", sort=False):
+        table = pd.read_parquet(paths.filter_table(video_id)).set_index("frame_index")
+        truth = world.truth_for(videos[video_id].source_path)
+        yes += [
+            any(o.colour == colour for o in truth.at(t).objects)
+            for t in table.loc[part["frame_index"], "timestamp"]
+        ]
+    return frames.assign(yes=yes)
+
+
+def truly_reaching(frames, precision: float) -> float:
+    scores = frames["pos_max"].to_numpy(np.float32)
+    allowed = frames["rule_allows"].to_numpy()
+    yes = frames["yes"].to_numpy()
+    for t in np.unique(scores):
+        kept = allowed & (scores > t)
+        if kept.any() and yes[kept].mean() >= precision:
+            return float(t)
+    raise SystemExit(f"no threshold reaches precision {precision} on this world")
+
+
+def row(frames, size: int, precision: float, draws: int) -> None:
+    from dataminer_dagster.assets.filter.calibration import (
+        Answers,
+        choose_threshold,
+        curve,
+        draw_sample,
+    )
+
+    scores = frames["pos_max"].to_numpy(np.float32)
+    allowed = frames["rule_allows"].to_numpy()
+    yes = frames["yes"].to_numpy()
+    truly = truly_reaching(frames, precision)
+    distance, reached = [], []
+    for seed in range(draws):
+        sample = draw_sample(scores, frames["best_positive"].to_numpy(), size, seed)
+        f = sample.frames
+        answers = Answers(sample.strata, sample.stratum_of, scores[f], allowed[f], yes[f])
+        chosen = choose_threshold(curve(answers), precision).estimate
+        if chosen is None:
+            distance.append(np.inf)
+            continue
+        distance.append(abs(chosen.threshold - truly))
+        kept = allowed & (scores > np.float32(chosen.threshold))
+        reached.append(yes[kept].mean() if kept.any() else np.nan)
+    distance = np.array(distance)
+    shown = (
+        f"{np.nanmedian(reached):.3f} ({np.nanmin(reached):.3f}-{np.nanmax(reached):.3f})"
+        if reached
+        else "-"
+    )
+    print(
+        f"{size:>6} {precision:>9.2f} {truly:>6.3f}  {np.mean(distance <= WITHIN):>11.0%} "
+        f"{np.median(distance):>10.3f}  {shown}"
+    )
+
+
+if __name__ == "__main__":
+    main()
