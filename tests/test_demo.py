@@ -34,7 +34,7 @@ from dataminer_dagster.db.schema import videos
 from dataminer_dagster.demo import PROMPTED_COLOURS
 from dataminer_dagster.testing import environment_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]
 
 BIN = Path(sys.executable).parent
 # The lines the demo prints: its own, the progress and the outcome. Any other is noise.
