@@ -31,7 +31,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     args = parser.parse_args()
 
-    from dataminer_dagster.demo import serve_directory, write_sample_videos
+    from dataminer_dagster.core.synthetic import write_scene_clips
+    from dataminer_dagster.demo import serve_directory
     from dataminer_dagster.models.tiny import build_tiny_siglip
     from dataminer_dagster.models.tiny_detectors import build_tiny_yolo
 
@@ -41,7 +42,7 @@ def main() -> None:
     seconds: dict[str, list[float]] = {way: [] for way in WAYS}
     with tempfile.TemporaryDirectory(prefix="dm-ahead-") as root:
         www = Path(root) / "www"
-        names = [p.name for p in write_sample_videos(www, args.videos)]
+        names = [p.name for p in write_scene_clips(www, args.videos)]
         siglip = build_tiny_siglip(Path(root) / "siglip")
         yolo = build_tiny_yolo(Path(root) / "yolo.pt")
         with serve_directory(www) as base:

@@ -43,11 +43,12 @@ WAIT_S = 600
 
 
 def media(root: Path) -> tuple[list[str], Path, Path, object]:
-    from dataminer_dagster.demo import serve_directory, write_sample_videos
+    from dataminer_dagster.core.synthetic import write_scene_clips
+    from dataminer_dagster.demo import serve_directory
     from dataminer_dagster.models.tiny import build_tiny_siglip
     from dataminer_dagster.models.tiny_detectors import build_tiny_yolo
 
-    write_sample_videos(root / "www", 6)
+    write_scene_clips(root / "www", 6)
     siglip = build_tiny_siglip(root / "siglip")
     yolo = build_tiny_yolo(root / "yolo.pt")
     server = serve_directory(root / "www")

@@ -30,7 +30,8 @@ import yaml
 from dagster._core.events import DagsterEventType
 
 from dataminer_dagster.acquisition.video_ids import video_id_for_url
-from dataminer_dagster.demo import serve_directory, write_sample_videos
+from dataminer_dagster.core.synthetic import write_scene_clips
+from dataminer_dagster.demo import serve_directory
 from tests.helpers.daemon import DaemonHome, demo_project
 from tests.helpers.graphql import (
     launch_backfill,
@@ -92,7 +93,7 @@ def deployed():
     from dataminer_dagster.models.tiny_detectors import build_tiny_yolo
 
     media = Path(tempfile.mkdtemp(prefix="dm-backfill-media-"))
-    write_sample_videos(media / "www", 4)
+    write_scene_clips(media / "www", 4)
     (media / "www" / "corrupt.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"not a video" * 500)
     siglip = build_tiny_siglip(media / "siglip")
     yolo = build_tiny_yolo(media / "yolo.pt")

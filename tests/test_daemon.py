@@ -23,7 +23,8 @@ import pytest
 import yaml
 from dagster._core.events import DagsterEventType
 
-from dataminer_dagster.demo import serve_directory, write_sample_videos
+from dataminer_dagster.core.synthetic import write_scene_clips
+from dataminer_dagster.demo import serve_directory
 from dataminer_dagster.tags import LANE_TAG
 from tests.helpers.daemon import (
     BIN,
@@ -59,7 +60,7 @@ def media():
     from dataminer_dagster.models.tiny_detectors import build_tiny_yolo
 
     root = Path(tempfile.mkdtemp(prefix="dm-media-"))
-    write_sample_videos(root / "www", 6)
+    write_scene_clips(root / "www", 6)
     siglip = build_tiny_siglip(root / "siglip")
     yolo = build_tiny_yolo(root / "yolo.pt")
     with serve_directory(root / "www") as base:

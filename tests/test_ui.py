@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import yaml
 
+from dataminer_dagster.core.world import load_world
 from dataminer_dagster.engine.previews import (
     DECIMALS,
     DESCRIPTION_HEIGHT,
@@ -35,6 +36,7 @@ from tests.helpers.ui_demo import (
     dismiss_welcome,
     open_page,
     pages,
+    previewed_video_partition,
     run_demo,
     webserver,
 )
@@ -77,14 +79,14 @@ DATA_IMAGE = re.compile(r"!\[[^\]]*\]\(data:image/(jpeg|png);base64,([A-Za-z0-9+
 
 @pytest.fixture(scope="module")
 def ui_demo(pg_server, tmp_path_factory) -> Iterator[dict[str, str]]:
-    """A finished demo project (3 videos) whose Dagster history is kept: the environment that
-    reaches it (DAGSTER_HOME, the database, the data directory)."""
+    """A finished demo project whose Dagster history is kept: the environment that reaches it
+    (DAGSTER_HOME, the database, the data directory)."""
     database = pg_server.new_database()
     env = demo_environment(tmp_path_factory.mktemp("ui"), pg_server.url(database))
     with pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():
             patch.setenv(key, value)
-        run_demo(videos=3)
+        run_demo()
         yield env
     pg_server.drop(database)
 
@@ -169,7 +171,7 @@ def _problems_of(asset: str, partition: str, metadata, description: str | None) 
     return problems
 
 
-def test_what_the_ui_receives_follows_the_rules(history):
+def test_what_the_ui_receives_follows_the_rules(ui_demo, history):
     materializations = _events(history, dg.DagsterEventType.ASSET_MATERIALIZATION)
     observations = _events(history, dg.DagsterEventType.ASSET_OBSERVATION)
     assert len({e.asset_key.to_user_string() for e in materializations}) == 7, (
@@ -210,7 +212,17 @@ def test_what_the_ui_receives_follows_the_rules(history):
         for o in backup
         if o.metadata["outcome"].text.startswith("nothing to do: no backup configured")
     }
-    assert nothing_to_do == videos and len(videos) == 3
+    served = load_world(Path(ui_demo["DATAMINER_HOME"]) / "demo" / "www").truths
+    assert len(videos) == len(served)
+    # a copy of another video (one file of the demo is served at two URLs) has no frames of its
+    # own: its frames item is done as the original's, and no backup is its to say nothing of
+    copies = {
+        e.step_materialization_data.materialization.partition
+        for e in materializations
+        if e.asset_key == dg.AssetKey("frames")
+        and "same_as" in e.step_materialization_data.materialization.metadata
+    }
+    assert len(copies) == 1 and nothing_to_do == videos - copies
 
 
 def test_checks_are_per_partition_with_numbers_that_plot(history):
@@ -220,11 +232,7 @@ def test_checks_are_per_partition_with_numbers_that_plot(history):
     seen: dict[tuple[str, str], set[str]] = {}
     for evaluation in evaluations:
         check = (evaluation.asset_key.to_user_string(), evaluation.check_name)
-        # A warning may fail: the tiny models make every demo frame a near-duplicate of the
-        # others, so every video is in one source unit and val and test are empty.
-        assert evaluation.passed or evaluation.severity == dg.AssetCheckSeverity.WARN, (
-            f"{check} failed on the demo: {evaluation.description}"
-        )
+        assert evaluation.passed, f"{check} failed on the demo: {evaluation.description}"
         assert evaluation.partition is not None, f"{check} has no partition"
         assert evaluation.target_materialization_data is not None, f"{check} names no event"
         assert evaluation.metadata, f"{check} has nothing to plot"
@@ -256,7 +264,7 @@ def test_kinds_are_true(history):
 
 @pytest.mark.skipif(find_chromium() is None, reason="Chromium is not installed (Debian: chromium)")
 def test_previews_are_images_that_load_in_a_browser(served, history, tmp_path):
-    partition = sorted(history.get_dynamic_partitions("project_videos"))[0]
+    partition = previewed_video_partition(history)
     failures = []
     base = served
     with Browser(find_chromium()) as browser:

@@ -22,7 +22,38 @@ def _instance():
     import tempfile
 
     directory = tempfile.TemporaryDirectory(prefix="dataminer-dagster-")
-    return dg.DagsterInstance.local_temp(directory.name), directory
+    # A throw-away instance has no id worth keeping: with telemetry on, Dagster would make one and
+    # print its telemetry notice on a machine that never ran Dagster.
+    instance = dg.DagsterInstance.local_temp(
+        directory.name, overrides={"telemetry": {"enabled": False}}
+    )
+    return instance, directory
+
+
+# What keeps the libraries' own lines off the terminal: transformers' advisory warnings and
+# weight-loading bars, Ultralytics' settings file notes. A value set in the environment wins.
+QUIET_LIBRARIES = {
+    "TRANSFORMERS_VERBOSITY": "error",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "YOLO_VERBOSE": "False",
+}
+
+
+def quiet_libraries() -> None:
+    """Set QUIET_LIBRARIES in this process's environment; the libraries read them when imported,
+    which the commands do lazily, after this."""
+    import os
+
+    for name, value in QUIET_LIBRARIES.items():
+        os.environ.setdefault(name, value)
+
+
+verbose_option = click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Also show the libraries' own lines (transformers, Ultralytics).",
+)
 
 
 def run_projects(configs, *, timeout: float | None, progress: bool = True) -> int:
@@ -146,55 +177,82 @@ def _print_outcome(project) -> None:
     images_dir = dataset / IMAGES_DIR
     images = len(list(images_dir.iterdir())) if images_dir.is_dir() else 0
     click.echo(f"project {project.name}: complete; dataset of {images} images in {dataset}")
+    if images and (line := _contents_line(dataset)):
+        click.echo(f"  {line}")
     for name in (MANIFEST_FILE, COCO_FILE, f"{YOLO_DIR}/{YOLO_DATA_YAML}", REPORT_FILE):
         if (dataset / name).is_file():
             click.echo(f"  {dataset / name}")
+
+
+def _contents_line(dataset) -> str | None:
+    """What the dataset in `dataset` holds: "train 10, val 1, test 1 images; 26 boxes (circle 5,
+    square 9, ...)"; None for a dataset made before splits."""
+    from collections import Counter
+
+    from dataminer_dagster.assets.dataset.dataset_formats import DatasetFormatError, read_contents
+    from dataminer_dagster.assets.dataset.dataset_splits import SPLITS
+
+    try:
+        contents = read_contents(dataset)
+    except DatasetFormatError:
+        return None
+    per_split = Counter(image.split for image in contents.images)
+    line = ", ".join(f"{split} {per_split[split]}" for split in SPLITS) + " images"
+    if contents.names is None:
+        return line
+    per_class = Counter(box.category for image in contents.images for box in image.boxes)
+    classes = ", ".join(f"{name} {per_class[i]}" for i, name in enumerate(contents.names))
+    return f"{line}; {sum(per_class.values())} boxes ({classes})"
 
 
 @main.command("run")
 @click.argument("config", type=click.Path(exists=True, dir_okay=False))
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
 @click.option("--no-progress", is_flag=True, help="No progress bars (for logs).")
-def run_command(config: str, timeout: float | None, no_progress: bool) -> None:
+@verbose_option
+def run_command(config: str, timeout: float | None, no_progress: bool, verbose: bool) -> None:
     """Drive a project to complete in this process: the sensors' decisions, the same runs,
     with progress bars. For machines without the Dagster UI."""
+    if not verbose:
+        quiet_libraries()
     raise SystemExit(run_projects([load_config(config)], timeout=timeout, progress=not no_progress))
 
 
 @main.command()
-@click.option("--videos", type=int, default=6, show_default=True, help="Sample videos to make.")
 @click.option(
-    "--port", type=int, default=47291, show_default=True, help="Local port that serves them."
+    "--port", type=int, default=47291, show_default=True, help="Local port that serves the videos."
 )
 @click.option("--no-progress", is_flag=True, help="No progress bars (for logs).")
-def demo(videos: int, port: int, no_progress: bool) -> None:
-    """A real pipeline run with no network: sample videos served on 127.0.0.1, downloaded with
-    yt-dlp, filtered, deduplicated, detected and exported. Uses real model weights when they are
-    on this machine, tiny random-weight models otherwise (and says so)."""
+@verbose_option
+def demo(port: int, no_progress: bool, verbose: bool) -> None:
+    """A real pipeline run with no network: the twelve clips of a synthetic world served on
+    127.0.0.1, downloaded with yt-dlp, filtered, deduplicated, detected and exported, by the tiny
+    models trained on that world (shipped with the package)."""
     from dataminer_dagster.config import parse_project_config
     from dataminer_dagster.demo import (
-        choose_models,
+        PROMPTED_COLOURS,
         demo_config,
         serve_directory,
         write_demo_config,
-        write_sample_videos,
+        write_demo_world,
     )
     from dataminer_dagster.settings import load_settings
 
+    if not verbose:
+        quiet_libraries()
     settings = load_settings()
     root = settings.home / "demo"
-    click.echo(f"demo: writing {videos} sample videos to {root / 'www'}")
-    clips = write_sample_videos(root / "www", videos)
-    models = choose_models(root / "models", click.echo)
+    click.echo(f"demo: writing a synthetic world of shapes to {root / 'www'}")
+    world = write_demo_world(root / "www")
     with serve_directory(root / "www", port=port) as base:
-        raw = demo_config(
-            "demo",
-            [f"{base}/{clip.name}" for clip in clips],
-            models,
-            settings.data_dir / "projects" / "demo",
-        )
+        raw = demo_config("demo", world.urls(base), settings.data_dir / "projects" / "demo")
         path = write_demo_config(root / "demo.yaml", raw)
-        click.echo(f"demo: project config in {path}; serving the videos at {base}")
+        click.echo(
+            f"demo: {len(raw['inputs']['urls'])} videos at {base}; the project ({path}) keeps the "
+            f"{' and '.join(PROMPTED_COLOURS)} shapes, drops black, blurred and text screens, and "
+            "detects circles, squares, triangles and stars with the tiny SigLIP and YOLO trained "
+            "on this world"
+        )
         code = run_projects(
             [parse_project_config(raw, source=str(path))], timeout=None, progress=not no_progress
         )

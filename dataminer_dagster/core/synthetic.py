@@ -93,6 +93,22 @@ def write_opencv_video(path: Path, spec: SyntheticVideoSpec) -> Path:
     return path
 
 
+def write_scene_clips(directory: Path, count: int) -> list[Path]:
+    """`count` six-second clips of 320x240 with two scene cuts and moving shapes (different per
+    clip), as tests and benchmarks serve them; a clip already written is kept."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        path = directory / f"sample{i:02d}.mp4"
+        if not path.is_file():
+            spec = SyntheticVideoSpec(
+                width=320, height=240, fps=15, seconds=6.0, scene_cuts=(2.0, 4.0), seed=i
+            )
+            write_opencv_video(path, spec)
+        paths.append(path)
+    return paths
+
+
 def write_h264_video(
     path: Path, spec: SyntheticVideoSpec, *, crf: int = 23, gop: int | None = None
 ) -> Path:

@@ -104,6 +104,7 @@ class Unclaimed:
     finished_at: datetime | None = None
     outcome: dict | None = None  # a done item's summary
     fingerprint: str | None = None  # of the project's config the item was done with
+    video_id: str | None = None  # the item's video, for a per-video item
 
     def describe(self) -> str:
         if self.status is None:
@@ -307,7 +308,7 @@ class LeaseStore:
             return []
         statement = sa.text(f"""
             SELECT item_key, status, lease_owner, next_attempt_at, last_error, finished_at, outcome,
-                   fingerprint
+                   fingerprint, video_id
               FROM {W} WHERE stage = :stage AND item_key = ANY(CAST(:keys AS text[]))
         """)
         with self.engine.connect() as c:
@@ -329,6 +330,7 @@ class LeaseStore:
                     row.finished_at,
                     row.outcome,
                     row.fingerprint,
+                    row.video_id,
                 )
             )
         return result

@@ -98,22 +98,22 @@ class _VideoTitles:
     titles of a run's videos are read once, when the run has claimed them; a video without one
     yet (its download is this very item) is read again when asked."""
 
-    def __init__(self, catalog: Catalog, leases: Sequence[Lease]):
+    def __init__(self, catalog: Catalog, video_ids: Sequence[str | None]):
         self._catalog = catalog
         self._titles: dict[str, str] = {}
-        self._read([lease.video_id for lease in leases if lease.video_id is not None])
+        self._read(sorted({v for v in video_ids if v is not None}))
 
     def _read(self, video_ids: list[str]) -> None:
         if video_ids:
             videos = self._catalog.videos.get(video_ids).values()
             self._titles.update((v.video_id, v.title) for v in videos if v.title)
 
-    def about(self, lease: Lease) -> dict[str, Any]:
-        if lease.video_id is None:
+    def about(self, item: Lease | Unclaimed) -> dict[str, Any]:
+        if item.video_id is None:
             return {}
-        if lease.video_id not in self._titles:
-            self._read([lease.video_id])
-        title = self._titles.get(lease.video_id)
+        if item.video_id not in self._titles:
+            self._read([item.video_id])
+        title = self._titles.get(item.video_id)
         return {"video_title": title} if title else {}
 
 
@@ -150,15 +150,15 @@ def run_stage(
     idle = _nothing_to_do(stage_def, ctx, unclaimed)
     _report_unclaimed(context, stage, [u for u in unclaimed if u.key not in idle], len(keys))
     current = [earlier for earlier in unclaimed if earlier.status == DONE]
+    titles = _VideoTitles(ctx.catalog, [i.video_id for i in [*leases, *current]])
     for earlier in current:
-        yield _current(stage_def, context, earlier)
+        yield _current(stage_def, context, earlier, titles)
     for key, metadata in idle.items():
         shown, description = ui_metadata(metadata)
         yield dg.AssetMaterialization(
             asset_key=stage_def.key, partition=key, description=description, metadata=shown
         )
 
-    titles = _VideoTitles(ctx.catalog, leases)
     progress = Progress(f"{stage}", len(leases), context.log.info)
     failures: list[str] = []
     finished: list[str] = [earlier.key for earlier in current] + list(idle)
@@ -396,11 +396,15 @@ def _nothing_to_do(
 
 
 def _current(
-    stage_def: StageAsset, context: dg.AssetExecutionContext, earlier: Unclaimed
+    stage_def: StageAsset,
+    context: dg.AssetExecutionContext,
+    earlier: Unclaimed,
+    titles: _VideoTitles,
 ) -> dg.AssetMaterialization:
     """A partition whose item an earlier run finished, recorded as current by this run."""
     when = f"{earlier.finished_at:%Y-%m-%d %H:%M:%S %Z}" if earlier.finished_at else "earlier"
-    shown, _ = ui_metadata({"outcome": f"current: done by an earlier run ({when})"})
+    about = {**titles.about(earlier), "outcome": f"current: done by an earlier run ({when})"}
+    shown, _ = ui_metadata(about)
     summary = {k: v for k, v in (earlier.outcome or {}).items() if isinstance(v, int | float | str)}
     return dg.AssetMaterialization(
         asset_key=stage_def.key,

@@ -220,11 +220,12 @@ class FaultLab:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def _media(self, clips: int) -> tuple[list[str], Path, Path]:
-        from dataminer_dagster.demo import serve_directory, write_sample_videos
+        from dataminer_dagster.core.synthetic import write_scene_clips
+        from dataminer_dagster.demo import serve_directory
         from dataminer_dagster.models.tiny import build_tiny_siglip
         from dataminer_dagster.models.tiny_detectors import build_tiny_yolo
 
-        write_sample_videos(self.root / "www", clips)
+        write_scene_clips(self.root / "www", clips)
         siglip = build_tiny_siglip(self.root / "siglip")
         yolo = build_tiny_yolo(self.root / "yolo.pt")
         base = self._stack.enter_context(

@@ -48,15 +48,13 @@ def demo_environment(root: Path, database_url: str | None) -> dict[str, str]:
     return env
 
 
-def run_demo(videos: int = 3) -> str:
+def run_demo() -> str:
     """`dataminer demo` in this process, on the environment already set; its output."""
     from click.testing import CliRunner
 
     from dataminer_dagster.cli import main
 
-    result = CliRunner().invoke(
-        main, ["demo", "--videos", str(videos), "--port", "0", "--no-progress"]
-    )
+    result = CliRunner().invoke(main, ["demo", "--port", "0", "--no-progress"])
     if result.exit_code != 0 or "project demo: complete" not in result.output:
         raise RuntimeError(f"the demo did not complete:\n{result.output}\n{result.exception!r}")
     return result.output
@@ -225,14 +223,28 @@ def dismiss_welcome(browser, base: str) -> None:
     browser.evaluate("localStorage.setItem('communityNux', JSON.stringify('1'))")
 
 
-def first_video_partition(env: Mapping[str, str]) -> str:
+def previewed_video_partition(instance) -> str:
+    """The first project-video partition whose filter shows previews: a copy of another video
+    (the demo's world serves one behind a second URL) has no frames of its own to show."""
+    import dagster as dg
+
+    for key in sorted(instance.get_dynamic_partitions("project_videos")):
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(dg.AssetKey("filtered_frames"), asset_partitions=[key]), limit=1
+        ).records
+        if records and "same_as" not in records[0].asset_materialization.metadata:
+            return key
+    raise LookupError("no project-video partition of the demo has filter previews")
+
+
+def previewed_partition_in(env: Mapping[str, str]) -> str:
     import dagster as dg
 
     previous = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         with dg.DagsterInstance.get() as instance:
-            return sorted(instance.get_dynamic_partitions("project_videos"))[0]
+            return previewed_video_partition(instance)
     finally:
         for key, value in previous.items():
             if value is None:
@@ -255,7 +267,7 @@ def main(destination: str) -> None:
         env = demo_environment(Path(root), None)
         os.environ.update(env)
         run_demo()
-        partition = first_video_partition(env)
+        partition = previewed_partition_in(env)
         with webserver(env) as base, Browser(chromium) as browser:
             dismiss_welcome(browser, base)
             for page in pages(partition):
