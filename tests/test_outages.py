@@ -100,6 +100,9 @@ def server(request) -> Iterator[Server]:
         psycopg.errors.DiskFull('could not extend file "base/1/2": No space left on device'),
         psycopg.OperationalError("connection failed: Connection refused"),
         psycopg.OperationalError("consuming input failed: server closed the connection"),
+        psycopg.errors.IdleInTransactionSessionTimeout(
+            "terminating connection due to idle-in-transaction timeout"
+        ),
     ],
     ids=lambda e: type(e).__name__,
 )
@@ -137,6 +140,27 @@ def test_an_outage_that_comes_and_goes_is_said_once_a_minute(caplog):
     assert len(said) == 2, said
     assert said[0].startswith("database unreachable since"), said
     assert said[1].startswith("database reachable again after"), said
+
+
+def test_a_completion_whose_session_the_server_ended_while_it_stalled_costs_no_attempt():
+    """The server ends a session left idle in its transaction for half a lease (db/engine.py), so
+    that a worker cut off never holds a row lock for long. A worker merely stalled that long
+    inside its completion (a loaded machine, a pause) meets the error at its next statement:
+    nothing was recorded, and the item is not to blame. The stage postpones it uncounted, as it
+    does an outage (engine/stage_run.py), instead of failing it."""
+    with scratch_cluster() as cluster:
+        store = LeaseStore(get_engine(_migrated(cluster.new_database()), lease=LEASE))
+        store.enqueue(STAGE, ["a"])
+        [lease] = store.claim_next(STAGE, "run-a")
+        store.mark_started(lease)
+        with pytest.raises(sa.exc.DBAPIError) as ended, store.completing(lease) as conn:
+            time.sleep(STALE_S / 2 + 1)  # past the server's idle-in-transaction timeout
+            conn.execute(sa.text("SELECT 1"))
+        assert ended.value.orig.sqlstate == "25P03", ended.value
+        assert outage_reason(ended.value) is not None, ended.value
+        assert store.postpone(lease, outage_reason(ended.value)).applied
+        row = _item(store.engine)
+    assert (row.status, row.attempts) == ("failed", 0), row
 
 
 # --- the reaper judges silence only while the database was up -----------------------------------
