@@ -1,6 +1,7 @@
 """Outages are not deaths: a database stopped for longer than a lease lives (a restart, a crash)
 fails no run and consumes no attempt of a run that beats again, and `dataminer run` waits it out
-and ends with the dataset of a clean run.
+and ends with the dataset of a clean run. Neither does a session the server ended while its
+worker stalled in a transaction, nor a claim whose answer was lost (read back, not made twice).
 
 The database is a PostgreSQL cluster the test starts with `initdb` and stops with `pg_ctl stop -m
 fast` or `-m immediate` (tests/helpers/scratch_cluster.py), or a private embedded server.
