@@ -65,13 +65,14 @@ def main() -> None:
             outcomes.append(outcome)
             verdict = "; ".join(outcome.problems()) or "ok"
             print(
-                f"{n + 1:4d} {outcome.work_seconds:6.1f} s  {outcome.schedule.describe()}  -> {verdict}",
+                f"{n + 1:4d} {outcome.work_seconds:6.1f} s  {outcome.schedule.describe()}  -> "
+                f"{verdict} (extra attempts {outcome.extra_attempts})",
                 flush=True,
             )
+            if args.json:  # after each schedule: a run stopped early keeps what it played
+                args.json.write_text(json.dumps([record(o) for o in outcomes], indent=1))
     print(f"\n{len(outcomes)} schedules in {time.monotonic() - started:.0f} s (seed {args.seed})\n")
     print(tables(outcomes))
-    if args.json:
-        args.json.write_text(json.dumps([record(o) for o in outcomes], indent=1))
 
 
 def tables(outcomes: list) -> str:

@@ -1,6 +1,7 @@
 """Outages are not deaths: a database stopped for longer than a lease lives (a restart, a crash)
 fails no run and consumes no attempt of a run that beats again, and `dataminer run` waits it out
-and ends with the dataset of a clean run.
+and ends with the dataset of a clean run. Neither does a session the server ended while its
+worker stalled in a transaction, nor a claim whose answer was lost (read back, not made twice).
 
 The database is a PostgreSQL cluster the test starts with `initdb` and stops with `pg_ctl stop -m
 fast` or `-m immediate` (tests/helpers/scratch_cluster.py), or a private embedded server.
@@ -10,6 +11,7 @@ lives.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -100,6 +102,9 @@ def server(request) -> Iterator[Server]:
         psycopg.errors.DiskFull('could not extend file "base/1/2": No space left on device'),
         psycopg.OperationalError("connection failed: Connection refused"),
         psycopg.OperationalError("consuming input failed: server closed the connection"),
+        psycopg.errors.IdleInTransactionSessionTimeout(
+            "terminating connection due to idle-in-transaction timeout"
+        ),
     ],
     ids=lambda e: type(e).__name__,
 )
@@ -137,6 +142,27 @@ def test_an_outage_that_comes_and_goes_is_said_once_a_minute(caplog):
     assert len(said) == 2, said
     assert said[0].startswith("database unreachable since"), said
     assert said[1].startswith("database reachable again after"), said
+
+
+def test_a_completion_whose_session_the_server_ended_while_it_stalled_costs_no_attempt():
+    """The server ends a session left idle in its transaction for half a lease (db/engine.py), so
+    that a worker cut off never holds a row lock for long. A worker merely stalled that long
+    inside its completion (a loaded machine, a pause) meets the error at its next statement:
+    nothing was recorded, and the item is not to blame. The stage postpones it uncounted, as it
+    does an outage (engine/stage_run.py), instead of failing it."""
+    with scratch_cluster() as cluster:
+        store = LeaseStore(get_engine(_migrated(cluster.new_database()), lease=LEASE))
+        store.enqueue(STAGE, ["a"])
+        [lease] = store.claim_next(STAGE, "run-a")
+        store.mark_started(lease)
+        with pytest.raises(sa.exc.DBAPIError) as ended, store.completing(lease) as conn:
+            time.sleep(STALE_S / 2 + 1)  # past the server's idle-in-transaction timeout
+            conn.execute(sa.text("SELECT 1"))
+        assert ended.value.orig.sqlstate == "25P03", ended.value
+        assert outage_reason(ended.value) is not None, ended.value
+        assert store.postpone(lease, outage_reason(ended.value)).applied
+        row = _item(store.engine)
+    assert (row.status, row.attempts) == ("failed", 0), row
 
 
 # --- the reaper judges silence only while the database was up -----------------------------------
@@ -240,6 +266,109 @@ def test_a_worker_back_from_an_outage_goes_on_with_its_own_leases_and_abandons_t
                 assert leases.held == [mine]
             finally:
                 leases.stop()
+
+
+@contextlib.contextmanager
+def _commit_answer_lost(admin_url: str, statement: str) -> Iterator[list[int]]:
+    """While this lasts, the first COMMIT of `statement` (the start of its text) goes through but
+    its answer is lost: every commit waits for a synchronous standby that does not exist, and
+    the backend caught waiting ends (pg_terminate_backend), as a server stopping or a network
+    cut would end it. Yields the pids of the backends ended."""
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    ended: list[int] = []
+    done = threading.Event()
+
+    def configure(standby: str | None) -> None:
+        with admin.connect() as c:
+            if standby is None:
+                c.execute(sa.text("ALTER SYSTEM RESET synchronous_standby_names"))
+            else:
+                c.execute(sa.text(f"ALTER SYSTEM SET synchronous_standby_names = '{standby}'"))
+            c.execute(sa.text("SELECT pg_reload_conf()"))
+
+    def cut() -> None:
+        with admin.connect() as c:
+            while not done.is_set() and not ended:
+                ended.extend(
+                    c.execute(
+                        sa.text("""SELECT pid FROM pg_stat_activity
+                                    WHERE wait_event = 'SyncRep' AND query LIKE :q
+                                      AND pg_terminate_backend(pid)"""),
+                        {"q": f"%{statement}%"},
+                    ).scalars()
+                )
+                time.sleep(0.01)
+        configure(None)  # the retry's COMMIT goes through
+
+    def until_commits_wait() -> None:
+        # The reload reaches the server's processes in a while: a commit of a probe's that waits
+        # for the standby says it has (its wait is then cancelled; it committed).
+        with admin.connect() as probe, admin.connect() as c:
+            pid = probe.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+            while True:
+                committing = threading.Thread(
+                    target=probe.execute, args=(sa.text("INSERT INTO probe VALUES (1)"),)
+                )
+                committing.start()
+                while committing.is_alive():
+                    waits = c.execute(
+                        sa.text(
+                            "SELECT wait_event = 'SyncRep' FROM pg_stat_activity WHERE pid = :p"
+                        ),
+                        {"p": pid},
+                    ).scalar()
+                    if waits:
+                        c.execute(sa.text("SELECT pg_cancel_backend(:p)"), {"p": pid})
+                        committing.join(30)
+                        return
+                    time.sleep(0.01)
+
+    with admin.connect() as c:
+        c.execute(sa.text("CREATE TABLE IF NOT EXISTS probe (x int)"))
+    configure("nemesis")
+    until_commits_wait()
+    cutting = threading.Thread(target=cut)
+    cutting.start()
+    try:
+        yield ended
+    finally:
+        done.set()
+        cutting.join(30)
+        configure(None)
+        admin.dispose()
+
+
+@pytest.mark.parametrize("how", ["claim_next", "claim_keys"])
+def test_a_claim_whose_answer_was_lost_leaves_the_run_no_item_it_does_not_know_of(how):
+    """A claim's COMMIT went through but its answer was lost (the backend ended while the
+    COMMIT waited). Tried again, the claim must not leave the items the first try took running
+    under the run without the run knowing of them: no one would work on them until the run
+    ends. The run holds exactly the items it claimed, and gives back the rest uncounted."""
+    with scratch_cluster() as cluster:
+        store = LeaseStore(get_engine(_migrated(cluster.new_database()), lease=LEASE))
+        store.enqueue(STAGE, ["a", "b", "c"])
+        leases = RunLeases(
+            store, "run-a", heartbeat_s=HEARTBEAT_S, stale_after_s=STALE_S, outage_wait_s=60
+        )
+        with waiting_for_the_database(LEASE):
+            leases.beat()
+            with _commit_answer_lost(cluster.url(), "UPDATE dataminer.work_items") as ended:
+                if how == "claim_next":
+                    claimed = leases.claim_next(STAGE, 2)
+                else:
+                    claimed, _ = leases.claim_keys(STAGE, ["a", "b"])
+            assert ended, "no claim's COMMIT was caught"
+            with store.engine.connect() as c:
+                rows = c.execute(
+                    sa.text("""SELECT item_key, status, attempts, lease_token
+                                 FROM dataminer.work_items ORDER BY item_key""")
+                ).all()
+
+    running = {r.lease_token for r in rows if r.status == "running"}
+    assert {lease.token for lease in claimed} == running, rows
+    assert {lease.token for lease in leases.held} == running, rows
+    assert {lease.key for lease in claimed} == {"a", "b"}, "the first try's items, read back"
+    assert {(r.item_key, r.attempts) for r in rows} == {("a", 1), ("b", 1), ("c", 0)}, rows
 
 
 # --- a run and the reaper sensor through an outage -----------------------------------------------

@@ -11,7 +11,7 @@ Errors are stored redacted (core/redact.py): a video URL's password or token nev
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -299,11 +299,14 @@ class LeaseStore:
         leases = sorted(
             (_lease(r) for r in self.statements.run(statement, params)), key=lambda x: x.item_id
         )
-        claimed = {lease.key for lease in leases}
-        missing = [k for k in keys if k not in claimed]
-        return leases, self._why_unclaimed(stage, missing)
+        return leases, self.why_unclaimed(stage, keys, leases)
 
-    def _why_unclaimed(self, stage: str, keys: Sequence[str]) -> list[Unclaimed]:
+    def why_unclaimed(
+        self, stage: str, keys: Sequence[str], claimed: Sequence[Lease] = ()
+    ) -> list[Unclaimed]:
+        """Why each of `keys` that is not among the `claimed` leases was not claimed."""
+        taken = {lease.key for lease in claimed}
+        keys = [k for k in keys if k not in taken]
         if not keys:
             return []
         statement = sa.text(f"""
@@ -334,6 +337,28 @@ class LeaseStore:
                 )
             )
         return result
+
+    def unknown_leases(
+        self, stage: str, owner: str, known: Collection[uuid.UUID], keys: Sequence[str] | None
+    ) -> list[Lease]:
+        """The items of `stage` (among `keys` where given) that run `owner` holds but has not
+        begun, other than those whose tokens it `known`s: what a claim of it whose answer was
+        lost took (it went through before the connection went)."""
+        statement = sa.text(f"""
+            SELECT {LEASE_COLUMNS} FROM {W}
+             WHERE lease_owner = :owner AND stage = :stage AND status = '{RUNNING}'
+               AND started_at IS NULL
+               AND (CAST(:keys AS text[]) IS NULL OR item_key = ANY(CAST(:keys AS text[])))
+               AND NOT lease_token = ANY(CAST(:known AS uuid[]))
+             ORDER BY id
+        """)
+        params = {
+            "stage": stage,
+            "owner": owner,
+            "known": list(known),
+            "keys": None if keys is None else list(keys),
+        }
+        return [_lease(row) for row in self.statements.run(statement, params)]
 
     def mark_started(self, lease: Lease) -> None:
         """Note that the holder begins the item now (from here on, losing it costs an attempt).

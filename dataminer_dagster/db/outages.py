@@ -37,8 +37,11 @@ T = TypeVar("T")
 
 # SQLSTATEs of a server that is going away, coming back or out of room: the admin or a crash
 # ended the session (57P01, 57P02), the server is starting up or shutting down (57P03), its disk
-# or memory is full (class 53), or the connection itself failed (class 08).
-_OUTAGE_STATES = ("57P01", "57P02", "57P03", "53")
+# or memory is full (class 53), or the connection itself failed (class 08). And of a session the
+# server ended because it sat idle in its transaction for half a lease (25P03, db/engine.py): its
+# client was stalled or cut off meanwhile (a loaded machine, a pause, a network cut), which is no
+# item's fault, and the transaction was rolled back, so trying again is safe.
+_OUTAGE_STATES = ("57P01", "57P02", "57P03", "53", "25P03")
 _CONNECTION_CLASS = "08"
 # What a lost connection says where the driver has no SQLSTATE for it.
 _LOST_CONNECTION = (
@@ -61,8 +64,9 @@ _LOST_CONNECTION = (
 
 def outage_reason(error: BaseException) -> str | None:
     """The one-line reason when `error` (or an error in its chain) says the database is
-    unreachable, restarting or out of disk; None for any other error (a constraint, a timeout on
-    a locked row, a bug): those are the work's to handle."""
+    unreachable, restarting or out of disk, or that it ended this session while its client was
+    away; None for any other error (a constraint, a timeout on a locked row, a bug): those are
+    the work's to handle."""
     import psycopg
 
     seen: set[int] = set()
@@ -72,13 +76,15 @@ def outage_reason(error: BaseException) -> str | None:
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, psycopg.OperationalError | psycopg.InterfaceError):
+        if isinstance(current, psycopg.Error):  # 25P03 is an InternalError, the rest not
             state = getattr(current, "sqlstate", None)
             first = str(current).strip().splitlines()[0] if str(current).strip() else ""
             if state is not None:
                 if state.startswith(_OUTAGE_STATES) or state.startswith(_CONNECTION_CLASS):
                     return first or type(current).__name__
-            elif any(words in first.lower() for words in _LOST_CONNECTION):
+            elif isinstance(current, psycopg.OperationalError | psycopg.InterfaceError) and any(
+                words in first.lower() for words in _LOST_CONNECTION
+            ):
                 return first
         pending += [getattr(current, "orig", None), current.__cause__, current.__context__]
     return None

@@ -82,6 +82,9 @@ class RunLeases:
         # When the last successful beat was sent (time.monotonic()); None before the first.
         self._last_beat: float | None = None
         self._lock = threading.Lock()
+        # One claim at a time, so that a claim reading back what a lost try of it took (`_claiming`)
+        # never takes what another thread's claim took and has not recorded yet.
+        self._claim_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._host, self._pid, self._space = socket.gethostname(), os.getpid(), process_space()
@@ -145,9 +148,14 @@ class RunLeases:
     # --- claiming ---------------------------------------------------------------------------
 
     def claim_next(self, stage: str, limit: int) -> list[Lease]:
-        leases = self._waiting(lambda: self.store.claim_next(stage, self.owner, limit))
-        with self._lock:
-            self._held.update((lease.token, lease) for lease in leases)
+        with self._claim_lock:
+            leases = self._claiming(
+                stage, None, lambda: self.store.claim_next(stage, self.owner, limit)
+            )
+            if len(leases) > limit:  # a claim's answer lost while another was still under way
+                self._waiting(lambda: self.store.release_many(leases[limit:]))
+                leases = leases[:limit]
+            self._hold(leases)
         return leases
 
     def claim_keys(
@@ -160,8 +168,10 @@ class RunLeases:
         respect_backoff: bool = True,
         projects: Sequence[int] | None = None,
     ) -> tuple[list[Lease], list[Unclaimed]]:
-        leases, unclaimed = self._waiting(
-            lambda: self.store.claim_keys(
+        unclaimed: list[Unclaimed] = []
+
+        def claim() -> list[Lease]:
+            leases, why = self.store.claim_keys(
                 stage,
                 keys,
                 self.owner,
@@ -170,10 +180,49 @@ class RunLeases:
                 respect_backoff=respect_backoff,
                 projects=projects,
             )
-        )
+            unclaimed[:] = why
+            return leases
+
+        with self._claim_lock:
+            leases = self._claiming(stage, keys, claim)
+            if not unclaimed:  # read back: why the others were not claimed, asked now
+                unclaimed = self._waiting(lambda: self.store.why_unclaimed(stage, keys, leases))
+            self._hold(leases)
+        return leases, unclaimed
+
+    def _claiming(
+        self, stage: str, keys: Sequence[str] | None, claim: Callable[[], list[Lease]]
+    ) -> list[Lease]:
+        """`claim()`, waiting out an outage. A claim whose connection was lost may have gone
+        through before it went: tried again, it would find its items running under this run
+        and take others, and the first ones would stay with this run, unknown to it and worked
+        on by no one until it ends. So each try after the first reads back first what this run
+        holds of the stage (among `keys`) and has not begun, without knowing of it: found, that
+        is the claim's outcome; none, the claim did not go through and is made again."""
+        tries = 0
+
+        def once() -> list[Lease]:
+            nonlocal tries
+            tries += 1
+            if tries > 1:
+                with self._lock:
+                    known = set(self._held)
+                if found := self.store.unknown_leases(stage, self.owner, known, keys):
+                    _log.warning(
+                        "run %s: a claim of %s whose answer was lost had gone through; its %d "
+                        "items are this run's",
+                        self.owner,
+                        stage,
+                        len(found),
+                    )
+                    return found
+            return claim()
+
+        return self._waiting(once)
+
+    def _hold(self, leases: Sequence[Lease]) -> None:
         with self._lock:
             self._held.update((lease.token, lease) for lease in leases)
-        return leases, unclaimed
 
     # --- state of a lease -------------------------------------------------------------------
 
@@ -280,8 +329,7 @@ class RunLeases:
     def _waiting(self, call: Callable[[], T]) -> T:
         """`call()`, waiting out an outage where this process waits for the database. A repeat of
         an operation that went through before its answer was lost changes nothing: it finds its
-        lease token gone; a repeated claim leaves the first one's items with this run, unknown
-        to it, and the reaper gives them back uncounted (never begun) once the run ends."""
+        lease token gone (a claim reads back what it took: `_claiming`)."""
         return wait_out(call, self._outages)
 
     def _forget(self, lease: Lease) -> None:
