@@ -89,12 +89,22 @@ def model_config(folder: Path) -> Path:
 
 
 def train_detector(
-    data: Path, work: Path, *, epochs: int, imgsz: int, batch: int, workers: int, seed: int
+    data: Path,
+    work: Path,
+    *,
+    epochs: int,
+    imgsz: int,
+    batch: int,
+    workers: int,
+    seed: int,
+    **settings,
 ) -> Path:
     """A fresh tiny YOLO (`model_config`) trained by ultralytics' trainer on the train split of
-    `data` (a data.yaml), its runs under `work`; the last weights' path."""
+    `data` (a data.yaml), its runs under `work`; the last weights' path. `settings` are further
+    arguments of ultralytics' `train`."""
     from ultralytics import YOLO
 
+    work.mkdir(parents=True, exist_ok=True)
     model = YOLO(str(model_config(work)), task="detect")
     model.train(
         data=str(data),
@@ -112,6 +122,7 @@ def train_detector(
         val=False,  # measured once, on the final weights, by the caller
         amp=False,
         verbose=False,
+        **settings,
     )
     return Path(model.trainer.last)
 
