@@ -9,7 +9,8 @@ and YOLO). Then the pipeline's outputs are read back and measured against the wo
 
 * filter, over every frame the pipeline extracted (the filter's per-video tables): precision is
   the share of kept frames that show the object asked for at all; recall the share of frames that
-  show it clearly (at least half of it visible) that are kept. Overall: the filter's own decision
+  show it clearly (at least half of it visible) that are kept; a frame of a junk scene (a blurred
+  one shows objects) shows nothing asked for. Overall: the filter's own decision
   against "shows any prompted object". Per prompt: the filter's rule with that prompt as the only
   positive one (the project's negative prompts and thresholds), against "shows that object".
 * dedup, over the frames the filter passed (the dedup table): two frames truly are duplicates when
@@ -17,8 +18,9 @@ and YOLO). Then the pipeline's outputs are read back and measured against the wo
   planted copy's frames and its source's, and one video's frames of one scene); the pipeline
   says so when it puts them in one dedup group. Pair precision and recall over all unordered
   pairs of frames, and over the pairs of frames of two different videos (the planted copies
-  only). Near-duplicates across splits: pairs of dataset images of one truth group that lie in
-  different splits.
+  only); and, stricter, over the pairs of frames of two videos that show the same frame of the
+  source clip (a join of one scene's other moments then counts as wrong). Near-duplicates across
+  splits: pairs of dataset images of one truth group that lie in different splits.
 * detection: mAP50 (bench/quality_metrics.py) of the pipeline's detections (made at the
   project's confidence, 0.25) on the dataset's images against every truth box.
 * the value of mining: fresh tiny YOLOs (scripts/train_world_yolo.py's graph and trainer) trained
@@ -175,8 +177,10 @@ def filter_figures(mined: Mined, frames: pd.DataFrame) -> dict[str, PrecisionRec
     columns = prompt_columns(config)
     n_positive = len(config.positive_prompts)
     others = columns[n_positive:]  # negative, then junk
-    labels = [{o.label for o in t.objects} for t in frames["truth"]]
-    clear = [{o.label for o in t.objects if o.visible >= CLEAR} for t in frames["truth"]]
+    # a junk scene (a blurred one shows objects) is never what a prompt asks for
+    truths = frames["truth"].tolist()
+    labels = [{o.label for o in t.objects if not t.is_junk} for t in truths]
+    clear = [{o.label for o in t.objects if o.visible >= CLEAR and not t.is_junk} for t in truths]
     prompts = set(config.positive_prompts)
     figures = {
         "all prompts": frame_precision_recall(
@@ -199,31 +203,37 @@ def filter_figures(mined: Mined, frames: pd.DataFrame) -> dict[str, PrecisionRec
     return figures
 
 
+def pairs_of_two_videos(predicted: list, true: list, video: list) -> PrecisionRecall:
+    """`pair_precision_recall` over the pairs of items of two different videos only."""
+    both = pairs_across([f"{p}|{t}" for p, t in zip(predicted, true, strict=True)], video)
+    return PrecisionRecall(
+        correct=both,
+        predicted=pairs_across(predicted, video),
+        found=both,
+        relevant=pairs_across(true, video),
+    )
+
+
 def dedup_figures(mined: Mined, dataset: pd.DataFrame) -> dict:
     from dataminer_dagster.paths import ProjectPaths
 
     passed = mined.with_truth(pd.read_parquet(ProjectPaths(mined.project).dedup_table))
     predicted = passed["group"].tolist()
-    true = [t.group for t in passed["truth"]]
+    scene = [t.group for t in passed["truth"]]
+    # one frame of the source clip (a sped-up copy's frame shows a later source time)
+    moment = [f"{t.group}@{t.source_t:.3f}" for t in passed["truth"]]
     video = passed["video_id"].tolist()
-    both = [f"{p}|{t}" for p, t in zip(predicted, true, strict=True)]
-    across = pairs_across(both, video)
-    dataset_groups = [t.group for t in dataset["truth"]]
+    dataset_scenes = pd.Series([t.group for t in dataset["truth"]], index=dataset.index)
     return {
         "frames": len(passed),
-        "all pairs": pair_precision_recall(predicted, true),
-        "pairs of two videos": PrecisionRecall(
-            correct=across,
-            predicted=pairs_across(predicted, video),
-            found=across,
-            relevant=pairs_across(true, video),
+        "all pairs": pair_precision_recall(predicted, scene),
+        "pairs of two videos": pairs_of_two_videos(predicted, scene, video),
+        "same frame, two videos": pairs_of_two_videos(predicted, moment, video),
+        "near-duplicates across splits": pairs_across(
+            dataset_scenes.tolist(), dataset["split"].tolist()
         ),
-        "near-duplicates across splits": pairs_across(dataset_groups, dataset["split"].tolist()),
-        "truth groups across splits": sum(
-            len(set(splits)) > 1
-            for splits in dataset.groupby(pd.Series(dataset_groups, index=dataset.index))[
-                "split"
-            ].agg(list)
+        "truth groups across splits": int(
+            (dataset.groupby(dataset_scenes)["split"].nunique() > 1).sum()
         ),
     }
 
@@ -446,6 +456,7 @@ def print_report(report: dict) -> None:
     print(f"dedup ({dedup['frames']} passed frames)")
     pr("all pairs", dedup["all pairs"])
     pr("pairs of two videos", dedup["pairs of two videos"])
+    pr("same frame, two videos", dedup["same frame, two videos"])
     print(
         f"  near-duplicate pairs across splits: {dedup['near-duplicates across splits']} "
         f"({dedup['truth groups across splits']} truth groups in two splits or more)"
