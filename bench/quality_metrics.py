@@ -65,7 +65,10 @@ def pair_precision_recall(
         raise ValueError(f"{len(predicted)} predicted groups for {len(true)} items")
     both = _pairs(Counter(zip(predicted, true, strict=True)))
     return PrecisionRecall(
-        correct=both, predicted=_pairs(Counter(predicted)), found=both, relevant=_pairs(Counter(true))
+        correct=both,
+        predicted=_pairs(Counter(predicted)),
+        found=both,
+        relevant=_pairs(Counter(true)),
     )
 
 
