@@ -48,15 +48,32 @@ def write_split(root: Path, split: str, seeds: list[int], step: int) -> int:
                 height, width = frame.shape[:2]
                 stem = f"w{seed}_{Path(video.name).stem}_{index:04d}"
                 cv2.imwrite(str(images / f"{stem}.jpg"), frame, [cv2.IMWRITE_JPEG_QUALITY, 90])
-                rows = [
-                    f"{SHAPES.index(obj.shape)} {(x + w / 2) / width:.6f} {(y + h / 2) / height:.6f}"
-                    f" {w / width:.6f} {h / height:.6f}"
-                    for obj in truth.objects
-                    for x, y, w, h in [obj.box]
-                ]
-                (labels / f"{stem}.txt").write_text("".join(row + "\n" for row in rows))
+                boxes = [(obj.shape, obj.box) for obj in truth.objects]
+                (labels / f"{stem}.txt").write_text(yolo_label_text(boxes, width, height))
                 count += 1
     return count
+
+
+def yolo_label_text(boxes, width: int, height: int) -> str:
+    """A YOLO label file's text for (shape, (x, y, w, h) in pixels) boxes of a width x height image."""
+    rows = [
+        f"{SHAPES.index(shape)} {(x + w / 2) / width:.6f} {(y + h / 2) / height:.6f}"
+        f" {w / width:.6f} {h / height:.6f}"
+        for shape, (x, y, w, h) in boxes
+    ]
+    return "".join(row + "\n" for row in rows)
+
+
+def write_data_yaml(dataset: Path) -> Path:
+    """data.yaml of a dataset with images/train and images/val, one class per shape."""
+    data = dataset / "data.yaml"
+    names = dict(enumerate(SHAPES))
+    data.write_text(
+        yaml.safe_dump(
+            {"path": str(dataset), "train": "images/train", "val": "images/val", "names": names}
+        )
+    )
+    return data
 
 
 def model_config(folder: Path) -> Path:
@@ -69,6 +86,45 @@ def model_config(folder: Path) -> Path:
     path = folder / "tiny-yolov8n.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def train_detector(
+    data: Path,
+    work: Path,
+    *,
+    epochs: int,
+    imgsz: int,
+    batch: int,
+    workers: int,
+    seed: int,
+    **settings,
+) -> Path:
+    """A fresh tiny YOLO (`model_config`) trained by ultralytics' trainer on the train split of
+    `data` (a data.yaml), its runs under `work`; the last weights' path. `settings` are further
+    arguments of ultralytics' `train`."""
+    from ultralytics import YOLO
+
+    work.mkdir(parents=True, exist_ok=True)
+    model = YOLO(str(model_config(work)), task="detect")
+    model.train(
+        data=str(data),
+        epochs=epochs,
+        imgsz=imgsz,
+        batch=batch,
+        workers=workers,
+        device="cpu",
+        seed=seed,
+        deterministic=True,
+        project=str(work / "runs"),
+        name="train",
+        exist_ok=True,
+        plots=False,
+        val=False,  # measured once, on the final weights, by the caller
+        amp=False,
+        verbose=False,
+        **settings,
+    )
+    return Path(model.trainer.last)
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -85,38 +141,24 @@ def train(args: argparse.Namespace) -> dict:
     seeds = [TRAIN_WORLD_SEEDS_FROM + k for k in range(args.worlds)]
     train_images = write_split(dataset, "train", seeds, args.frame_step)
     val_images = write_split(dataset, "val", [EVAL_WORLD_SEED], EVAL_FRAME_STEP)
-    data = dataset / "data.yaml"
+    data = write_data_yaml(dataset)
     names = dict(enumerate(SHAPES))
-    data.write_text(
-        yaml.safe_dump(
-            {"path": str(dataset), "train": "images/train", "val": "images/val", "names": names}
-        )
-    )
     print(
         f"{train_images} training and {val_images} validation frames in {time.perf_counter() - started:.0f} s"
     )
 
-    model = YOLO(str(model_config(work)), task="detect")
-    model.train(
-        data=str(data),
+    last = train_detector(
+        data,
+        work,
         epochs=args.epochs,
         imgsz=args.imgsz,
         batch=args.batch_size,
         workers=args.workers,
-        device="cpu",
         seed=args.seed,
-        deterministic=True,
-        project=str(work / "runs"),
-        name="train",
-        exist_ok=True,
-        plots=False,
-        val=False,  # measured once, on the final weights, below
-        amp=False,
-        verbose=False,
     )
     train_s = time.perf_counter() - started
     weights = args.out / "world-yolov8.pt"
-    shutil.copyfile(Path(model.trainer.last), weights)
+    shutil.copyfile(last, weights)
     metrics = YOLO(str(weights)).val(
         data=str(data), imgsz=args.imgsz, batch=args.batch_size, device="cpu", plots=False
     )
