@@ -40,8 +40,13 @@ def _worker(run_id: str, database_url: str, data_dir: Path, instance) -> Iterato
     """A run's stage context: its `db` resource set up for run `run_id` (its heartbeat beating)."""
     db = DatabaseResource(database_url=database_url, data_dir=str(data_dir), heartbeat_seconds=0.5)
     run = dg.DagsterRun(job_name="fenced_files", run_id=run_id)
-    with dg.build_resources({"db": db}, instance=instance, dagster_run=run) as built:
-        context = dg.build_asset_context(resources={"download_client": YtDlpClient()})
+    # The asset context is closed here, in turn with the resources: left to the garbage
+    # collector, two workers' contexts close in any order, and the instance each one entered
+    # stays Dagster's current one for the next test in this process, dead by then.
+    with (
+        dg.build_resources({"db": db}, instance=instance, dagster_run=run) as built,
+        dg.build_asset_context(resources={"download_client": YtDlpClient()}) as context,
+    ):
         yield StageContext(context, built.db)
 
 
