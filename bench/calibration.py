@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -40,15 +39,9 @@ def main() -> None:
     parser.add_argument("--database-url", default=None)
     args = parser.parse_args()
 
-    from databases import scratch_database
+    from databases import scratch_home
 
-    root = Path(tempfile.mkdtemp(prefix="bench-calibration-"))
-    with scratch_database(args.database_url, "bench_calibration") as url:
-        os.environ.update(
-            DATAMINER_HOME=str(root / "home"),
-            DATAMINER_DATA_DIR=str(root / "data"),
-            DATAMINER_DATABASE_URL=url,
-        )
+    with scratch_home(args.database_url, "bench-calibration") as root:
         frames = filtered_world(root, args.world_seed, args.colour)
     print(
         f"world {args.world_seed}, prompts 'a {args.colour} <shape>': {len(frames)} frames, "

@@ -68,3 +68,17 @@ def catalog_home(database_url: str | None, prefix: str) -> Iterator[tuple[str, P
         shutil.copy(Path(__file__).resolve().parents[1] / "dagster.yaml", home / "dagster.yaml")
         os.environ.update(DAGSTER_HOME=str(home), DATAMINER_DATABASE_URL=url)
         yield url, home
+
+
+@contextmanager
+def scratch_home(database_url: str | None, prefix: str) -> Iterator[Path]:
+    """A new folder (kept, to look at afterwards) holding a DATAMINER_HOME and a data directory,
+    over a `scratch_database`, this process's environment pointed at all three."""
+    root = Path(tempfile.mkdtemp(prefix=f"{prefix}-"))
+    with scratch_database(database_url, prefix.replace("-", "_")) as url:
+        os.environ.update(
+            DATAMINER_HOME=str(root / "home"),
+            DATAMINER_DATA_DIR=str(root / "data"),
+            DATAMINER_DATABASE_URL=url,
+        )
+        yield root

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,15 +44,9 @@ def main() -> None:
     parser.add_argument("--database-url", default=None)
     args = parser.parse_args()
 
-    from databases import scratch_database
+    from databases import scratch_home
 
-    root = Path(tempfile.mkdtemp(prefix="bench-refilter-"))
-    with scratch_database(args.database_url, "bench_refilter") as url:
-        os.environ.update(
-            DATAMINER_HOME=str(root / "home"),
-            DATAMINER_DATA_DIR=str(root / "data"),
-            DATAMINER_DATABASE_URL=url,
-        )
+    with scratch_home(args.database_url, "bench-refilter") as root:
         run(args.videos, root)
 
 
