@@ -21,24 +21,22 @@ def record_filter(
 
 
 def videos_with_passed_frames(engine: sa.Engine, project_id: int) -> list[str]:
-    with engine.connect() as c:
-        return list(
-            c.execute(
-                sa.text(f"""SELECT video_id FROM {S}.project_videos WHERE project_id = :p
-                               AND frames_passed > 0 ORDER BY video_id"""),
-                {"p": project_id},
-            ).scalars()
-        )
+    return _videos_with_frames(engine, project_id, "frames_passed")
 
 
 def filtered_videos(engine: sa.Engine, project_id: int) -> list[str]:
     """The project's videos whose frames the filter has scored (a copy of another video has no
     table of its own: its original's stands for it)."""
+    return _videos_with_frames(engine, project_id, "frames_total")
+
+
+def _videos_with_frames(engine: sa.Engine, project_id: int, count_column: str) -> list[str]:
+    """The project's videos, by id, whose `count_column` of `project_videos` is above 0."""
     with engine.connect() as c:
         return list(
             c.execute(
                 sa.text(f"""SELECT video_id FROM {S}.project_videos WHERE project_id = :p
-                               AND frames_total > 0 ORDER BY video_id"""),
+                               AND {count_column} > 0 ORDER BY video_id"""),
                 {"p": project_id},
             ).scalars()
         )
