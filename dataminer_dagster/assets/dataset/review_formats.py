@@ -31,6 +31,7 @@ from typing import Any
 from xml.sax.saxutils import quoteattr
 
 from dataminer_dagster.assets.dataset.dataset_formats import DatasetContents
+from dataminer_dagster.core.label_studio_export import task_answer
 
 # The names of the labelling interface's parts, which the export's results refer to.
 IMAGE_FIELD = "image"  # data.image: where the tool loads the picture from
@@ -203,16 +204,11 @@ def read_label_studio_export(tasks: Iterable[Mapping[str, Any]]) -> list[Reviewe
                 f"task {task.get('id', position)} has no data.{FRAME_FIELD}: it was not exported "
                 "by `dataminer review export` (its images are matched by that id)"
             )
-        answers = [a for a in task.get("annotations") or [] if not a.get("was_cancelled")]
-        if not answers:
+        answer = task_answer(task)
+        if answer is None:
             continue
-        answer = max(answers, key=lambda a: (bool(a.get("ground_truth")), _when(a)))
         reviewed.append(_reviewed_from_results(file_name, answer.get("result") or []))
     return reviewed
-
-
-def _when(annotation: Mapping[str, Any]) -> str:
-    return str(annotation.get("updated_at") or annotation.get("created_at") or "")
 
 
 def _reviewed_from_results(file_name: str, results: Iterable[Mapping[str, Any]]) -> ReviewedImage:

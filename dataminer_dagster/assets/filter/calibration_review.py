@@ -30,6 +30,7 @@ from xml.sax.saxutils import escape
 import numpy as np
 
 from dataminer_dagster.assets.filter.calibration import Answers, Estimate, Sample, Stratum
+from dataminer_dagster.core.label_studio_export import task_answer
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -236,10 +237,9 @@ def _read_label_studio(tasks: Iterable[Any]) -> dict[str, bool]:
                 f"task {position + 1} has no data.{FRAME_FIELD}: it was not exported by "
                 "`dataminer calibrate export`"
             )
-        answers = [a for a in task.get("annotations") or [] if not a.get("was_cancelled")]
-        if not answers:
+        answer = task_answer(task)
+        if answer is None:
             continue
-        answer = max(answers, key=lambda a: (bool(a.get("ground_truth")), _when(a)))
         choices = [
             choice
             for result in answer.get("result") or []
@@ -249,10 +249,6 @@ def _read_label_studio(tasks: Iterable[Any]) -> dict[str, bool]:
         if choices in ([YES], [NO]):
             said[frame] = choices == [YES]
     return said
-
-
-def _when(annotation: Mapping[str, Any]) -> str:
-    return str(annotation.get("updated_at") or annotation.get("created_at") or "")
 
 
 def _read_cvat(path: Path, text: str) -> dict[str, bool]:
