@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dataminer_dagster.core.coco import box_iou
+
 IOU_MATCH = 0.5  # mAP50: a box is right when it overlaps a truth box of its class this much
 RECALL_POINTS = np.linspace(0.0, 1.0, 101)  # COCO's (and Ultralytics') interpolation
 
@@ -79,15 +81,6 @@ def pairs_across(groups: Sequence[Hashable], parts: Sequence[Hashable]) -> int:
     return _pairs(Counter(groups)) - _pairs(Counter(zip(groups, parts, strict=True)))
 
 
-def iou(a: Sequence[float], b: Sequence[float]) -> float:
-    ax, ay, aw, ah = a
-    bx, by, bw, bh = b
-    w = max(0.0, min(ax + aw, bx + bw) - max(ax, bx))
-    h = max(0.0, min(ay + ah, by + bh) - max(ay, by))
-    union = aw * ah + bw * bh - w * h
-    return w * h / union if union > 0 else 0.0
-
-
 Box = tuple[str, tuple[float, float, float, float]]  # (class, box)
 ScoredBox = tuple[str, float, tuple[float, float, float, float]]  # (class, score, box)
 
@@ -128,7 +121,7 @@ def map50(
             for k, (truth_cls, truth_box) in enumerate(wanted):
                 if truth_cls != cls or taken[k]:
                     continue
-                overlap = iou(box, truth_box)
+                overlap = box_iou(box, truth_box)
                 if overlap >= best_iou:
                     best, best_iou = k, overlap
             if best is not None:

@@ -26,7 +26,7 @@ import yaml
 
 from dataminer_dagster.assets.dataset.dataset_splits import SPLITS
 from dataminer_dagster.cli.running import QUIET_LIBRARIES
-from dataminer_dagster.core.coco import validate_coco
+from dataminer_dagster.core.coco import box_iou, validate_coco
 from dataminer_dagster.core.world import WrittenWorld, load_world
 from dataminer_dagster.core.world_render import SHAPES
 from dataminer_dagster.core.world_truth import FrameTruth, ObjectTruth, VideoTruth
@@ -129,14 +129,6 @@ def clear(obj: ObjectTruth) -> bool:
     return obj.visible >= 0.5
 
 
-def iou(a, b) -> float:
-    ax, ay, aw, ah = a
-    bx, by, bw, bh = b
-    w = max(0.0, min(ax + aw, bx + bw) - max(ax, bx))
-    h = max(0.0, min(ay + ah, by + bh) - max(ay, by))
-    return w * h / (aw * ah + bw * bh - w * h)
-
-
 def test_the_demo_completes_with_nothing_but_its_own_lines(demo):
     assert demo.code == 0, demo.output
     assert "project demo: complete" in demo.output
@@ -179,11 +171,11 @@ def test_the_objects_are_boxed(demo, manifest):
     for row in manifest.itertuples():
         objects = demo.frame(row.video_id, row.timestamp).objects
         for shape, box in boxes[row.file_name]:
-            on_objects += any(o.shape == shape and iou(box, o.box) >= MIN_IOU for o in objects)
+            on_objects += any(o.shape == shape and box_iou(box, o.box) >= MIN_IOU for o in objects)
         for obj in filter(clear, filter(prompted, objects)):
             prompted_objects += 1
             prompted_boxed += any(
-                shape == obj.shape and iou(box, obj.box) >= MIN_IOU
+                shape == obj.shape and box_iou(box, obj.box) >= MIN_IOU
                 for shape, box in boxes[row.file_name]
             )
     total = sum(len(b) for b in boxes.values())

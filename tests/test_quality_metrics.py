@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from dataminer_dagster.core.coco import box_iou
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 from quality_metrics import (  # noqa: E402 - bench/ is no package
     average_precision,
     frame_precision_recall,
-    iou,
     map50,
     pair_precision_recall,
     pairs_across,
@@ -50,9 +51,9 @@ def test_pairs_across_splits():
 
 
 def test_iou():
-    assert iou((0, 0, 10, 10), (0, 0, 10, 10)) == 1.0
-    assert iou((0, 0, 10, 10), (5, 0, 10, 10)) == pytest.approx(50 / 150)
-    assert iou((0, 0, 10, 10), (20, 20, 5, 5)) == 0.0
+    assert box_iou((0, 0, 10, 10), (0, 0, 10, 10)) == 1.0
+    assert box_iou((0, 0, 10, 10), (5, 0, 10, 10)) == pytest.approx(50 / 150)
+    assert box_iou((0, 0, 10, 10), (20, 20, 5, 5)) == 0.0
 
 
 TRUTH = [

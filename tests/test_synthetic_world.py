@@ -9,6 +9,7 @@ import urllib.request
 import numpy as np
 import pytest
 
+from dataminer_dagster.core.coco import box_iou
 from dataminer_dagster.core.world import (
     WorldVideo,
     edits_of,
@@ -152,7 +153,7 @@ def test_planted_duplicates_keep_their_group_and_move_their_boxes_with_each_edit
                 assert key in after, (video.name, truth.index, key)
                 got = np.array(after[key])
                 if isinstance(edit, Resize):  # nearest sampling skips a thin tip's rows
-                    assert _iou(got, moved) >= 0.6, (video.name, edit, key, got, moved)
+                    assert box_iou(got, moved) >= 0.6, (video.name, edit, key, got, moved)
                 else:
                     assert np.array_equal(got, moved), (video.name, edit, key, got, moved)
                 compared += 1
@@ -195,12 +196,6 @@ def _clipped_box(edit, box, width, height, shape):
         x, y, w, h = x * sx - 1, y * sy - 1, w * sx + 2, h * sy + 2
     x0, y0 = max(x, 0), max(y, 0)
     return x0, y0, min(x + w, shape[1]) - x0, min(y + h, shape[0]) - y0
-
-
-def _iou(first, second) -> float:
-    (x, y, w, h), (u, v, p, q) = first, second
-    overlap = max(0, min(x + w, u + p) - max(x, u)) * max(0, min(y + h, v + q) - max(y, v))
-    return overlap / (w * h + p * q - overlap)
 
 
 def _assert_within(inner, outer):

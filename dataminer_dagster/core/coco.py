@@ -68,6 +68,16 @@ class CocoFormatError(ValueError):
         super().__init__("\n".join(lines))
 
 
+def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
+    """Intersection over union of two xywh boxes (0 where neither has an area)."""
+    ax, ay, aw, ah = a
+    bx, by, bw, bh = b
+    w = max(0.0, min(ax + aw, bx + bw) - max(ax, bx))
+    h = max(0.0, min(ay + ah, by + bh) - max(ay, by))
+    union = aw * ah + bw * bh - w * h
+    return w * h / union if union > 0 else 0.0
+
+
 def clip_box(
     x: float, y: float, w: float, h: float, width: int, height: int
 ) -> tuple[float, float, float, float] | None:

@@ -14,6 +14,7 @@ import cv2
 import numpy as np
 import pytest
 
+from dataminer_dagster.core.coco import box_iou
 from dataminer_dagster.core.world import plan_world
 from dataminer_dagster.core.world_render import COLOURS, SHAPES
 from dataminer_dagster.core.world_truth import JUNK_CAPTIONS, FrameTruth
@@ -98,14 +99,6 @@ def test_world_siglip_knows_the_junk_and_the_colours(held_out, tmp_path):
         assert scores[row, :objects].max() < 0.5, (truth.junk, scores[row].round(2))
 
 
-def _iou(a, b) -> float:
-    ax, ay, aw, ah = a
-    bx, by, bw, bh = b
-    w = max(0.0, min(ax + aw, bx + bw) - max(ax, bx))
-    h = max(0.0, min(ay + ah, by + bh) - max(ay, by))
-    return w * h / (aw * ah + bw * bh - w * h)
-
-
 def test_world_yolo_boxes_the_shapes(held_out):
     frames = _pick(held_out, lambda t: _plain(t, objects=2), 3)
     frames += _pick(held_out, lambda t: _plain(t, objects=1), 4)
@@ -116,7 +109,7 @@ def test_world_yolo_boxes_the_shapes(held_out):
 
     for (_, truth), detections in zip(frames, found, strict=False):
         for obj in truth.objects:
-            on_it = [d for d in detections if _iou((d.x, d.y, d.w, d.h), obj.box) >= 0.6]
+            on_it = [d for d in detections if box_iou((d.x, d.y, d.w, d.h), obj.box) >= 0.6]
             assert on_it, (obj, detections)
             assert max(on_it, key=lambda d: d.score).label == obj.shape, (obj, detections)
     assert found[-1] == []

@@ -31,6 +31,7 @@ from typing import Any
 from xml.sax.saxutils import quoteattr
 
 from dataminer_dagster.assets.dataset.dataset_formats import DatasetContents
+from dataminer_dagster.core.coco import box_iou
 from dataminer_dagster.core.label_studio_export import task_answer
 
 # The names of the labelling interface's parts, which the export's results refer to.
@@ -380,13 +381,7 @@ def compare(
 
 
 def iou(a: LabelledBox, b: LabelledBox) -> float:
-    ax0, ay0, ax1, ay1 = a.edges
-    bx0, by0, bx1, by1 = b.edges
-    w = max(0.0, min(ax1, bx1) - max(ax0, bx0))
-    h = max(0.0, min(ay1, by1) - max(ay0, by0))
-    inter = w * h
-    union = a.w * a.h + b.w * b.h - inter
-    return inter / union if union > 0 else 0.0
+    return box_iou((a.x, a.y, a.w, a.h), (b.x, b.y, b.w, b.h))
 
 
 def summarize_review(
