@@ -80,6 +80,22 @@ def _dagster_home_is_left_as_found(request):
 
 
 @pytest.fixture(autouse=True)
+def _dagster_instance_is_left_as_found(request):
+    """An instance a test entered and did not leave in turn (an asset or op context left to the
+    garbage collector) stays Dagster's current definitions-state storage, and the next in-process
+    materialize on the worker fails on its dead instance: fail the test that left it."""
+    from dagster._core.storage.defs_state.base import _current_storage
+
+    before = _current_storage.get()
+    yield
+    if _current_storage.get() is not before:
+        _current_storage.set(before)
+        pytest.fail(
+            f"{request.node.nodeid} left a Dagster instance entered (its context not closed)"
+        )
+
+
+@pytest.fixture(autouse=True)
 def _sigterm_is_left_as_found():
     """Dagster's in-process execution maps SIGTERM to SIGINT's handler (its
     setup_interrupt_handlers) and leaves it so. Where the test process was started in the
