@@ -30,16 +30,20 @@ import sqlalchemy as sa
 import yaml
 
 from dataminer_dagster.db import migrate
+from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.engine import get_engine
 from dataminer_dagster.db.leases import LeaseLost, LeaseStore
 from dataminer_dagster.db.outages import outage_reason, waiting_for_the_database
+from dataminer_dagster.db.project_flow import advance_projects
 from dataminer_dagster.db.run_leases import RunLeases
 from dataminer_dagster.engine.jobs import lane_jobs
 from dataminer_dagster.lanes import DEFAULT_LANES
+from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.sensors.pipeline_sensors import build_sensors
 from dataminer_dagster.settings import LeasePolicy, load_settings
 from dataminer_dagster.testing import TinyModels, sample_project_config, write_sample_videos
+from tests.helpers.catalog_seed import add_project, seed_videos
 from tests.helpers.processes import private_postgres
 from tests.helpers.scratch_cluster import scratch_cluster
 from tests.helpers.stages import STAGES
@@ -369,6 +373,31 @@ def test_a_claim_whose_answer_was_lost_leaves_the_run_no_item_it_does_not_know_o
     assert {lease.token for lease in leases.held} == running, rows
     assert {lease.key for lease in claimed} == {"a", "b"}, "the first try's items, read back"
     assert {(r.item_key, r.attempts) for r in rows} == {("a", 1), ("b", 1), ("c", 0)}, rows
+
+
+def test_a_project_move_whose_answer_was_lost_is_made_once_and_fails_nothing(tmp_path):
+    """A run moves the projects its items finished (engine/stage_run.py) as its last step. Its
+    COMMIT went through but the answer was lost: the move is tried again, finds the project
+    moved, and the run goes on; the next stage is queued once."""
+    with scratch_cluster() as cluster:
+        engine = get_engine(_migrated(cluster.new_database()), lease=LEASE)
+        store = LeaseStore(engine)
+        project = add_project(Catalog(engine, store, DataPaths(tmp_path / "data")), "birds")
+        seed_videos(engine, project, 3, "b")
+        with engine.begin() as c:
+            c.execute(sa.text("UPDATE dataminer.work_items SET status = 'done'"))
+        with waiting_for_the_database(LEASE):
+            with _commit_answer_lost(cluster.url(), "COMMIT") as ended:  # the move's
+                advance_projects(store)
+            assert ended, "no move's COMMIT was caught"
+        with engine.connect() as c:
+            stage = c.execute(sa.text("SELECT stage FROM dataminer.projects")).scalar_one()
+            queued = c.execute(
+                sa.text("SELECT count(*) FROM dataminer.work_items WHERE stage = 'dedup'")
+            ).scalar_one()
+            notes = c.execute(sa.text("SELECT count(*) FROM dataminer.project_changes")).scalar()
+
+    assert (stage, queued, notes) == ("dedup", 1, 0)
 
 
 # --- a run and the reaper sensor through an outage -----------------------------------------------

@@ -36,6 +36,7 @@ import sqlalchemy as sa
 
 from dataminer_dagster.assets import REGISTRY
 from dataminer_dagster.db.leases import LeaseStore
+from dataminer_dagster.db.outages import outages_of, wait_out
 from dataminer_dagster.db.schema import (
     BLOCKED,
     DEAD,
@@ -132,7 +133,13 @@ def advance_projects(store: LeaseStore) -> list[Transition]:
     """Move every project whose rows changed since the last call as far as its state allows;
     returns what changed. The changes are noted by the database's triggers, in the transaction
     of each change (migration 0011): a call costs what changed, not the catalog; the notes it
-    read are removed once it has acted on them, so a call that fails leaves them to the next."""
+    read are removed once it has acted on them, so a call that fails leaves them to the next.
+    In a process that waits for the database, an outage meanwhile is waited out and the call
+    made again (safe: a project moves only from the stage it was read in)."""
+    return wait_out(lambda: _advance(store), outages_of(store.engine.url))
+
+
+def _advance(store: LeaseStore) -> list[Transition]:
     notes, changed = _changed_projects(store.engine)
     transitions = []
     for state in _states(store.engine, changed):
