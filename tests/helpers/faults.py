@@ -337,13 +337,15 @@ class FaultLab:
             worker.kill()
         for i in range(trial.schedule.workers):
             self.network.heal(i)
+        # The disks are emptied first: a server stopped while its disk was full cannot start
+        # (it writes on the way up).
+        (trial.data_dir / "filler").unlink(missing_ok=True)
+        (self.cluster.disk / "filler").unlink(missing_ok=True)
         if not self.cluster.running():
             self.cluster.start()
         with contextlib.suppress(sa.exc.SQLAlchemyError):
             self.cluster.admin("ALTER SYSTEM RESET synchronous_standby_names")
             self.cluster.admin("SELECT pg_reload_conf()")
-        (trial.data_dir / "filler").unlink(missing_ok=True)
-        (self.cluster.disk / "filler").unlink(missing_ok=True)
 
     def _play(self, trial: Trial) -> None:
         for worker in trial.workers:
