@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -42,6 +43,27 @@ SCRATCH_IN_MEMORY_MIN_FREE = 4 * 2**30
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _cache_bytecode()
+    _scratch_in_memory()
+
+
+def _cache_bytecode() -> None:
+    """Compiled modules are kept, for every process the suite starts (daemons, code servers, run
+    workers, CLI calls: each imports Dagster, and many torch and transformers). Where the
+    environment says not to write bytecode (PYTHONDONTWRITEBYTECODE) and the install wrote none
+    (`pip install --no-compile`, the README's test command), each of them would compile those
+    libraries from source again, costing twice the CPU of importing them. The cache goes under
+    the environment's prefix (`.venv/pycache`), not beside the sources, as such a setting wants.
+    The controller sets it before it starts the xdist workers, which inherit it."""
+    if not sys.flags.dont_write_bytecode and "PYTHONDONTWRITEBYTECODE" not in os.environ:
+        return
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+    if sys.pycache_prefix is None:
+        sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"] = str(Path(sys.prefix) / "pycache")
+
+
+def _scratch_in_memory() -> None:
     """Scratch files in memory: pytest's tmp_path, every `tempfile` directory, and so the test
     databases' data directories and Dagster's test instances (a SQLite commit per event) live on
     /dev/shm, through TMPDIR, which the suite's subprocesses inherit. A test kills processes, not
