@@ -72,14 +72,15 @@ WORKER_FAULTS = Schedule(
     )
 )
 # The database out of a worker's reach: stopped fast, a backend terminated at COMMIT, a machine cut
-# off for longer than a lease, stopped immediate, its disk full (reads go through, writes do not).
+# off for longer than a lease, its disk full (reads go through, writes do not) and meanwhile stopped
+# immediate, started again only once its disk has room (it cannot start on a full one).
 DATABASE_OUTAGES = Schedule(
     (
         Fault("db_stop_fast", at_s=1, lasts_s=5),
         Fault("commit_cut", at_s=7, lasts_s=1, worker=0),
         Fault("partition", at_s=8, lasts_s=5, worker=1),
-        Fault("db_stop_immediate", at_s=14, lasts_s=5),
-        Fault("db_disk_full", at_s=20, lasts_s=4),
+        Fault("db_disk_full", at_s=14, lasts_s=8),
+        Fault("db_stop_immediate", at_s=15, lasts_s=2),
     )
 )
 

@@ -95,6 +95,11 @@ DURATIONS_S = {
     "db_disk_full": (0.5, 2 * STALE_AFTER_S),
 }
 RESTART_AFTER_S = 1.0
+# How soon an action that was not possible yet (starting a database whose disk is full) is tried
+# again.
+RETRY_S = 0.5
+# An injection or a healing; one that returns False was not possible yet.
+Action = Callable[[], bool | None]
 MAX_RESTARTS = 8
 FILES_DISK_MB = 96
 
@@ -357,7 +362,8 @@ class FaultLab:
             now = time.monotonic() - zero
             while events and events[0][0] <= now:
                 _, action = events.pop(0)
-                action()
+                if action() is False:  # not possible yet: tried again in a while
+                    events = sorted([*events, (now + RETRY_S, action)], key=lambda e: e[0])
             self._supervise(trial)
             if not events and not any(w.running or w.restart_at for w in trial.workers):
                 trial.finished = True
@@ -390,7 +396,7 @@ class FaultLab:
             engine.dispose()
         raise RuntimeError(f"no item begun in {self.settle_s:.0f} s:\n{trial.logs()[-4000:]}")
 
-    def _events(self, trial: Trial) -> list[tuple[float, Callable[[], None]]]:
+    def _events(self, trial: Trial) -> list[tuple[float, Action]]:
         """(time, action) of every injection and every healing, in time order."""
         events = []
         for fault in trial.schedule.faults:
@@ -399,7 +405,7 @@ class FaultLab:
             events.append((fault.at_s + fault.lasts_s, heal))
         return sorted(events, key=lambda e: e[0])
 
-    def _actions(self, trial: Trial, fault: Fault) -> tuple[Callable[[], None], Callable[[], None]]:
+    def _actions(self, trial: Trial, fault: Fault) -> tuple[Action, Action]:
         worker = trial.workers[fault.worker] if fault.worker < len(trial.workers) else None
         note = trial.notes.append
 
@@ -413,7 +419,16 @@ class FaultLab:
             )
         if fault.kind in ("db_stop_fast", "db_stop_immediate"):
             mode = fault.kind.removeprefix("db_stop_")
-            return (lambda: (self.cluster.stop(mode), note(fault.describe())), self.cluster.start)
+
+            def start() -> bool:
+                # A server cannot start while its disk is full (another fault): as an operator
+                # would, start it once the disk has room again.
+                if (self.cluster.disk / "filler").exists():
+                    return False
+                self.cluster.start()
+                return True
+
+            return (lambda: (self.cluster.stop(mode), note(fault.describe())), start)
         if fault.kind == "commit_cut":
             address = self.network.worker_address(fault.worker)
             return (
