@@ -52,7 +52,7 @@ from tests.helpers.fault_machines import (
     missing_requirements,
     run_command,
 )
-from tests.helpers.small_disk import fill
+from tests.helpers.small_disk import fill, filler_of
 
 CLOCK_OFFSET_DIR = Path(__file__).resolve().parent / "clock_offset"
 PROJECT = "faults"
@@ -344,8 +344,8 @@ class FaultLab:
             self.network.heal(i)
         # The disks are emptied first: a server stopped while its disk was full cannot start
         # (it writes on the way up).
-        (trial.data_dir / "filler").unlink(missing_ok=True)
-        (self.cluster.disk / "filler").unlink(missing_ok=True)
+        filler_of(trial.data_dir).unlink(missing_ok=True)
+        filler_of(self.cluster.disk).unlink(missing_ok=True)
         if not self.cluster.running():
             self.cluster.start()
         with contextlib.suppress(sa.exc.SQLAlchemyError):
@@ -423,7 +423,7 @@ class FaultLab:
             def start() -> bool:
                 # A server cannot start while its disk is full (another fault): as an operator
                 # would, start it once the disk has room again.
-                if (self.cluster.disk / "filler").exists():
+                if filler_of(self.cluster.disk).exists():
                     return False
                 self.cluster.start()
                 return True
@@ -446,12 +446,12 @@ class FaultLab:
         if fault.kind == "disk_full":
             return (
                 lambda: (fill(trial.data_dir), note(fault.describe())),
-                lambda: (trial.data_dir / "filler").unlink(missing_ok=True),
+                lambda: filler_of(trial.data_dir).unlink(missing_ok=True),
             )
         if fault.kind == "db_disk_full":
             return (
                 lambda: (fill(self.cluster.disk), note(fault.describe())),
-                lambda: (self.cluster.disk / "filler").unlink(missing_ok=True),
+                lambda: filler_of(self.cluster.disk).unlink(missing_ok=True),
             )
         return (
             lambda: self._kill(worker, fault, note),

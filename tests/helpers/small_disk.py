@@ -55,7 +55,7 @@ def _mount(directory: Path, size_mb: int, image: Path) -> list[str]:
 def fill(directory: Path, *, leave_bytes: int = 0) -> Path:
     """Fill the filesystem of `directory` with one file, leaving about `leave_bytes` free; returns
     the file (delete it to free the space)."""
-    filler = directory / "filler"
+    filler = filler_of(directory)
     chunk = bytes(64 * 1024)
     with filler.open("wb", buffering=0) as handle:  # unbuffered: nothing is left to flush
         try:
@@ -69,6 +69,11 @@ def fill(directory: Path, *, leave_bytes: int = 0) -> Path:
         with filler.open("r+b") as handle:
             handle.truncate(max(size - leave_bytes, 0))
     return filler
+
+
+def filler_of(directory: Path) -> Path:
+    """The file `fill` writes in `directory`: there while the disk is kept full."""
+    return directory / "filler"
 
 
 def _run(command: list[str]) -> str | None:
