@@ -14,6 +14,8 @@ import os
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,10 +69,18 @@ def media():
         yield Media([f"{base}/sample{i:02d}.mp4" for i in range(6)], siglip, yolo, root / "www")
 
 
-@pytest.fixture(scope="module")
-def reference(media) -> dict[str, pd.DataFrame]:
-    """The datasets an in-process `dataminer run` makes of the projects."""
-    home = DaemonHome()
+@dataclass(frozen=True)
+class Reference:
+    """The datasets an in-process `dataminer run` makes of the projects, made in the background;
+    reading one waits for them."""
+
+    made: Future
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        return self.made.result()[name]
+
+
+def in_process_datasets(home: DaemonHome, media: Media) -> dict[str, pd.DataFrame]:
     try:
         datasets = {}
         for name, videos in (("alpha", 6), ("beta", 4)):
@@ -82,6 +92,13 @@ def reference(media) -> dict[str, pd.DataFrame]:
         return datasets
     finally:
         home.close()
+
+
+@pytest.fixture(scope="module")
+def reference(media) -> Iterator[Reference]:
+    """Made in a home of its own while the module's first daemon works, which mostly waits."""
+    with ThreadPoolExecutor(1) as background:
+        yield Reference(background.submit(in_process_datasets, DaemonHome(), media))
 
 
 @pytest.fixture
