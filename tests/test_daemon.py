@@ -40,6 +40,9 @@ from tests.helpers.daemon import (
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("daemon"), pytest.mark.timeout(600)]
 
 COMPLETE_WITHIN_S = 300
+# The sensor daemon's loop (Dagster's is 5 s): the work sensor requests each lane's next run at
+# its own 1 s. The services test runs Dagster's daemon unchanged.
+SENSOR_LOOP_S = 1
 # Leases that go stale only after 10 minutes, longer than a test waits for a project to complete:
 # a killed run is then found dead because its process is gone, never by its silence.
 SILENCE_NEVER_DECIDES = {**FAST_RECOVERY, "leases": {"heartbeat_s": 0.5, "stale_after_s": 600}}
@@ -163,7 +166,7 @@ def gpu_step_intervals(instance: dg.DagsterInstance) -> list[tuple[float, float,
 def test_two_projects_complete_under_the_daemon_with_gpu_steps_one_at_a_time(
     deployment, media, reference
 ):
-    deployment.start_daemon()
+    deployment.start_daemon(sensor_loop_s=SENSOR_LOOP_S)
     deployment.add_project(media.project("alpha", 6))
     deployment.add_project(media.project("beta", 4))
     for name in ("alpha", "beta"):
@@ -198,7 +201,7 @@ def running_filter_item(deployment):
 def test_a_run_worker_killed_mid_stage_is_failed_and_its_work_done_again(
     deployment, media, reference
 ):
-    deployment.start_daemon()
+    deployment.start_daemon(sensor_loop_s=SENSOR_LOOP_S)
     deployment.add_project(media.project("alpha", 6))
     row = running_filter_item(deployment)
     run_id, pid = row.lease_owner, row.pid
@@ -219,7 +222,7 @@ def test_a_run_cancelled_mid_stage_gives_its_items_back_without_counting_an_atte
 ):
     """As the UI's Terminate does: the run launcher interrupts the run worker, whose step ends
     with an item in hand. A person stopped the run; the item did nothing wrong."""
-    deployment.start_daemon()
+    deployment.start_daemon(sensor_loop_s=SENSOR_LOOP_S)
     deployment.add_project(media.project("alpha", 6))
     row = running_filter_item(deployment)
     instance = dagster_instance(deployment)
@@ -252,7 +255,7 @@ def test_a_multiprocess_run_waiting_for_the_gpu_slot_is_not_judged_dead(
     once the step has its `gpu` slot; the run worker beats for the run while it waits."""
     instance = dagster_instance(deployment)
     instance.event_log_storage.set_concurrency_slots("gpu", 0)
-    deployment.start_daemon()
+    deployment.start_daemon(sensor_loop_s=SENSOR_LOOP_S)
     deployment.add_project(media.project("alpha", 6))
     found = {}
 
@@ -281,7 +284,7 @@ def test_the_daemon_killed_with_its_runs_then_restarted_finishes_the_project(
 ):
     """The dead run's process was on this machine: the restarted daemon's reaper finds it gone
     and takes its work back at once, without waiting for its heartbeat to go stale."""
-    deployment.start_daemon()
+    deployment.start_daemon(sensor_loop_s=SENSOR_LOOP_S)
     deployment.add_project(media.project("alpha", 6))
     row = running_filter_item(deployment)
     deployment.kill_daemon_group()
@@ -290,7 +293,7 @@ def test_the_daemon_killed_with_its_runs_then_restarted_finishes_the_project(
         time.sleep(0.1)
     assert not running(row.pid), "the run worker died with the daemon's group"
 
-    deployment.start_daemon()
+    deployment.start_daemon(sensor_loop_s=SENSOR_LOOP_S)
     deployment.wait_for_stage("alpha", "complete", COMPLETE_WITHIN_S)
     pd.testing.assert_frame_equal(deployment.dataset("alpha"), reference["alpha"])
     instance = dagster_instance(deployment)
@@ -340,7 +343,7 @@ def test_dataminer_run_killed_mid_stage_then_run_again_finishes_the_project(
 
 
 def test_the_embedded_postgresql_restarted_mid_project(deployment, media, reference):
-    deployment.start_daemon()
+    deployment.start_daemon(sensor_loop_s=SENSOR_LOOP_S)
     deployment.add_project(media.project("alpha", 6))
     deployment.wait_until(
         lambda: deployment.running_item("download") or deployment.running_item("frames"),
@@ -418,7 +421,7 @@ def test_a_scheduled_refresh_takes_only_the_new_videos_under_the_daemon(deployme
     project = media.project("follows")
     project["inputs"] = {"listings": [feed], "refresh": {"cron": "* * * * *"}}
     deployment.add_project(project)
-    deployment.start_daemon()
+    deployment.start_daemon(sensor_loop_s=SENSOR_LOOP_S)
     deployment.wait_for_stage("follows", "complete", COMPLETE_WITHIN_S)
     first = deployment.dataset("follows")
     downloads = {

@@ -105,21 +105,39 @@ class DaemonHome:
 
     # --- the daemon ---------------------------------------------------------------------------
 
-    def start_daemon(self, backfill_interval_s: int | None = None) -> None:
-        """`dagster-daemon run` on the repository's workspace. With `backfill_interval_s`, the
-        same command with the backfill daemon's pause between iterations shortened from
-        Dagster's fixed 30 s (`DEFAULT_DAEMON_INTERVAL_SECONDS`, which no setting reaches and
-        which the backfill loop reads at each iteration), so that a backfill over the lanes
-        takes a test seconds per lane rather than half a minute; nothing else changes."""
+    def start_daemon(
+        self, backfill_interval_s: int | None = None, sensor_loop_s: float | None = None
+    ) -> None:
+        """`dagster-daemon run` on the repository's workspace. Two of Dagster's fixed pauses,
+        which no setting reaches and which its loops read at each iteration, can be shortened so
+        that a test waits seconds less at each step of the flow; nothing else changes:
+        `backfill_interval_s`, the backfill daemon's pause between iterations (30 s,
+        `DEFAULT_DAEMON_INTERVAL_SECONDS`: a backfill over the lanes takes an iteration per
+        lane), and `sensor_loop_s`, the sensor daemon's shortest loop (5 s,
+        `MIN_INTERVAL_LOOP_TIME`: the work sensor asks for 1 s and is evaluated every 5 s)."""
+        shortened = {
+            "dagster._daemon.controller": ("DEFAULT_DAEMON_INTERVAL_SECONDS", backfill_interval_s),
+            "dagster._daemon.sensor": ("MIN_INTERVAL_LOOP_TIME", sensor_loop_s),
+        }
+        setting = [
+            f"setattr(importlib.import_module({module!r}), {name!r}, {value!r})"
+            for module, (name, value) in shortened.items()
+            if value is not None
+        ]
         command = [str(BIN / "dagster-daemon")]
-        if backfill_interval_s is not None:
+        if setting:
             command = [
                 sys.executable,
                 "-c",
-                "import sys; import dagster._daemon.controller as controller; "
-                f"controller.DEFAULT_DAEMON_INTERVAL_SECONDS = {int(backfill_interval_s)}; "
-                "from dagster._daemon.cli import main; sys.argv[0] = 'dagster-daemon'; "
-                "sys.exit(main())",
+                "; ".join(
+                    [
+                        "import importlib, sys",
+                        *setting,
+                        "from dagster._daemon.cli import main",
+                        "sys.argv[0] = 'dagster-daemon'",
+                        "sys.exit(main())",
+                    ]
+                ),
             ]
         log = self.log_path.open("a")
         self.daemon = subprocess.Popen(
