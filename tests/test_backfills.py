@@ -32,7 +32,7 @@ from dagster._core.events import DagsterEventType
 from dataminer_dagster.acquisition.video_ids import video_id_for_url
 from dataminer_dagster.core.synthetic import write_scene_clips
 from dataminer_dagster.demo import serve_directory
-from tests.helpers.daemon import DaemonHome, demo_project
+from tests.helpers.daemon import DaemonHome, demo_project, in_process_datasets
 from tests.helpers.graphql import (
     launch_backfill,
     partition_statuses,
@@ -69,22 +69,6 @@ def _projects(base: str, siglip: Path, yolo: Path, backup: Path) -> list[dict]:
     return [{**alpha, "backup": {"dest": str(backup)}}, beta]
 
 
-def _in_process_datasets(projects: list[dict]) -> dict[str, pd.DataFrame]:
-    """The datasets an in-process `dataminer run` makes of the projects, in a home of its own."""
-    home = DaemonHome()
-    try:
-        datasets = {}
-        for project in projects:
-            path = home.root / f"{project['name']}.yaml"
-            path.write_text(yaml.safe_dump(project))
-            run = home.dataminer("run", str(path), "--no-progress", timeout_s=600)
-            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-            datasets[project["name"]] = home.dataset(project["name"])
-        return datasets
-    finally:
-        home.close()
-
-
 @pytest.fixture(scope="module")
 def deployed():
     """A daemon and a webserver over the completed projects of `_projects`, and the datasets an
@@ -113,7 +97,7 @@ def deployed():
             for project in projects:
                 home.add_project(project)
             in_process = reference.submit(
-                _in_process_datasets, _projects(base, siglip, yolo, media / "backup")
+                in_process_datasets, _projects(base, siglip, yolo, media / "backup")
             )
             for project in projects:
                 home.wait_for_stage(project["name"], "complete", COMPLETE_WITHIN_S)

@@ -35,6 +35,7 @@ from tests.helpers.daemon import (
     REPO_ROOT,
     DaemonHome,
     demo_project,
+    in_process_datasets,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("daemon"), pytest.mark.timeout(600)]
@@ -83,25 +84,16 @@ class Reference:
         return self.made.result()[name]
 
 
-def in_process_datasets(home: DaemonHome, media: Media) -> dict[str, pd.DataFrame]:
-    try:
-        datasets = {}
-        for name, videos in (("alpha", 6), ("beta", 4)):
-            path = home.root / f"{name}.yaml"
-            path.write_text(yaml.safe_dump(media.project(name, videos)))
-            run = home.dataminer("run", str(path), "--no-progress", timeout_s=600)
-            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-            datasets[name] = home.dataset(name)
-        return datasets
-    finally:
-        home.close()
-
-
 @pytest.fixture(scope="module")
 def reference(media) -> Iterator[Reference]:
-    """Made in a home of its own while the module's first daemon works, which mostly waits."""
+    """Made in a home of its own while the module's first test starts its daemon and waits for
+    its projects."""
     with ThreadPoolExecutor(1) as background:
-        yield Reference(background.submit(in_process_datasets, DaemonHome(), media))
+        yield Reference(
+            background.submit(
+                in_process_datasets, [media.project("alpha", 6), media.project("beta", 4)]
+            )
+        )
 
 
 @pytest.fixture

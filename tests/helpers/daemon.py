@@ -62,6 +62,23 @@ def demo_project(name: str, urls: list[str], siglip: Path, yolo: Path) -> dict:
     }
 
 
+def in_process_datasets(projects: list[dict]) -> dict[str, pd.DataFrame]:
+    """The datasets an in-process `dataminer run` makes of the projects, in a home of its own:
+    what a daemon's datasets are compared with."""
+    home = DaemonHome()
+    try:
+        datasets = {}
+        for project in projects:
+            path = home.root / f"{project['name']}.yaml"
+            path.write_text(yaml.safe_dump(project))
+            run = home.dataminer("run", str(path), "--no-progress", timeout_s=600)
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+            datasets[project["name"]] = home.dataset(project["name"])
+        return datasets
+    finally:
+        home.close()
+
+
 class DaemonHome:
     def __init__(self, settings: dict | None = None):
         # Not under pytest's tmp dir, and short: the embedded server runs as its own system user
