@@ -28,10 +28,14 @@ import numpy as np
 from dataminer_dagster.assets.dataset.dataset_formats import REPORT_DIR, REPORT_FILE, SplitImage
 from dataminer_dagster.assets.dataset.dataset_splits import SPLITS, grouped, pairs_across_splits
 from dataminer_dagster.assets.dataset.review_formats import REVIEW_STATES, UNREVIEWED, ReviewSummary
+from dataminer_dagster.core.images import write_image
 
 VIDEOS_LISTED = 20  # rows of the per-video table and bars of its plot
 CLASSES_PLOTTED = 20  # the classes with the most boxes, in the plots
 HISTOGRAM_BINS = 40
+PLOT_SIZE_IN = (6.4, 3.2)
+PLOT_DPI = 100  # every plot 640 x 320 pixels
+FIXED_MARGINS = {"left": 0.09, "right": 0.98, "bottom": 0.12, "top": 0.9, "wspace": 0.25}
 SPLIT_COLOURS = {"train": "#4c72b0", "val": "#dd8452", "test": "#55a868"}
 
 
@@ -181,13 +185,14 @@ def write_report(
     }
     if report.classes:
         figures["classes"] = _classes_figure(report)
-    for name, figure in figures.items():
-        figure.savefig(plots / f"{name}.png", dpi=100)
+    pictures = {name: _drawn(figure) for name, figure in figures.items()}
+    for name, picture in pictures.items():
+        write_image(plots / f"{name}.png", picture, order="rgb")
     text = _markdown(report, title, formats, set(figures))
     if yields:
         text += "\n## Yield per source\n\n" + yield_table(yields) + "\n"
     (folder / REPORT_FILE).write_text(text)
-    return _overview(report, manifest)
+    return _overview(pictures)
 
 
 def _markdown(
@@ -384,14 +389,26 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _figure(width: float = 6.4, height: float = 3.2, panels: int = 1):
+def _figure(panels: int = 1, *, text_labels: bool = False):
+    """A plot of PLOT_SIZE_IN. One with `text_labels` (names of any length on an axis) is laid out
+    around them as it is drawn; the others, whose ticks are numbers or split names, have
+    FIXED_MARGINS (measuring every label at each draw is most of a plot's drawing time)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(width, height), layout="constrained")
+    figure = Figure(
+        figsize=PLOT_SIZE_IN, dpi=PLOT_DPI, layout="constrained" if text_labels else None
+    )
     FigureCanvasAgg(figure)
-    axes = figure.subplots(1, panels)
-    return figure, axes
+    if not text_labels:
+        figure.subplots_adjust(**FIXED_MARGINS)
+    return figure, figure.subplots(1, panels)
+
+
+def _drawn(figure) -> np.ndarray:
+    """The figure as an RGB picture, drawn once: written as its PNG and tiled in the overview."""
+    figure.canvas.draw()
+    return np.asarray(figure.canvas.buffer_rgba())[..., :3].copy()
 
 
 def _splits_figure(report: QualityReport):
@@ -421,7 +438,7 @@ def _split_bars(ax, report: QualityReport) -> None:
 
 
 def _classes_figure(report: QualityReport):
-    figure, ax = _figure()
+    figure, ax = _figure(text_labels=True)
     _class_bars(ax, report)
     return figure
 
@@ -451,7 +468,7 @@ def _class_bars(ax, report: QualityReport) -> None:
 def _videos_figure(report: QualityReport):
     from matplotlib.patches import Patch
 
-    figure, ax = _figure()
+    figure, ax = _figure(text_labels=True)
     shown = report.per_video[:VIDEOS_LISTED][::-1]  # the largest at the top
     y = np.arange(len(shown))  # positions, not labels: two videos may share a title
     ax.barh(y, [k for *_, k in shown], color=[SPLIT_COLOURS[s] for _, _, s, _ in shown])
@@ -500,28 +517,8 @@ def _histogram(ax, values, title: str, lines: list[tuple[float, str]]) -> None:
     ax.legend(fontsize="small")
 
 
-def _overview(report: QualityReport, manifest) -> np.ndarray:
-    """Four of the report's plots on one picture: splits, classes (or videos), image quality,
-    scores."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(9.4, 5.8), dpi=100, layout="constrained")
-    canvas = FigureCanvasAgg(figure)
-    (a, b), (c, d) = figure.subplots(2, 2)
-    _split_bars(a, report)
-    if report.classes:
-        _class_bars(b, report)
-    else:
-        b.set_axis_off()
-        b.set_title("no boxes: no detect section")
-    t = report.thresholds
-    _histogram(c, manifest["sharpness"], "sharpness", [(t.blurry_below, "blurry below")])
-    _histogram(
-        d,
-        manifest["brightness"],
-        "brightness",
-        [(t.dark_below, "dark below"), (t.overexposed_above, "overexposed above")],
-    )
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+def _overview(pictures: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Four of the report's plots on one picture, two by two: splits, classes (or videos without
+    boxes), image quality, scores."""
+    top = np.hstack([pictures["splits"], pictures.get("classes", pictures["videos"])])
+    return np.vstack([top, np.hstack([pictures["quality"], pictures["scores"]])])
