@@ -147,6 +147,21 @@ class ScratchPostgres:
         self.admin.dispose()
 
 
+@contextmanager
+def instance_for_test(**kwargs) -> Iterator[dg.DagsterInstance]:
+    """Dagster's `instance_for_test` (same arguments) with its event log in memory, as
+    `dataminer run` keeps it when its runs are not kept: for an instance that one process uses.
+    One that other processes open too (through DAGSTER_HOME or its directory) needs Dagster's
+    own, as the `dataminer_instance` fixture is."""
+    import dagster as dg
+
+    from dataminer_dagster.hosting.driver import IN_MEMORY_EVENT_LOG
+
+    overrides = {**IN_MEMORY_EVENT_LOG, **(kwargs.pop("overrides", None) or {})}
+    with dg.instance_for_test(overrides=overrides, **kwargs) as instance:
+        yield instance
+
+
 def environment_for(database_url: str, home: Path) -> dict[str, str]:
     """What points the `db` resource, the stages' IO manager and the CLI at `database_url`, with
     `home` for DATAMINER_HOME and the data directory inside it (set these, e.g. with pytest's

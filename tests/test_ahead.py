@@ -23,12 +23,13 @@ from dataminer_dagster.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from dataminer_dagster.resources.ahead import is_ahead, wait_for_input
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.tags import AHEAD_TAG, LANE_TAG, RANGE_END, RANGE_START
+from dataminer_dagster.testing import instance_for_test
 from tests.helpers.pipeline import work_items
 
 
 @pytest.fixture
 def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         yield instance
 
 

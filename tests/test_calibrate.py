@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 
-import dagster as dg
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,6 +21,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.models.world_models import WORLD_SIGLIP
 from dataminer_dagster.paths import DataPaths, ProjectPaths
+from dataminer_dagster.testing import instance_for_test
 from tests.helpers.pipeline import drive_quietly, pipeline_definitions, resources
 from tests.helpers.project_runs import dataminer
 from tests.helpers.review import use_changing_data
@@ -65,7 +65,7 @@ def world_project(tmp_path, database_url, engine):
     )
     catalog.projects.register(config)
     defs = pipeline_definitions(resources(database_url, tmp_path / "data"))
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         result = drive_quietly(["calib"], instance=instance, defs=defs, store=catalog.store)
         assert result.stages == {"calib": "complete"}, result
         yield catalog, world

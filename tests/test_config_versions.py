@@ -11,6 +11,7 @@ from dagster._core.loader import LoadingContextForTest
 
 from dataminer_dagster.engine.config_versions import config_observations, provenance_tags
 from dataminer_dagster.engine.discovery import DiscoveryCursor
+from dataminer_dagster.testing import instance_for_test
 
 PROJECTS = dg.DynamicPartitionsDefinition(name="projects")
 CONFIG = dg.AssetSpec("stage_config", partitions_def=PROJECTS)
@@ -22,7 +23,7 @@ def stage() -> None: ...
 
 @pytest.fixture
 def instance():
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         instance.add_dynamic_partitions("projects", ["p"])
         # Dagster reads a pointer of 0 as none: the event log's first id is taken by another
         # event, as in any instance that has run anything.

@@ -9,7 +9,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import dagster as dg
 import pandas as pd
 import pytest
 import sqlalchemy as sa
@@ -24,7 +23,7 @@ from dataminer_dagster.db.deletions import delete_orphan_videos, delete_project
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_lifecycle import force_stage
 from dataminer_dagster.paths import DataPaths, ProjectPaths
-from dataminer_dagster.testing import keep_every_frame
+from dataminer_dagster.testing import instance_for_test, keep_every_frame
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
     drive_quietly,
@@ -56,7 +55,7 @@ def _config(name: str, out: Path, model: Path, **inputs):
 
 def _drive(database_url: str, data_dir: Path, store: LeaseStore, *projects: str) -> None:
     defs = pipeline_definitions(resources(database_url, data_dir))
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         result = drive_quietly(list(projects), instance=instance, defs=defs, store=store)
     assert result.stages == dict.fromkeys(projects, "complete"), result
     assert result.failed_runs == 0

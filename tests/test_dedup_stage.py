@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 from typing import ClassVar
 
-import dagster as dg
 import pandas as pd
 import pytest
 
@@ -20,7 +19,7 @@ from dataminer_dagster.engine.discovery import DiscoveryCursor, plan_discovery
 from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.registry import CATALOG, DEDUP, DOWNLOAD, FILTER, FRAMES
 from dataminer_dagster.resources.models import ModelsResource
-from dataminer_dagster.testing import keep_every_frame
+from dataminer_dagster.testing import instance_for_test, keep_every_frame
 from tests.helpers.pipeline import materialize_partitions, resources, work_items
 from tests.helpers.stages import STAGES
 
@@ -70,7 +69,7 @@ def test_an_unreadable_frame_without_a_cached_embedding_is_recorded_and_skipped(
     )
     catalog.projects.register(config)
     paths = ProjectPaths(tmp_path / "out")
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         for stage in (CATALOG, DOWNLOAD, FRAMES, FILTER):
             assert _materialize(engine, instance, data_dir, database_url, stage).success
         passed = pd.read_parquet(paths.filter_table(video_id_for_file(video)))

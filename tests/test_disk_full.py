@@ -26,7 +26,7 @@ from dataminer_dagster.partitions import (
     videos_partitions,
 )
 from dataminer_dagster.paths import DataPaths
-from dataminer_dagster.testing import keep_every_frame
+from dataminer_dagster.testing import instance_for_test, keep_every_frame
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
     drive_quietly,
@@ -83,7 +83,7 @@ def test_a_disk_that_fills_during_a_download_postpones_it_and_frees_the_space(
         )
         Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
         res = resources(database_url, data_dir)
-        with dg.instance_for_test() as instance:
+        with instance_for_test() as instance:
             materialize_partitions(
                 [video_catalog],
                 ["p1"],
@@ -144,7 +144,7 @@ def test_a_disk_that_fills_during_extraction_postpones_it_and_leaves_no_staging(
         for config in configs:
             catalog.projects.register(config)
         res = resources(database_url, data_dir)
-        with dg.instance_for_test() as instance:
+        with instance_for_test() as instance:
             materialize_partitions(
                 [video_catalog],
                 ["big", "small"],
@@ -199,7 +199,7 @@ def test_a_full_disk_under_a_projects_outputs_postpones_its_filter(
         )
         Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
         res = resources(database_url, data_dir)
-        with dg.instance_for_test() as instance:
+        with instance_for_test() as instance:
             materialize_partitions(
                 [video_catalog],
                 ["p1"],
@@ -255,7 +255,7 @@ def test_a_long_wait_for_disk_space_is_logged_once_a_minute_not_once_per_try(
     store = LeaseStore(engine)
     Catalog(engine, store, DataPaths(tmp_path / "data")).projects.register(config)
     defs = pipeline_definitions(resources(database_url, tmp_path / "data"))
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         with pytest.raises(TimeoutError):  # the disk never frees: the drive gives up
             drive_quietly(["p1"], instance=instance, defs=defs, store=store, timeout_s=30)
         runs = instance.get_runs()
@@ -302,7 +302,7 @@ def test_what_a_killed_extraction_left_is_removed_before_the_free_space_is_check
         leftover.mkdir(parents=True)
         (leftover / f"{video}_000001.jpg").write_bytes(bytes(3 * 2**20))  # 3 of the 4 MB
         res = resources(database_url, data_dir)
-        with dg.instance_for_test() as instance:
+        with instance_for_test() as instance:
             materialize_partitions(
                 [video_catalog],
                 ["p1"],

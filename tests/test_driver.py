@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import dagster as dg
 import pytest
 
 from dataminer_dagster.config import parse_project_config
@@ -12,6 +11,7 @@ from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.testing import instance_for_test
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
     drive_quietly,
@@ -52,7 +52,7 @@ def test_run_drives_only_its_project_and_stops_at_its_deadline(
     store = LeaseStore(engine)
     catalog = Catalog(engine, store, DataPaths(data_dir))
     defs = pipeline_definitions(resources(database_url, data_dir))
-    with LocalHTTPServer(www) as server, dg.instance_for_test() as instance:
+    with LocalHTTPServer(www) as server, instance_for_test() as instance:
         slow = [f"/slow{i}.mp4" for i in range(3)]
         for path in slow:
             server.delay(path, seconds=3)
@@ -85,7 +85,7 @@ def test_a_dead_item_is_said_in_one_line_without_a_stack(tmp_path, database_url,
     store = LeaseStore(engine)
     catalog = Catalog(engine, store, DataPaths(data_dir))
     defs = pipeline_definitions(resources(database_url, data_dir))
-    with LocalHTTPServer(tmp_path / "www") as server, dg.instance_for_test() as instance:
+    with LocalHTTPServer(tmp_path / "www") as server, instance_for_test() as instance:
         server.respond("/missing.mp4", status=404)
         catalog.projects.register(
             _config("p", [server.url("/missing.mp4")], tmp_path / "model", tmp_path)

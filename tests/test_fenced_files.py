@@ -27,6 +27,7 @@ from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.registry import DOWNLOAD, FRAMES
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.download_client import YtDlpClient
+from dataminer_dagster.testing import instance_for_test
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import work_items, write_videos
 
@@ -81,7 +82,7 @@ def test_a_worker_whose_lease_was_reaped_leaves_the_new_holders_files_alone(
     data_dir = tmp_path / "data"
     final = data_dir / "frames" / "v0" / "profile"
     with (
-        dg.instance_for_test() as instance,
+        instance_for_test() as instance,
         _worker("run-a", database_url, data_dir, instance) as run_a,
         _worker("run-b", database_url, data_dir, instance) as run_b,
     ):
@@ -178,7 +179,7 @@ def test_a_download_by_a_lost_lease_does_not_replace_the_live_holders_video(
     video_id = _queued_download(engine, data_dir, served.url("/clip.mp4"))
     videos = DataPaths(data_dir).videos_dir
     with (
-        dg.instance_for_test() as instance,
+        instance_for_test() as instance,
         _worker("run-a", database_url, data_dir, instance) as run_a,
         _worker("run-b", database_url, data_dir, instance) as run_b,
     ):
@@ -218,7 +219,7 @@ def test_the_lease_reaper_removes_what_a_dead_items_worker_left(
     final = {key: data_dir / "frames" / key / "profile" for key in ("v0", "v1", "v2")}
     lease = LeasePolicy(heartbeat_s=0.5, stale_after_s=REAPED_AFTER_S)
     with (
-        dg.instance_for_test() as instance,
+        instance_for_test() as instance,
         _worker("run-a", database_url, data_dir, instance) as run_a,
         _worker("run-b", database_url, data_dir, instance) as run_b,
     ):

@@ -42,7 +42,12 @@ from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.sensors.pipeline_sensors import build_sensors
 from dataminer_dagster.settings import LeasePolicy, load_settings
-from dataminer_dagster.testing import TinyModels, sample_project_config, write_sample_videos
+from dataminer_dagster.testing import (
+    TinyModels,
+    instance_for_test,
+    sample_project_config,
+    write_sample_videos,
+)
 from tests.helpers.catalog_seed import add_project, seed_videos
 from tests.helpers.processes import private_postgres
 from tests.helpers.scratch_cluster import scratch_cluster
@@ -449,7 +454,7 @@ def test_a_database_stopped_longer_than_a_lease_fails_no_run_and_consumes_no_att
             result = reaper(context)
         ticks.append(result.skip_message if isinstance(result, dg.SkipReason) else str(result))
 
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         outcome: list[dg.ExecuteInProcessResult] = []
         running = threading.Thread(
             target=lambda: outcome.append(

@@ -24,6 +24,7 @@ from dataminer_dagster.outputs import (
 from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.resources.db import DatabaseResource
 from dataminer_dagster.resources.models import ModelsResource
+from dataminer_dagster.testing import instance_for_test
 from tests.helpers.stages import LANE_ASSETS
 
 
@@ -89,7 +90,7 @@ def summary(dataset: Dataset, deduped_set: DedupedSet, detections: Detections) -
 def test_a_partitioned_asset_gets_the_typed_outputs_of_its_project(engine, tmp_path, resources):
     root = _register(engine, tmp_path / "out", "alpha", detect=True)
     _write_outputs(root)
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         instance.add_dynamic_partitions(projects_partitions.name, ["alpha"])
         result = dg.materialize(
             [LANE_ASSETS["project"], summary],
@@ -116,7 +117,7 @@ def test_an_unpartitioned_asset_gets_every_project_with_output(engine, tmp_path,
     def all_datasets(dataset: dict[str, Dataset]) -> dict:
         return {name: d.images for name, d in dataset.items()}
 
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         instance.add_dynamic_partitions(projects_partitions.name, ["alpha", "beta"])
         result = dg.materialize(
             [LANE_ASSETS["project"], all_datasets],
@@ -133,7 +134,7 @@ def test_a_project_without_output_says_what_to_do(engine, tmp_path, resources):
     @dg.asset(partitions_def=projects_partitions, ins={"dataset": dg.AssetIn()})
     def needs_dataset(dataset: Dataset) -> None: ...
 
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         instance.add_dynamic_partitions(projects_partitions.name, ["alpha"])
         result = dg.materialize(
             [LANE_ASSETS["project"], needs_dataset],
@@ -165,7 +166,7 @@ def test_an_eager_asset_is_requested_when_its_projects_dataset_is_done():
         assets=[LANE_ASSETS["project"], follows],
         resources={"db": DatabaseResource(), "models": ModelsResource()},
     )
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         instance.add_dynamic_partitions(projects_partitions.name, ["alpha", "beta"])
         first = dg.evaluate_automation_conditions(defs=assets, instance=instance)
         assert not first.get_requested_partitions(dg.AssetKey("follows"))

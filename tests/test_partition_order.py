@@ -17,6 +17,7 @@ import dagster as dg
 import pytest
 
 from dataminer_dagster.engine.stored_partitions import PartitionOrder, partition_count
+from dataminer_dagster.testing import instance_for_test
 from tests.helpers.statements import statements_sent
 
 NAME = "videos"
@@ -47,7 +48,7 @@ class ElsewhereKept(NoWholeReads):
 @pytest.fixture(params=["sqlite", "repository"])
 def instance(request, dataminer_env, tmp_path):
     if request.param == "sqlite":
-        with dg.instance_for_test() as instance:
+        with instance_for_test() as instance:
             yield instance
     else:
         with _repository_instance(tmp_path) as instance:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import shutil
 
-import dagster as dg
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
@@ -30,6 +29,7 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.partitions import projects_partitions, videos_partitions
 from dataminer_dagster.paths import DataPaths
 from dataminer_dagster.registry import DOWNLOAD
+from dataminer_dagster.testing import instance_for_test
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import materialize_partitions, resources, work_items
 from tests.helpers.processes import run_batches_at_once
@@ -88,7 +88,7 @@ def test_fifty_videos_three_runs_one_polite_client(tmp_path, database_url, engin
         urls = [host.page_url(n) for n in names[:VIDEOS]]
         ids = [video_id_for_url(u) for u in urls]
         _register(catalog, "polite", urls)
-        with dg.instance_for_test() as instance:
+        with instance_for_test() as instance:
             materialize_partitions(
                 [video_catalog],
                 ["polite"],
@@ -144,7 +144,7 @@ def test_fifty_videos_three_runs_one_polite_client(tmp_path, database_url, engin
             later = [host.page_url("v50"), other.url("/w.mp4")]
             throttled, fine = (video_id_for_url(u) for u in later)
             _register(catalog, "later", later)
-            with dg.instance_for_test() as instance:
+            with instance_for_test() as instance:
                 materialize_partitions(
                     [video_catalog],
                     ["later"],

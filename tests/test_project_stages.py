@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import dagster as dg
 import pandas as pd
 import pytest
 
@@ -17,7 +16,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.reports import stage_counts
 from dataminer_dagster.paths import DataPaths
-from dataminer_dagster.testing import keep_every_frame
+from dataminer_dagster.testing import instance_for_test, keep_every_frame
 from tests.helpers.pipeline import (
     drive_quietly,
     pipeline_definitions,
@@ -106,7 +105,7 @@ def test_two_projects_sharing_videos_each_get_their_own_dataset(
     for config in (a, b):
         catalog.projects.register(config)
     defs = pipeline_definitions(resources(database_url, data_dir))
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         result = drive_quietly(
             ["alpha", "beta"], instance=instance, defs=defs, store=store, timeout_s=600
         )
@@ -165,7 +164,7 @@ def test_prompts_longer_than_the_text_model_reads_are_warned_and_keep_their_colu
     store = LeaseStore(engine)
     Catalog(engine, store, DataPaths(tmp_path / "data")).projects.register(config)
     defs = pipeline_definitions(resources(database_url, tmp_path / "data"))
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         result = drive_quietly(["long"], instance=instance, defs=defs, store=store)
         messages = [
             e.user_message for run in instance.get_runs() for e in instance.all_logs(run.run_id)

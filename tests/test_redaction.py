@@ -21,6 +21,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.partitions import projects_partitions, videos_partitions
 from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.testing import instance_for_test
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import materialize_partitions, resources, work_items
 
@@ -102,7 +103,7 @@ def test_a_failing_video_url_with_secrets_never_shows_them(
         catalog.projects.register(config)
         video = video_id_for_url(url)
         caplog.set_level(logging.DEBUG)
-        with dg.instance_for_test() as instance:
+        with instance_for_test() as instance:
             res = resources(database_url, data_dir)
             materialize_partitions(
                 [video_catalog],

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import dagster as dg
 import pytest
 
 from dataminer_dagster.config import parse_project_config
@@ -15,6 +14,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.project_lifecycle import force_stage
 from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.testing import instance_for_test
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
     drive_quietly,
@@ -61,7 +61,7 @@ def test_cleanup_and_backup_then_a_later_project_gets_everything_back(
     store = LeaseStore(engine)
     catalog = Catalog(engine, store, DataPaths(data_dir))
     defs = pipeline_definitions(resources(database_url, data_dir))
-    with LocalHTTPServer(www) as server, dg.instance_for_test() as instance:
+    with LocalHTTPServer(www) as server, instance_for_test() as instance:
         urls = [server.url(f"/v{i}.mp4") for i in range(2)]
         first = _config(
             "first",
@@ -141,7 +141,7 @@ def test_a_backup_onto_the_frame_store_is_refused_and_the_frames_stay(
     store = LeaseStore(engine)
     catalog = Catalog(engine, store, DataPaths(data_dir))
     backup = {"dest": str(data_dir / "frames" / "copy"), "delete_after_backup": True}
-    with LocalHTTPServer(www) as server, dg.instance_for_test() as instance:
+    with LocalHTTPServer(www) as server, instance_for_test() as instance:
         config = _config("onto", [server.url("/v0.mp4")], tiny_siglip, tmp_path / "out")
         with pytest.raises(UnsafePathError, match="backup.dest .* overlaps the data directory"):
             catalog.projects.register(config.model_copy(update={"backup": _backup(backup)}))

@@ -32,6 +32,7 @@ from dataminer_dagster.engine.run_health import (
 )
 from dataminer_dagster.settings import LeasePolicy, RunPolicy
 from dataminer_dagster.tags import LANE_TAG
+from dataminer_dagster.testing import instance_for_test
 
 NOW = 1_800_000_000.0
 LEASE = LeasePolicy(heartbeat_s=15, stale_after_s=120)
@@ -263,7 +264,7 @@ def test_the_reaper_gives_a_cancelled_runs_begun_items_back_without_counting_an_
 
     store = LeaseStore(engine)
     store.enqueue("filter", ["p.cancelled", "p.failed"])
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         for key, status in (("p.cancelled", S.CANCELED), ("p.failed", S.FAILURE)):
             run = instance.create_run_for_job(
                 dg.GraphDefinition(name="g").to_job(), run_id=str(uuid.uuid4())

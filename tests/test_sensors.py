@@ -68,6 +68,7 @@ from dataminer_dagster.tags import (
     REQUESTED_BY_TAG,
     STAGES_TAG,
 )
+from dataminer_dagster.testing import instance_for_test
 from tests.helpers.catalog_seed import catalog_keys
 from tests.helpers.pipeline import make_silent, work_items
 from tests.helpers.stages import STAGES
@@ -85,7 +86,7 @@ SHORT_LEASES = {"heartbeat_s": 1, "stale_after_s": 5}
 
 @pytest.fixture
 def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         yield instance
 
 

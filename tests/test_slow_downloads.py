@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import dagster as dg
 import pytest
 
 from dataminer_dagster.acquisition.video_ids import video_id_for_url
@@ -18,6 +17,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.partitions import projects_partitions, videos_partitions
 from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.testing import instance_for_test
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
     drive_quietly,
@@ -67,7 +67,7 @@ def test_a_trickling_host_is_given_up_within_the_speed_window_and_the_batch_goes
     data_dir = tmp_path / "data"
     Catalog(engine, LeaseStore(engine), DataPaths(data_dir)).projects.register(config)
     res = resources(database_url, data_dir)
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         materialize_partitions(
             [video_catalog],
             ["p1"],
@@ -103,7 +103,7 @@ def test_the_commands_timeout_is_kept_inside_a_download_while_other_videos_downl
     store = LeaseStore(engine)
     Catalog(engine, store, DataPaths(data_dir)).projects.register(config)
     defs = pipeline_definitions(resources(database_url, data_dir))
-    with dg.instance_for_test() as instance, pytest.raises(TimeoutError):
+    with instance_for_test() as instance, pytest.raises(TimeoutError):
         drive_quietly(["p1"], instance=instance, defs=defs, store=store, timeout_s=30)
     items = work_items(engine, "download")
     slow = items[ids["slow.mp4"]]

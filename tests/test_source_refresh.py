@@ -25,7 +25,7 @@ from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.db.reports import source_yield
 from dataminer_dagster.engine.refresh_schedule import due_projects, next_refresh, refresh_due
 from dataminer_dagster.paths import DataPaths
-from dataminer_dagster.testing import keep_every_frame
+from dataminer_dagster.testing import instance_for_test, keep_every_frame
 from tests.helpers.http_server import http_server_fixture
 from tests.helpers.pipeline import drive_quietly, pipeline_definitions, resources, write_videos
 
@@ -122,7 +122,7 @@ class Following:
 @pytest.fixture
 def following(tmp_path, database_url, engine, http_server, tiny_siglip):
     following = Following(tmp_path, database_url, engine, http_server, tiny_siglip)
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         following.instance = instance
         yield following
 

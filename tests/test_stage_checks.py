@@ -8,7 +8,6 @@ import json
 import stat
 from dataclasses import replace
 
-import dagster as dg
 import numpy as np
 import pandas as pd
 import pytest
@@ -25,6 +24,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.partitions import projects_partitions, videos_partitions
 from dataminer_dagster.paths import DataPaths
+from dataminer_dagster.testing import instance_for_test
 from tests.helpers.pipeline import materialize_partitions, resources, write_videos
 
 SPEC = SyntheticVideoSpec(width=96, height=64, fps=10, seconds=1.0)
@@ -49,7 +49,7 @@ def test_a_missing_frame_fails_its_own_partitions_check_and_says_which(
         )
     )
     res = resources(database_url, data_dir)
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         materialize_partitions(
             [video_catalog], ["p"], instance=instance, resources=res, partitions=projects_partitions
         )

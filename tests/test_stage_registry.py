@@ -24,7 +24,7 @@ from dataminer_dagster.db.reports import stage_counts
 from dataminer_dagster.lanes import DEFAULT_LANES
 from dataminer_dagster.paths import DataPaths, ProjectPaths
 from dataminer_dagster.registry import DATASET, PROJECTS, StageSpec
-from dataminer_dagster.testing import keep_every_frame
+from dataminer_dagster.testing import instance_for_test, keep_every_frame
 from tests.helpers.pipeline import (
     drive_quietly,
     resources,
@@ -141,7 +141,7 @@ def test_a_stage_added_as_a_folder_runs_in_the_project_chain(
     )
     catalog.projects.register(config)
     defs = _definitions(resources(database_url, data_dir))
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         result = drive_quietly(["p"], instance=instance, defs=defs, store=store)
         assert result.stages == {"p": "complete"}
         summary = work_items(engine, SUMMARY)["p"]

@@ -19,7 +19,7 @@ from dataminer_dagster.db.acquisition_rounds import continue_acquisition
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.paths import DataPaths
-from dataminer_dagster.testing import keep_every_frame
+from dataminer_dagster.testing import instance_for_test, keep_every_frame
 from tests.helpers.http_server import http_server_fixture
 from tests.helpers.pipeline import drive_quietly, pipeline_definitions, resources, write_videos
 
@@ -68,7 +68,7 @@ def run_project(tmp_path, database_url, engine, server, siglip, *, per_feed: int
     )
     catalog.projects.register(config)
     defs = pipeline_definitions(resources(database_url, tmp_path / "data"))
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         result = drive_quietly(["aims"], instance=instance, defs=defs, store=LeaseStore(engine))
         observed = [
             e.asset_observation.metadata["acquisition"].value

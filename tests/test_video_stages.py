@@ -23,6 +23,7 @@ from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.partitions import projects_partitions, videos_partitions
 from dataminer_dagster.paths import FRAMES_MANIFEST, DataPaths
+from dataminer_dagster.testing import instance_for_test
 from tests.helpers.http_server import LocalHTTPServer
 from tests.helpers.pipeline import (
     materialize_partitions,
@@ -88,7 +89,7 @@ class _Pipeline:
 
 @pytest.fixture
 def pipeline(tmp_path, database_url, engine):
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         yield _Pipeline(engine, database_url, tmp_path / "data", instance)
 
 

@@ -21,11 +21,13 @@ def _instance():
     )
     import tempfile
 
+    from dataminer_dagster.hosting.driver import IN_MEMORY_EVENT_LOG
+
     directory = tempfile.TemporaryDirectory(prefix="dataminer-dagster-")
     # A throw-away instance has no id worth keeping: with telemetry on, Dagster would make one and
     # print its telemetry notice on a machine that never ran Dagster.
     instance = dg.DagsterInstance.local_temp(
-        directory.name, overrides={"telemetry": {"enabled": False}}
+        directory.name, overrides={"telemetry": {"enabled": False}, **IN_MEMORY_EVENT_LOG}
     )
     return instance, directory
 

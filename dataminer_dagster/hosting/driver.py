@@ -44,6 +44,16 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# The event log of an instance whose runs are not kept (`dataminer run` without DAGSTER_HOME, the
+# tests' instances): in memory, for as long as the instance lives. Dagster's default keeps a SQLite
+# database per run and stamps its schema as each run starts, a large share of a short run.
+IN_MEMORY_EVENT_LOG = {
+    "event_log_storage": {
+        "module": "dagster._core.storage.event_log",
+        "class": "InMemoryEventLogStorage",
+    }
+}
+
 
 class ProjectsGone(LookupError):
     """Projects being driven were deleted meanwhile (`dataminer project delete`)."""

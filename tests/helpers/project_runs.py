@@ -15,7 +15,7 @@ from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.catalog import Catalog
 from dataminer_dagster.db.leases import LeaseStore
 from dataminer_dagster.paths import DataPaths, ProjectPaths
-from dataminer_dagster.testing import keep_every_frame
+from dataminer_dagster.testing import instance_for_test, keep_every_frame
 from tests.helpers.pipeline import drive_quietly, pipeline_definitions, resources, write_videos
 
 STAGES = ("catalog", "download", "frames", "filter", "dedup", "detect", "dataset")
@@ -136,10 +136,9 @@ def tiny_yolo(tmp_path_factory) -> Path:
 @pytest.fixture
 def changing(tmp_path, database_url, engine, tiny_siglip, tiny_yolo):
     """The project `changing` registered, with a Dagster instance to drive it."""
-    import dagster as dg
 
     changing = Project(tmp_path, database_url, engine, tiny_siglip, tiny_yolo)
     changing.register()
-    with dg.instance_for_test() as instance:
+    with instance_for_test() as instance:
         changing.instance = instance
         yield changing
