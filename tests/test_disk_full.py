@@ -257,7 +257,7 @@ def test_a_long_wait_for_disk_space_is_logged_once_a_minute_not_once_per_try(
     defs = pipeline_definitions(resources(database_url, tmp_path / "data"))
     with instance_for_test() as instance:
         with pytest.raises(TimeoutError):  # the disk never frees: the drive gives up
-            drive_quietly(["p1"], instance=instance, defs=defs, store=store, timeout_s=30)
+            drive_quietly(["p1"], instance=instance, defs=defs, store=store, timeout_s=10)
         runs = instance.get_runs()
         postponements = [
             observed
@@ -275,7 +275,7 @@ def test_a_long_wait_for_disk_space_is_logged_once_a_minute_not_once_per_try(
             if e.level == logging.WARNING and " postponed " in e.user_message
         ]
         failed = [run.run_id for run in runs if run.status == dg.DagsterRunStatus.FAILURE]
-    assert len(lines) < len(postponements), f"not one line per try: {lines}"
+    assert len(lines) < len(postponements), f"not one line per try: {lines}, {len(postponements)}"
     assert len(lines) <= 2, f"one line a minute at most: {lines}"
     assert not failed, "waiting for disk space fails no run"
 
