@@ -13,6 +13,8 @@ no network). The repository's own tests use it too.
 * `register_project(config, instance)`: the project in the claim tables, its partition added.
 * `run_projects(defs, names, instance)`: the projects driven to complete in this process, with
   the sensors' decisions (`dataminer run`'s loop), through the lane jobs of `defs`.
+* `instance_for_test()`: Dagster's test instance with its event log in memory, for an instance
+  that only the test's process uses (no SQLite database made per run).
 
 The same as pytest fixtures: put `pytest_plugins = ["dataminer_dagster.testing"]` in your
 conftest.py and ask for `dataminer_database` (a fresh database, the environment pointed at it),
