@@ -10,6 +10,7 @@ import json
 
 import dagster as dg
 import pandas as pd
+import pytest
 from click.testing import CliRunner
 
 from dataminer_dagster.assets.dataset.dataset_files import COCO_FILE, MANIFEST_FILE
@@ -17,6 +18,13 @@ from dataminer_dagster.assets.dataset.dataset_versions import diff_versions, lis
 from dataminer_dagster.cli import main
 from tests.helpers.project_runs import dataminer
 from tests.helpers.review import as_answered, boxes, use_changing_data
+
+
+@pytest.fixture
+def changing(changing_shared):
+    """`dataminer review import` rebuilds the dataset in its own process, whose run the tests read
+    from the instance."""
+    return changing_shared
 
 
 def test_a_review_comes_back_as_corrections_and_a_new_version(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -135,10 +136,22 @@ def tiny_yolo(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def changing(tmp_path, database_url, engine, tiny_siglip, tiny_yolo):
-    """The project `changing` registered, with a Dagster instance to drive it."""
+    """The project `changing` registered, with a Dagster instance to drive it (its event log in
+    this process's memory)."""
+    yield from _registered(Project(tmp_path, database_url, engine, tiny_siglip, tiny_yolo))
 
-    changing = Project(tmp_path, database_url, engine, tiny_siglip, tiny_yolo)
-    changing.register()
-    with instance_for_test() as instance:
-        changing.instance = instance
-        yield changing
+
+@pytest.fixture
+def changing_shared(tmp_path, database_url, engine, tiny_siglip, tiny_yolo):
+    """`changing` driven on Dagster's own instance storage, which the commands a test runs (other
+    processes, through DAGSTER_HOME) record their runs in too."""
+    yield from _registered(
+        Project(tmp_path, database_url, engine, tiny_siglip, tiny_yolo), dg.instance_for_test
+    )
+
+
+def _registered(project: Project, instance_for=instance_for_test) -> Iterator[Project]:
+    project.register()
+    with instance_for() as instance:
+        project.instance = instance
+        yield project
