@@ -46,7 +46,9 @@ T = TypeVar("T")
 
 # The event log of an instance whose runs are not kept (`dataminer run` without DAGSTER_HOME, the
 # tests' instances): in memory, for as long as the instance lives. Dagster's default keeps a SQLite
-# database per run and stamps its schema as each run starts, a large share of a short run.
+# database per run and stamps its schema as each run starts, a large share of a short run. It
+# keeps no concurrency pools (the `gpu` slot), which a private instance that executes one run at
+# a time in its own process has no use for.
 IN_MEMORY_EVENT_LOG = {
     "event_log_storage": {
         "module": "dagster._core.storage.event_log",
