@@ -13,8 +13,8 @@ no network). The repository's own tests use it too.
 * `register_project(config, instance)`: the project in the claim tables, its partition added.
 * `run_projects(defs, names, instance)`: the projects driven to complete in this process, with
   the sensors' decisions (`dataminer run`'s loop), through the lane jobs of `defs`.
-* `instance_for_test()`: Dagster's test instance with its event log in memory, for an instance
-  that only the test's process uses (no SQLite database made per run).
+* `instance_for_test()`: Dagster's test instance with its event log in memory (no SQLite database
+  made per run), for an instance that nothing else opens.
 
 The same as pytest fixtures: put `pytest_plugins = ["dataminer_dagster.testing"]` in your
 conftest.py and ask for `dataminer_database` (a fresh database, the environment pointed at it),
@@ -152,9 +152,10 @@ class ScratchPostgres:
 @contextmanager
 def instance_for_test(**kwargs) -> Iterator[dg.DagsterInstance]:
     """Dagster's `instance_for_test` (same arguments) with its event log in memory, as
-    `dataminer run` keeps it when its runs are not kept: for an instance that one process uses.
-    One that other processes open too (through DAGSTER_HOME or its directory) needs Dagster's
-    own, as the `dataminer_instance` fixture is."""
+    `dataminer run` keeps it when its runs are not kept. The events live in this instance
+    object: one that is opened again, by another process or by a command in this one (through
+    DAGSTER_HOME or its directory), sees none of them and needs Dagster's own storage, as the
+    `dataminer_instance` fixture has."""
     import dagster as dg
 
     from dataminer_dagster.hosting.driver import IN_MEMORY_EVENT_LOG

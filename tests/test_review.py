@@ -22,8 +22,8 @@ from tests.helpers.review import as_answered, boxes, use_changing_data
 
 @pytest.fixture
 def changing(changing_shared):
-    """`dataminer review import` rebuilds the dataset in its own process, whose run the tests read
-    from the instance."""
+    """`dataminer review import` rebuilds the dataset through an instance of its own (from
+    DAGSTER_HOME), whose run the tests read."""
     return changing_shared
 
 

@@ -143,8 +143,8 @@ def changing(tmp_path, database_url, engine, tiny_siglip, tiny_yolo):
 
 @pytest.fixture
 def changing_shared(tmp_path, database_url, engine, tiny_siglip, tiny_yolo):
-    """`changing` driven on Dagster's own instance storage, which the commands a test runs (other
-    processes, through DAGSTER_HOME) record their runs in too."""
+    """`changing` driven on Dagster's own instance storage, which the commands a test runs open
+    again through DAGSTER_HOME and record their runs in too."""
     yield from _registered(
         Project(tmp_path, database_url, engine, tiny_siglip, tiny_yolo), dg.instance_for_test
     )
