@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.fault_checks import Outcome, files_against_records, leftovers
+from tests.helpers.fault_checks import (
+    Outcome,
+    files_against_records,
+    leftovers,
+    live_files_deleted,
+)
 from tests.helpers.fault_machines import missing_requirements
 from tests.helpers.faults import Fault, FaultLab, Schedule
 
@@ -46,6 +51,30 @@ def test_the_checker_sees_files_out_of_step_with_the_database(tmp_path: Path):
     (tmp_path / "out" / "dataset").mkdir(parents=True)
     (tmp_path / "out" / ".replaced-dataset-abcd").mkdir()
     assert [p.name for p in leftovers(tmp_path / "out")] == [".replaced-dataset-abcd"]
+
+
+def test_the_checker_counts_vanished_files_of_live_leases_only():
+    """A staging folder that vanished under a worker holding its lease counts; one removed by the
+    next holder after the worker's lease was taken back, which the worker then reports as failed
+    after its lease was lost, does not; without the next holder's word it still counts."""
+    staging = "/d/videos/.staging-s00-7cef-fe2ca1d6-be19d8de"
+    live = (
+        f"download s00-7cef failed on attempt 1: [Errno 2] No such file or directory: '{staging}'"
+    )
+    fenced = (
+        "download s00-7cef: failed after its lease was lost: "
+        f"[Errno 2] No such file or directory: '{staging[:30]}"
+    )
+    removed = f"removed {staging}, left by a worker whose lease is dead"
+    other = "/d/videos/.staging-s01-95d2-e7be-c84a"
+    unexplained = (
+        "download s01-95d2: failed after its lease was lost: "
+        f"[Errno 2] No such file or directory: '{other}'"
+    )
+    assert live_files_deleted([fenced, removed]) == []
+    assert live_files_deleted([live, removed]) == [live]
+    assert live_files_deleted([fenced]) == [fenced]
+    assert live_files_deleted([unexplained, removed]) == [unexplained]
 
 
 def test_attempts_count_against_the_clean_run_only_where_faults_must_cost_none():

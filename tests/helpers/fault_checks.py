@@ -5,8 +5,9 @@ disk once every worker has stopped:
 - every file on disk matches the database: each frames folder and video file the database records
   exists, and nothing is left that it does not record (no unrecorded frames folder or video, no
   staging or set-aside sibling);
-- no worker deleted files another worker was still working on (its errors would say that its
-  staging folder or its frames vanished);
+- no worker deleted files another worker was still working on under a live lease (its errors
+  would say that its staging folder or its frames vanished; a worker whose lease was taken back
+  may find its leftovers removed by the next holder, as the fencing wants);
 - no worker exited because of a fault (a fault is something to wait out, not a reason to stop);
 - a schedule made only of faults that must cost nothing (`faults.NO_COST_KINDS`) tried no item more
   often than the clean run did;
@@ -31,6 +32,12 @@ LEFTOVER = re.compile(r"^\.(staging|replaced)-|\.(part|ytdl)$")
 LIVE_FILES_GONE = re.compile(
     r"(FileNotFoundError|No such file or directory).*\.(staging|replaced)-|frames of video \S+ \(.*\) are missing"
 )
+# A worker's own word that its lease was gone when it failed, and the next holder's (or the
+# reaper's) that it removed a dead lease's leftover: a staging folder that vanished under such a
+# worker was no live holder's.
+_LEASE_WAS_LOST = "failed after its lease was lost"
+_DEAD_LEFTOVER_REMOVED = re.compile(r"removed (\S+), left by a worker whose lease is dead")
+_LEFTOVER_NAME = re.compile(r"\.(?:staging|replaced)-[^/'\s]*")
 
 
 @dataclass
@@ -139,9 +146,7 @@ def check(trial, reference: Reference | None) -> Outcome:
         items_not_done=[f"{r.stage} {r.item_key}: {r.status}" for r in items if r.status != "done"],
         recorded_missing=missing,
         unrecorded=unrecorded,
-        live_files_deleted=sorted(
-            {line.strip()[:300] for line in errors if LIVE_FILES_GONE.search(line)}
-        ),
+        live_files_deleted=live_files_deleted(errors),
         worker_exits=[e for w in trial.workers for e in w.exits],
         attempts=attempts,
         extra_attempts=_extra_attempts(attempts, reference),
@@ -152,6 +157,30 @@ def check(trial, reference: Reference | None) -> Outcome:
         log_tail=trial.logs()[-6000:],
         work_seconds=trial.work_seconds,
         finished=trial.finished,
+    )
+
+
+def live_files_deleted(errors: list[str]) -> list[str]:
+    """The workers' errors that say files they worked on were taken from under them while they
+    held the lease. Not those of a worker that says its lease was already lost, about a leftover
+    that another worker says it removed as a dead lease's: that is the fencing doing its work."""
+    removed_as_dead = {
+        name
+        for line in errors
+        if (removed := _DEAD_LEFTOVER_REMOVED.search(line))
+        for name in _LEFTOVER_NAME.findall(removed.group(1))
+    }
+
+    def fenced(line: str) -> bool:
+        names = _LEFTOVER_NAME.findall(line)
+        return (
+            _LEASE_WAS_LOST in line
+            and bool(names)
+            and all(any(r.startswith(n) for r in removed_as_dead) for n in names)
+        )
+
+    return sorted(
+        {line.strip()[:300] for line in errors if LIVE_FILES_GONE.search(line) and not fenced(line)}
     )
 
 
