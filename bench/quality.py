@@ -20,7 +20,10 @@ and YOLO). Then the pipeline's outputs are read back and measured against the wo
   pairs of frames, and over the pairs of frames of two different videos (the planted copies
   only); and, stricter, over the pairs of frames of two videos that show the same frame of the
   source clip (a join of one scene's other moments then counts as wrong). Near-duplicates across
-  splits: pairs of dataset images of one truth group that lie in different splits.
+  splits: pairs of dataset images of one truth group that lie in different splits. Beside the
+  stage's groups, every pair of passed frames compared by the cosine of their cached embeddings:
+  the lowest within a truth group, the highest across two, and the pair figures of the connected
+  components of all pairs at each of a range of thresholds.
 * detection: mAP50 (bench/quality_metrics.py) of the pipeline's detections (made at the
   project's confidence, 0.25) on the dataset's images against every truth box.
 * the value of mining: fresh tiny YOLOs (scripts/train_world_yolo.py's graph and trainer) trained
@@ -80,6 +83,7 @@ class Mined:
     each video id, and every frame it extracted with its truth."""
 
     project: Path
+    data: Path  # its DATAMINER_DATA_DIR (videos, frames, the embedding cache)
     config: dict
     urls: dict[str, str]
     world: WrittenWorld
@@ -149,6 +153,7 @@ def mine(root: Path, seed: int, sources: int) -> Mined:
         dataminer(home, "db", "stop")
     return Mined(
         project=Path(config["output_dir"]),
+        data=home / "data",
         config=config,
         urls={row.video_id: row.url for row in rows},
         world=world,
@@ -214,12 +219,60 @@ def pairs_of_two_videos(predicted: list, true: list, video: list) -> PrecisionRe
     )
 
 
+SWEPT_THRESHOLDS = (0.95, 0.92, 0.9, 0.88, 0.86, 0.84, 0.82, 0.8, 0.78, 0.75, 0.7)
+
+
+def passed_embeddings(mined: Mined, passed: pd.DataFrame) -> np.ndarray:
+    """The filter's cached embeddings of the passed frames, one row per row of `passed`."""
+    from dataminer_dagster.core.embedding_cache import EmbeddingCache
+    from dataminer_dagster.models.loading import resolve_model
+    from dataminer_dagster.paths import DataPaths
+
+    slug = resolve_model(mined.config["filter"]["model"]).slug
+    cache = EmbeddingCache(DataPaths(mined.data).embeddings_dir(), slug)
+    vectors = np.zeros((len(passed), 0), np.float32)
+    for video_id, rows in passed.groupby("video_id", sort=False):
+        found, cached = cache.get(video_id, rows["content_hash"].tolist())
+        if not found.all():
+            raise SystemExit(f"the embedding cache lacks passed frames of {video_id}")
+        if vectors.shape[1] == 0:
+            vectors = np.zeros((len(passed), cached.shape[1]), np.float32)
+        vectors[passed.index.get_indexer(rows.index)] = cached
+    return vectors
+
+
+def separation(similarity: np.ndarray, scene: list) -> dict:
+    """How far apart the embedding puts one scene's frames and two scenes' frames: the lowest
+    cosine of two frames of one truth group and the highest of two frames of two groups. No
+    threshold groups every scene whole and joins none when the second is the higher."""
+    same = np.equal.outer(np.array(scene, dtype=object), np.array(scene, dtype=object))
+    upper = np.triu(np.ones_like(same), 1)
+    within, between = similarity[same & upper], similarity[~same & upper]
+    return {
+        "lowest within a scene": float(within.min()) if within.size else None,
+        "highest across scenes": float(between.max()) if between.size else None,
+    }
+
+
+def grouped_at(similarity: np.ndarray, threshold: float) -> list[int]:
+    """The connected components of every pair of passed frames at `threshold`: the grouping a
+    full dedup would reach if it compared every frame with every other (the stage compares each
+    video's kept frame, or new frames with the kept ones, so it sees a subset of these pairs)."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    _, labels = connected_components(csr_matrix(similarity >= threshold), directed=False)
+    return labels.tolist()
+
+
 def dedup_figures(mined: Mined, dataset: pd.DataFrame) -> dict:
     from dataminer_dagster.paths import ProjectPaths
 
     passed = mined.with_truth(pd.read_parquet(ProjectPaths(mined.project).dedup_table))
     predicted = passed["group"].tolist()
     scene = [t.group for t in passed["truth"]]
+    vectors = passed_embeddings(mined, passed)
+    similarity = vectors @ vectors.T
     # one frame of the source clip (a sped-up copy's frame shows a later source time)
     moment = [f"{t.group}@{t.source_t:.3f}" for t in passed["truth"]]
     video = passed["video_id"].tolist()
@@ -235,6 +288,11 @@ def dedup_figures(mined: Mined, dataset: pd.DataFrame) -> dict:
         "truth groups across splits": int(
             (dataset.groupby(dataset_scenes)["split"].nunique() > 1).sum()
         ),
+        "separation": separation(similarity, scene),
+        "every pair, by threshold": {
+            threshold: pair_precision_recall(grouped_at(similarity, threshold), scene)
+            for threshold in SWEPT_THRESHOLDS
+        },
     }
 
 
@@ -461,6 +519,14 @@ def print_report(report: dict) -> None:
         f"  near-duplicate pairs across splits: {dedup['near-duplicates across splits']} "
         f"({dedup['truth groups across splits']} truth groups in two splits or more)"
     )
+    print(
+        "  cosine of the passed frames' embeddings: lowest within a scene "
+        f"{dedup['separation']['lowest within a scene']:.3f}, highest across scenes "
+        f"{dedup['separation']['highest across scenes']:.3f}"
+    )
+    print("  every pair compared, at threshold:")
+    for threshold, figures in dedup["every pair, by threshold"].items():
+        pr(f"  {threshold:.2f}", figures)
     detection = report["detection"]
     print(
         f"detection: mAP50 {detection['map50']:.3f} on {detection['images']} images, "
