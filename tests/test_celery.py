@@ -9,7 +9,7 @@ database), while every step executes in a `dagster-celery worker start` subproce
 the same job from this module.
 
 Queue names get a per-test suffix: several test sessions (and both database servers under
-`pytest -n 2`) share one broker, and a worker of another session must not take our steps. The real
+`pytest -n 3`) share one broker, and a worker of another session must not take our steps. The real
 queue names (`dagster`, `gpu`) and the pipeline's tags are checked separately, without a broker.
 """
 
