@@ -261,7 +261,10 @@ def grouped_at(similarity: np.ndarray, threshold: float) -> list[int]:
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import connected_components
 
-    _, labels = connected_components(csr_matrix(similarity >= threshold), directed=False)
+    from dataminer_dagster.assets.dedup.grouping import SIMILARITY_TOLERANCE
+
+    edges = similarity >= threshold - SIMILARITY_TOLERANCE  # the stage's own rule for a pair
+    _, labels = connected_components(csr_matrix(edges), directed=False)
     return labels.tolist()
 
 
@@ -520,9 +523,11 @@ def print_report(report: dict) -> None:
         f"({dedup['truth groups across splits']} truth groups in two splits or more)"
     )
     print(
-        "  cosine of the passed frames' embeddings: lowest within a scene "
-        f"{dedup['separation']['lowest within a scene']:.3f}, highest across scenes "
-        f"{dedup['separation']['highest across scenes']:.3f}"
+        "  cosine of the passed frames' embeddings: "
+        + ", ".join(
+            f"{name} {'-' if value is None else f'{value:.3f}'}"
+            for name, value in dedup["separation"].items()
+        )
     )
     print("  every pair compared, at threshold:")
     for threshold, figures in dedup["every pair, by threshold"].items():
