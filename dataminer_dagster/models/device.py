@@ -9,7 +9,9 @@ ones included, is tested on a machine without a GPU:
   memory, a prefetch thread with a CUDA stream of its own, kept by the model: `PrefetchThreads`);
 * how many images a batch holds, from the free device memory and the measured peak use per image
   (`batch_size_for_memory`, `plan_batch_size`);
-* whether torchvision decodes JPEGs on the device (`decodes_jpeg`).
+* whether torchvision decodes JPEGs on the device (`decodes_jpeg`);
+* which CPU kernels a training runs, where its weights must not depend on the CPU
+  (`use_portable_cpu_kernels`).
 
 Only `CudaMemory`, `cuda_capability`, `decodes_jpeg` and the stream/pinning calls ask CUDA itself.
 torch is imported inside the functions.
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -48,6 +52,24 @@ BATCH_MEMORY_SHARE = 0.5
 CUDA_PREFETCH_BATCHES = 2
 # Items in the batch that measures the peak memory of one item.
 PROBE_ITEMS = 2
+
+# torch's own kernels, oneDNN's and MKL's are each chosen by the instruction sets the CPU offers
+# (AVX2, AVX-512, ...), and each choice rounds differently: over thousands of training steps the
+# weights part. These settings choose each library's baseline kernels on every x86-64 CPU.
+PORTABLE_CPU_KERNELS = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+    "MKL_CBWR": "COMPATIBLE",
+}
+
+
+def use_portable_cpu_kernels() -> None:
+    """Run the same arithmetic on every x86-64 CPU, so that a training from a seed gives the same
+    weights on another machine (with the same library versions and threads), at some cost in
+    speed. The libraries read these settings when they load: call it before torch is imported."""
+    if "torch" in sys.modules:
+        raise RuntimeError("use_portable_cpu_kernels() must be called before torch is imported")
+    os.environ.update(PORTABLE_CPU_KERNELS)
 
 
 def pick_device(name: str, *, cuda_devices: int, mps: bool) -> torch.device:

@@ -30,6 +30,7 @@ from dataminer_dagster.models.device import (
     plan_batch_size,
     prepared_ahead,
     to_device,
+    use_portable_cpu_kernels,
 )
 from dataminer_dagster.models.loading import resolve_device, resolve_dtype
 from tests.models.cuda_stand_ins import StandInMemory
@@ -222,3 +223,18 @@ def test_jpeg_decoding_on_the_device_is_probed():
     assert decodes_jpeg(CPU)  # torchvision's libjpeg
     # No GPU here: the CUDA answer is the real one of a machine without nvjpeg to use.
     assert decodes_jpeg(CUDA) == torch.cuda.is_available()
+
+
+def test_portable_cpu_kernels_are_torchs_baseline_ones_and_must_come_before_torch():
+    script = (
+        "from dataminer_dagster.models.device import use_portable_cpu_kernels\n"
+        "use_portable_cpu_kernels()\n"
+        "import torch\n"
+        "print(torch.backends.cpu.get_cpu_capability())\n"
+    )
+    capability = subprocess.run(
+        [sys.executable, "-c", script], check=True, capture_output=True, text=True, timeout=120
+    ).stdout.split()
+    assert capability == ["DEFAULT"]  # not the AVX2 or AVX-512 kernels this CPU may offer
+    with pytest.raises(RuntimeError, match="before torch is imported"):
+        use_portable_cpu_kernels()  # this process imported torch already
