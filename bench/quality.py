@@ -241,10 +241,11 @@ def passed_embeddings(mined: Mined, passed: pd.DataFrame) -> np.ndarray:
     return vectors
 
 
-def separation(similarity: np.ndarray, scene: list) -> dict:
+def separation(vectors: np.ndarray, scene: list) -> dict:
     """How far apart the embedding puts one scene's frames and two scenes' frames: the lowest
     cosine of two frames of one truth group and the highest of two frames of two groups. No
     threshold groups every scene whole and joins none when the second is the higher."""
+    similarity = vectors @ vectors.T
     same = np.equal.outer(np.array(scene, dtype=object), np.array(scene, dtype=object))
     upper = np.triu(np.ones_like(same), 1)
     within, between = similarity[same & upper], similarity[~same & upper]
@@ -254,17 +255,19 @@ def separation(similarity: np.ndarray, scene: list) -> dict:
     }
 
 
-def grouped_at(similarity: np.ndarray, threshold: float) -> list[int]:
-    """The connected components of every pair of passed frames at `threshold`: the grouping a
-    full dedup would reach if it compared every frame with every other (the stage compares each
-    video's kept frame, or new frames with the kept ones, so it sees a subset of these pairs)."""
-    from scipy.sparse import csr_matrix
+def grouped_at(vectors: np.ndarray, threshold: float) -> list[int]:
+    """The connected components of every pair of passed frames at `threshold` (the pairs the
+    stage's own search reports, `grouping.similar_pairs`): the grouping a full dedup would reach
+    if it compared every frame with every other (the stage compares each video's kept frame, or
+    new frames with the kept ones, so it sees a subset of these pairs)."""
+    from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    from dataminer_dagster.assets.dedup.grouping import SIMILARITY_TOLERANCE
+    from dataminer_dagster.assets.dedup.grouping import similar_pairs
 
-    edges = similarity >= threshold - SIMILARITY_TOLERANCE  # the stage's own rule for a pair
-    _, labels = connected_components(csr_matrix(edges), directed=False)
+    left, right = similar_pairs(vectors, threshold)
+    edges = coo_matrix((np.ones(len(left)), (left, right)), shape=(len(vectors), len(vectors)))
+    _, labels = connected_components(edges, directed=False)
     return labels.tolist()
 
 
@@ -275,7 +278,6 @@ def dedup_figures(mined: Mined, dataset: pd.DataFrame) -> dict:
     predicted = passed["group"].tolist()
     scene = [t.group for t in passed["truth"]]
     vectors = passed_embeddings(mined, passed)
-    similarity = vectors @ vectors.T
     # one frame of the source clip (a sped-up copy's frame shows a later source time)
     moment = [f"{t.group}@{t.source_t:.3f}" for t in passed["truth"]]
     video = passed["video_id"].tolist()
@@ -291,9 +293,9 @@ def dedup_figures(mined: Mined, dataset: pd.DataFrame) -> dict:
         "truth groups across splits": int(
             (dataset.groupby(dataset_scenes)["split"].nunique() > 1).sum()
         ),
-        "separation": separation(similarity, scene),
+        "separation": separation(vectors, scene),
         "every pair, by threshold": {
-            threshold: pair_precision_recall(grouped_at(similarity, threshold), scene)
+            threshold: pair_precision_recall(grouped_at(vectors, threshold), scene)
             for threshold in SWEPT_THRESHOLDS
         },
     }
