@@ -96,19 +96,16 @@ def summarise(processes: list[dict], tests: list[dict]) -> dict:
             k: {"processes": n, "cpu_s": round(cpu, 1)}
             for k, (n, cpu) in sorted(by_kind.items(), key=lambda item: -item[1][1])
         },
-        "by_module": dict(
-            sorted(
-                by_module.items(),
-                key=lambda item: -(item[1]["in_worker_cpu_s"] + item[1]["processes_cpu_s"]),
-            )
-        ),
-        "tests": dict(
-            sorted(
-                per_test.items(),
-                key=lambda item: -(item[1]["in_worker_cpu_s"] + item[1]["processes_cpu_s"]),
-            )
-        ),
+        "by_module": _costliest_first(by_module),
+        "tests": _costliest_first(per_test),
     }
+
+
+def _costliest_first(entries: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """`entries` ordered by their CPU in the worker and in the processes they started."""
+    return dict(
+        sorted(entries.items(), key=lambda e: -(e[1]["in_worker_cpu_s"] + e[1]["processes_cpu_s"]))
+    )
 
 
 def run_suite(commit: str, workdir: Path) -> dict:
