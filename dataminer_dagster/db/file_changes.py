@@ -137,8 +137,9 @@ def committing(
 ) -> Iterator[sa.Connection]:
     """A transaction (as `engine.begin()`) whose file changes (`file_changes`) settle on the
     outcome of its COMMIT. `confirm` reads, on a new connection, whether a commit whose
-    connection was lost went through (True), did not (False) or cannot be told (None). `token`:
-    the lease (hex) the transaction completes, once its first statement has checked it."""
+    connection was lost went through (True), did not (False) or cannot be told (None); an
+    interrupt (a run's Terminate) raised during COMMIT is read back the same way, then raised.
+    `token`: the lease (hex) the transaction completes, once its first statement has checked it."""
     changes = FileChanges(token)
     with engine.connect() as conn:
         _open[conn] = changes
@@ -157,13 +158,13 @@ def committing(
             except BaseException as error:
                 outcome = _read_back(engine, error, confirm)
                 changes.settle(outcome)
+                if outcome is False or not isinstance(error, sa.exc.DBAPIError):
+                    raise  # refused; or an interrupt, which goes on whatever the COMMIT did
                 if outcome is None:
                     raise CommitOutcomeUnknown(
                         f"the connection to the database was lost during COMMIT and whether it "
                         f"went through could not be read back ({error}); no file was deleted"
                     ) from error
-                if not outcome:
-                    raise
             else:
                 changes.settle(True)
         finally:
