@@ -190,6 +190,22 @@ def running_filter_item(deployment):
     return deployment.wait_for_running_item("filter", COMPLETE_WITHIN_S, "alpha")
 
 
+def frozen_with_an_item_in_hand(deployment):
+    """The row of a filter item of project alpha whose run worker is stopped (SIGSTOP) while the
+    item is still in hand, however fast the machine works through the items."""
+    while True:
+        row = running_filter_item(deployment)
+        os.kill(row.pid, signal.SIGSTOP)
+        if deployment.query(
+            """SELECT 1 FROM dataminer.work_items WHERE stage = 'filter' AND item_key = :k
+                  AND status = 'running' AND lease_owner = :owner""",
+            k=row.item_key,
+            owner=row.lease_owner,
+        ):
+            return row
+        os.kill(row.pid, signal.SIGCONT)  # finished in between: the next one
+
+
 def test_a_run_worker_killed_mid_stage_is_failed_and_its_work_done_again(
     deployment, media, reference
 ):
@@ -214,11 +230,28 @@ def test_a_run_cancelled_mid_stage_gives_its_items_back_without_counting_an_atte
 ):
     """As the UI's Terminate does: the run launcher interrupts the run worker, whose step ends
     with an item in hand. A person stopped the run; the item did nothing wrong."""
+    instance = dagster_instance(deployment)
     deployment.start_daemon(sensor_loop_s=SENSOR_LOOP_S)
     deployment.add_project(media.project("alpha", 6))
-    row = running_filter_item(deployment)
-    instance = dagster_instance(deployment)
-    assert instance.run_coordinator.cancel_run(row.lease_owner)
+    row = frozen_with_an_item_in_hand(deployment)
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            cancelled = pool.submit(instance.run_coordinator.cancel_run, row.lease_owner)
+            deployment.wait_until(
+                lambda: (
+                    instance.get_run_by_id(row.lease_owner).status == dg.DagsterRunStatus.CANCELING
+                ),
+                60,
+                "the run canceling",
+                "alpha",
+            )
+            # The code server's termination event then waits for the frozen worker to take it
+            # (multiprocessing's Event.set waits for its sleepers to wake): a moment for the
+            # request to reach it, and the worker goes on.
+            time.sleep(1)
+        finally:
+            os.kill(row.pid, signal.SIGCONT)
+        assert cancelled.result(timeout=60)
     deployment.wait_until(
         lambda: instance.get_run_by_id(row.lease_owner).status == dg.DagsterRunStatus.CANCELED,
         60,
