@@ -185,16 +185,11 @@ def test_two_projects_complete_under_the_daemon_with_gpu_steps_one_at_a_time(
     assert FAILED_SENSOR_TICK not in log, log[-4000:]
 
 
-def running_filter_item(deployment):
-    """The row of a filter item of project alpha once one is being processed."""
-    return deployment.wait_for_running_item("filter", COMPLETE_WITHIN_S, "alpha")
-
-
 def frozen_with_an_item_in_hand(deployment):
     """The row of a filter item of project alpha whose run worker is stopped (SIGSTOP) while the
     item is still in hand, however fast the machine works through the items."""
     while True:
-        row = running_filter_item(deployment)
+        row = deployment.wait_for_running_item("filter", COMPLETE_WITHIN_S, "alpha")
         os.kill(row.pid, signal.SIGSTOP)
         if deployment.query(
             """SELECT 1 FROM dataminer.work_items WHERE stage = 'filter' AND item_key = :k
@@ -211,7 +206,7 @@ def test_a_run_worker_killed_mid_stage_is_failed_and_its_work_done_again(
 ):
     deployment.start_daemon(sensor_loop_s=SENSOR_LOOP_S)
     deployment.add_project(media.project("alpha", 6))
-    row = running_filter_item(deployment)
+    row = frozen_with_an_item_in_hand(deployment)
     run_id, pid = row.lease_owner, row.pid
     os.kill(pid, signal.SIGKILL)
 
@@ -311,7 +306,7 @@ def test_the_daemon_killed_with_its_runs_then_restarted_finishes_the_project(
     and takes its work back at once, without waiting for its heartbeat to go stale."""
     deployment.start_daemon(sensor_loop_s=SENSOR_LOOP_S)
     deployment.add_project(media.project("alpha", 6))
-    row = running_filter_item(deployment)
+    row = frozen_with_an_item_in_hand(deployment)
     deployment.kill_daemon_group()
     deadline = time.monotonic() + 10
     while running(row.pid) and time.monotonic() < deadline:
@@ -351,7 +346,7 @@ def test_dataminer_run_killed_mid_stage_then_run_again_finishes_the_project(
         stderr=subprocess.DEVNULL,
     )
     try:
-        row = running_filter_item(deployment)
+        row = frozen_with_an_item_in_hand(deployment)
         assert row.pid == first.pid
     finally:
         first.kill()
