@@ -1,5 +1,5 @@
-"""bench/quality_metrics.py on cases worked out by hand: the figures bench/quality.py publishes
-rest on them."""
+"""bench/quality_metrics.py, and bench/quality.py's colour check, on cases worked out by hand: the
+figures bench/quality.py publishes rest on them."""
 
 from __future__ import annotations
 
@@ -102,3 +102,23 @@ def test_average_precision_reads_the_precision_envelope():
         (51 * 1 + 50 * 2 / 3) / 101
     )
     assert average_precision([], [], 3) == 0.0
+
+
+def test_the_colour_check_keeps_a_mirrored_copy_and_vetoes_another_scene_the_embedding_joins():
+    import numpy as np
+    from quality import colour_overlap, grouped_with_colour  # bench/quality.py
+
+    def histogram(shares: dict[int, float]) -> np.ndarray:
+        counts = np.zeros(8**3)
+        for bin_, share in shares.items():
+            counts[bin_] = share
+        return counts
+
+    scene = histogram({0: 0.7, 9: 0.3})  # a frame and its mirror have the same colours
+    other = histogram({0: 0.2, 200: 0.8})  # another background
+    overlap = colour_overlap(np.stack([scene, scene, other]))
+    assert overlap[0, 1] == pytest.approx(1.0)
+    assert overlap[0, 2] == pytest.approx(0.2)
+    alike = np.ones((3, 4), np.float32) / 2  # the embedding finds all three the same
+    assert grouped_with_colour(alike, overlap, 0.6, 0.75) == [0, 0, 1]
+    assert grouped_with_colour(alike, overlap, 0.6, 0.1) == [0, 0, 0]
