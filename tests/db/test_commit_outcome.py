@@ -63,7 +63,14 @@ class CommitProxy:
             ):
                 threading.Thread(target=self._pump, args=args, daemon=True).start()
 
-    def _pump(self, source, target, to_server: bool, held, released) -> None:
+    def _pump(
+        self,
+        source: socket.socket,
+        target: socket.socket,
+        to_server: bool,
+        held: threading.Event,
+        released: threading.Event,
+    ) -> None:
         try:
             while data := source.recv(65536):
                 if not to_server and held.is_set():
