@@ -255,17 +255,26 @@ def separation(similarity: np.ndarray, scene: list) -> dict:
     }
 
 
-def grouped_at(vectors: np.ndarray, threshold: float) -> list[int]:
+def grouped_at(
+    vectors: np.ndarray,
+    threshold: float,
+    overlap: np.ndarray | None = None,
+    least_overlap: float = 0.0,
+) -> list[int]:
     """The connected components of every pair of passed frames at `threshold` (the pairs the
     stage's own search reports, `grouping.similar_pairs`): the grouping a full dedup would reach
     if it compared every frame with every other (the stage compares each video's kept frame, or
-    new frames with the kept ones, so it sees a subset of these pairs)."""
+    new frames with the kept ones, so it sees a subset of these pairs). With `overlap` (the colour
+    check), only the pairs whose colours overlap by at least `least_overlap`."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
     from dataminer_dagster.assets.dedup.grouping import similar_pairs
 
     left, right = similar_pairs(vectors, threshold)
+    if overlap is not None:
+        alike = overlap[left, right] >= least_overlap
+        left, right = left[alike], right[alike]
     edges = coo_matrix((np.ones(len(left)), (left, right)), shape=(len(vectors), len(vectors)))
     _, labels = connected_components(edges, directed=False)
     return labels.tolist()
@@ -299,23 +308,6 @@ def colour_overlap(histograms: np.ndarray) -> np.ndarray:
     return np.stack([np.minimum(row, histograms).sum(axis=1) for row in histograms])
 
 
-def grouped_with_colour(
-    vectors: np.ndarray, overlap: np.ndarray, threshold: float, least_overlap: float
-) -> list[int]:
-    """`grouped_at`, keeping only the pairs whose colours overlap by at least `least_overlap`."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
-    from dataminer_dagster.assets.dedup.grouping import similar_pairs
-
-    left, right = similar_pairs(vectors, threshold)
-    alike = overlap[left, right] >= least_overlap
-    left, right = left[alike], right[alike]
-    edges = coo_matrix((np.ones(len(left)), (left, right)), shape=(len(vectors), len(vectors)))
-    _, labels = connected_components(edges, directed=False)
-    return labels.tolist()
-
-
 def dedup_figures(mined: Mined, dataset: pd.DataFrame) -> dict:
     from dataminer_dagster.paths import ProjectPaths
 
@@ -347,7 +339,7 @@ def dedup_figures(mined: Mined, dataset: pd.DataFrame) -> dict:
         "colour overlap": separation(overlap, scene),
         "every pair with the colour check": {
             f"{threshold:.2f} / {least:.2f}": pair_precision_recall(
-                grouped_with_colour(vectors, overlap, threshold, least), scene
+                grouped_at(vectors, threshold, overlap, least), scene
             )
             for threshold, least in COLOUR_CHECKS
         },
@@ -552,6 +544,12 @@ def print_report(report: dict) -> None:
     def share(value: float, part: int, whole: int) -> str:
         return f"{value:.3f} ({part}/{whole})" if whole else "-"
 
+    def separation_line(what: str, figures: dict) -> None:
+        shown = ", ".join(
+            f"{name} {'-' if value is None else f'{value:.3f}'}" for name, value in figures.items()
+        )
+        print(f"  {what}: {shown}")
+
     def pr(name: str, figures: PrecisionRecall) -> None:
         print(
             f"  {name:28s} precision "
@@ -577,23 +575,11 @@ def print_report(report: dict) -> None:
         f"  near-duplicate pairs across splits: {dedup['near-duplicates across splits']} "
         f"({dedup['truth groups across splits']} truth groups in two splits or more)"
     )
-    print(
-        "  cosine of the passed frames' embeddings: "
-        + ", ".join(
-            f"{name} {'-' if value is None else f'{value:.3f}'}"
-            for name, value in dedup["separation"].items()
-        )
-    )
+    separation_line("cosine of the passed frames' embeddings", dedup["separation"])
     print("  every pair compared, at threshold:")
     for threshold, figures in dedup["every pair, by threshold"].items():
         pr(f"  {threshold:.2f}", figures)
-    print(
-        "  colour overlap of the passed frames: "
-        + ", ".join(
-            f"{name} {'-' if value is None else f'{value:.3f}'}"
-            for name, value in dedup["colour overlap"].items()
-        )
-    )
+    separation_line("colour overlap of the passed frames", dedup["colour overlap"])
     print("  every pair compared, at threshold / least colour overlap:")
     for rule, figures in dedup["every pair with the colour check"].items():
         pr(f"  {rule}", figures)

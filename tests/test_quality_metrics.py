@@ -106,7 +106,7 @@ def test_average_precision_reads_the_precision_envelope():
 
 def test_the_colour_check_keeps_a_mirrored_copy_and_vetoes_another_scene_the_embedding_joins():
     import numpy as np
-    from quality import colour_overlap, grouped_with_colour  # bench/quality.py
+    from quality import colour_overlap, grouped_at  # bench/quality.py
 
     def histogram(shares: dict[int, float]) -> np.ndarray:
         counts = np.zeros(8**3)
@@ -120,5 +120,5 @@ def test_the_colour_check_keeps_a_mirrored_copy_and_vetoes_another_scene_the_emb
     assert overlap[0, 1] == pytest.approx(1.0)
     assert overlap[0, 2] == pytest.approx(0.2)
     alike = np.ones((3, 4), np.float32) / 2  # the embedding finds all three the same
-    assert grouped_with_colour(alike, overlap, 0.6, 0.75) == [0, 0, 1]
-    assert grouped_with_colour(alike, overlap, 0.6, 0.1) == [0, 0, 0]
+    assert grouped_at(alike, 0.6, overlap, 0.75) == [0, 0, 1]
+    assert grouped_at(alike, 0.6, overlap, 0.1) == [0, 0, 0]
