@@ -110,7 +110,9 @@ def proxy(database_url):
     cut.close()
 
 
-def test_a_completion_that_went_through_keeps_its_published_files(proxy, tmp_path):
+def a_completion_to_publish(proxy: CommitProxy, tmp_path: Path):
+    """(engine, store, lease, final, staged): an item claimed through `proxy`, its final output
+    holding an old file and its staging a new one."""
     engine = get_engine(proxy.url.render_as_string(hide_password=False))
     store = LeaseStore(engine)
     store.enqueue("download", ["v0"])
@@ -120,6 +122,11 @@ def test_a_completion_that_went_through_keeps_its_published_files(proxy, tmp_pat
     (final / "old").write_text("the old output")
     staged.mkdir()
     (staged / "new").write_text("the new output")
+    return engine, store, lease, final, staged
+
+
+def test_a_completion_that_went_through_keeps_its_published_files(proxy, tmp_path):
+    engine, store, lease, final, staged = a_completion_to_publish(proxy, tmp_path)
 
     proxy.armed.set()
     with store.completing(lease) as conn:
@@ -156,15 +163,7 @@ def test_a_terminate_during_a_commit_that_went_through_keeps_its_files_and_stops
     """Dagster terminates a run with one SIGINT, raised in its step as
     DagsterExecutionInterruptedError: the completion's files follow the COMMIT read back, and the
     interrupt goes on (swallowed, the run would go on to its end)."""
-    engine = get_engine(interrupting_proxy.url.render_as_string(hide_password=False))
-    store = LeaseStore(engine)
-    store.enqueue("download", ["v0"])
-    [lease] = store.claim_next("download", "run-1")
-    final, staged = tmp_path / "out", tmp_path / ".staging-out"
-    final.mkdir()
-    (final / "old").write_text("the old output")
-    staged.mkdir()
-    (staged / "new").write_text("the new output")
+    engine, store, lease, final, staged = a_completion_to_publish(interrupting_proxy, tmp_path)
 
     interrupting_proxy.armed.set()
     with (
