@@ -1,9 +1,10 @@
 """Near-duplicate grouping of a project's frames by embedding similarity.
 
 Two frames are duplicates when the cosine similarity of their embeddings is at least the
-threshold. Every such pair is an edge, and the groups are the connected components of that graph,
-so grouping is transitive and does not depend on the order of the input: N identical frames keep
-exactly one, where a greedy pass over k nearest neighbours keeps several (any beyond its k).
+threshold and, with dedup.colour_overlap, their colours agree (`colour_check.py`). Every such pair
+is an edge, and the groups are the connected components of that graph, so grouping is transitive
+and does not depend on the order of the input: N identical frames keep exactly one, where a greedy
+pass over k nearest neighbours keeps several (any beyond its k).
 
 Grouping runs in two phases, as the pipeline needs it: within each video first, then across videos
 over the frames phase 1 kept. A frame's final group is the phase-2 group of its phase-1
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dataminer_dagster.assets.dedup.colour_check import ColourCheck
 from dataminer_dagster.assets.dedup.pair_search import TILE, bind, load_faiss
 
 # Similarities are float32 dot products whose rounding depends on the kernel and the tiling; a
@@ -106,12 +108,14 @@ def deduplicate(
     recall_sample: int = 1000,
     seed: int = 0,
     device: str = "auto",
+    colours: ColourCheck | None = None,
 ) -> DedupResult:
     """Group near-duplicate frames within each video, then across videos, and pick each group's best.
 
     `recall_sample` queries per approximate search are checked against exact search (0: skip).
     `device`: "auto" (a GPU when there is one), "cpu" or "gpu", or a model's device setting
-    (cpu, cuda, cuda:N, mps; see `pair_search.search_request`).
+    (cpu, cuda, cuda:N, mps; see `pair_search.search_request`). `colours`: the frames'
+    colour histograms (in input order), when two duplicates' colours must agree too.
     """
     started = time.perf_counter()
     ids, by_id = _frame_order(frame_ids)
@@ -123,7 +127,7 @@ def deduplicate(
     quality = _quality_rank(ids, id_rank, scores, sharpness)
     _check_search_parameters(threshold, exact_limit, nprobe)
     products = bind(device, x)
-    search = _Search(threshold, exact_limit, nprobe, recall_sample, seed, products)
+    search = _Search(threshold, exact_limit, nprobe, recall_sample, seed, products, colours)
 
     within = _within_video_representative(x, by_id, videos, quality, search)
     survivors = by_id[within[by_id] == by_id]  # phase-1 representatives, in frame-id order
@@ -159,14 +163,16 @@ def similar_pairs(
     nprobe: int = 16,
     seed: int = 0,
     device: str = "auto",
+    colours: ColourCheck | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """All pairs i < j with cosine similarity >= threshold, sorted; e.g. to check kept frames.
+    """All pairs i < j with cosine similarity >= threshold (and, given `colours`, colours that
+    agree), sorted; e.g. to check kept frames.
 
     Exact up to `exact_limit` vectors; beyond it approximate (may miss pairs, never adds one).
     """
     x = normalized(embeddings)
     _check_search_parameters(threshold, exact_limit, nprobe)
-    search = _Search(threshold, exact_limit, nprobe, 0, seed, bind(device, x))
+    search = _Search(threshold, exact_limit, nprobe, 0, seed, bind(device, x), colours)
     chunks = list(search.pairs(x, np.arange(len(x))))
     i = np.concatenate([c[0] for c in chunks]) if chunks else np.empty(0, dtype=np.int64)
     j = np.concatenate([c[1] for c in chunks]) if chunks else np.empty(0, dtype=np.int64)
@@ -223,7 +229,8 @@ def normalized(embeddings: np.ndarray, *, frame_ids: Sequence[str] | None = None
 class _Search:
     """Neighbour search with fixed parameters; pools pair counts and recall over its calls."""
 
-    def __init__(self, threshold, exact_limit, nprobe, recall_sample, seed, products):
+    def __init__(self, threshold, exact_limit, nprobe, recall_sample, seed, products, colours):
+        self.colours = colours
         self.cut = threshold - SIMILARITY_TOLERANCE
         self.exact_limit = exact_limit
         self.nprobe = nprobe
@@ -242,21 +249,31 @@ class _Search:
         return self.found_true_pairs / self.true_pairs
 
     def pairs(self, x: np.ndarray, rows: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Pairs (a, b), a < b, of positions in `rows` whose vectors x[rows] are duplicates."""
+        """Pairs (a, b), a < b, of positions in `rows` that are duplicates: vectors x[rows] at or
+        above the threshold and, with a colour check, frames whose colours agree."""
+        found = self._similar(x, rows)
+        if self.colours is not None:
+            found = self.colours.keep_agreeing(found, rows)
+        for a, b in found:
+            self.pairs_found += len(a)
+            yield a, b
+
+    def _similar(self, x: np.ndarray, rows: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Pairs (a, b), a < b, of positions in `rows` whose vectors x[rows] are at or above the
+        threshold (an approximate search's recall is measured on these)."""
         if len(rows) <= self.exact_limit:
-            chunks = _exact_pairs(rows, self.cut, self.products)
-            yield from self._counted(chunks)
+            yield from _exact_pairs(rows, self.cut, self.products)
             return
         self.all_exact = False
         queries = _recall_queries(len(rows), self.recall_sample, self.seed)
         chunks = _approximate_pairs(x, rows, self.cut, self.nprobe, self.seed, self.products)
         if len(queries) == 0:
-            yield from self._counted(chunks)
+            yield from chunks
             return
         sampled = np.zeros(len(rows), dtype=bool)
         sampled[queries] = True
         seen_i, seen_j = [], []
-        for i, j in self._counted(chunks):
+        for i, j in chunks:
             touches = sampled[i] | sampled[j]
             seen_i.append(i[touches])
             seen_j.append(j[touches])
@@ -264,11 +281,6 @@ class _Search:
         estimate = _recall(rows, self.cut, queries, _concat(seen_i), _concat(seen_j), self.products)
         self.true_pairs += estimate.true_pairs
         self.found_true_pairs += estimate.found_pairs
-
-    def _counted(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]):
-        for i, j in chunks:
-            self.pairs_found += len(i)
-            yield i, j
 
 
 def _within_video_representative(

@@ -2,7 +2,8 @@
 compared with these and with each other, not the whole project again.
 
 An index is a folder of segments, each a batch of kept frames' unit embeddings (float32) with
-their frame ids, written once and never changed. A kept frame that a better duplicate replaced
+their frame ids (and, under dedup.colour_overlap, their colour histograms), written once and never
+changed. A kept frame that a better duplicate replaced
 (`replacements`, dedup.replace: better) stays in the index: it still stands for its group, and the
 replacement is added beside it. Adding kept frames writes a new segment; past
 MAX_SEGMENTS the segments are merged into one. Vectors are memory-mapped when searched, so a
@@ -14,7 +15,8 @@ k-means, as assets/dedup/grouping.py does) when it first outgrows the exact sear
 grown RETRAIN_GROWTH times since; each segment stores its vectors sorted by nearest centroid,
 and a query is compared with the members of its `nprobe` nearest lists, list by list (all the
 queries that probe a list in one block of products). It may miss a kept duplicate (the new frame
-is then kept too); it never reports a pair below the threshold.
+is then kept too); it never reports a pair below the threshold, nor, with a colour check, one whose
+colours disagree.
 
 Every change is staged in a new folder beside the index (earlier segments hard-linked into it,
 never rewritten) and published by the caller with `core.files.publish`, so a crash leaves the
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dataminer_dagster.assets.dedup.colour_check import ColourCheck
 from dataminer_dagster.assets.dedup.grouping import (
     SIMILARITY_TOLERANCE,
     deduplicate,
@@ -79,12 +82,14 @@ def place_new_frames(
     threshold: float,
     exact_limit: int,
     device: str = "auto",
+    colours: ColourCheck | None = None,
 ) -> Placement:
     """Incremental dedup: a new frame that duplicates a kept one joins its group (the kept frame
     stays kept: a dataset does not reshuffle when it grows); the others are grouped among
-    themselves as `deduplicate` groups a project, and the best of each of their groups is kept."""
+    themselves as `deduplicate` groups a project, and the best of each of their groups is kept.
+    `colours`: the new frames' histograms, when duplicates' colours must agree too."""
     n = len(frame_ids)
-    matches = index.search(embeddings, threshold, exact_limit=exact_limit)
+    matches = index.search(embeddings, threshold, exact_limit=exact_limit, colours=colours)
     joined = matches.kept_row >= 0
     joins = np.full(n, "", dtype=object)
     if joined.any():
@@ -103,6 +108,7 @@ def place_new_frames(
             threshold=threshold,
             exact_limit=exact_limit,
             device=device,
+            colours=None if colours is None else colours.subset(rest),
         )
         group[rest] = result.group
         keep[rest] = result.is_representative
@@ -182,10 +188,25 @@ class KeptIndex:
             return np.empty((0, self.dimensions), dtype=np.float32)
         return np.ascontiguousarray(np.concatenate(parts))
 
+    def colours(self) -> np.ndarray | None:
+        """Every kept frame's colour histogram, in `frame_ids` order; None when the index has
+        none (built without the colour check)."""
+        parts = [self._segment(s)[2] for s in self.manifest["segments"]]
+        if not parts or any(part is None for part in parts):
+            return None
+        return np.ascontiguousarray(np.concatenate(parts))
+
     def search(
-        self, queries: np.ndarray, threshold: float, *, exact_limit: int, nprobe: int = 16
+        self,
+        queries: np.ndarray,
+        threshold: float,
+        *,
+        exact_limit: int,
+        nprobe: int = 16,
+        colours: ColourCheck | None = None,
     ) -> Matches:
-        """The best kept duplicate of each row of `queries` (unit vectors)."""
+        """The best kept duplicate of each row of `queries` (unit vectors); with `colours` (the
+        queries' histograms), the best whose colours agree."""
         q = normalized(queries)
         cut = np.float32(threshold - SIMILARITY_TOLERANCE)
         best = np.full(len(q), -1, dtype=np.int64)
@@ -195,11 +216,19 @@ class KeptIndex:
         probes = None if exact else _nearest(q, centroids, min(nprobe, len(centroids)))
         offset = 0
         for segment in self.manifest["segments"]:
-            vectors, bounds = self._segment(segment)
+            vectors, bounds, kept_colours = self._segment(segment)
+            veto = None
+            if colours is not None:
+                if kept_colours is None:
+                    raise ValueError(
+                        f"the kept index {self.folder} holds no colour histograms; "
+                        "`dataminer force-dedup` deduplicates the project again"
+                    )
+                veto = _ColourVeto(colours, kept_colours, cut)
             if exact:
-                _exact_best(q, vectors, offset, best, score)
+                _exact_best(q, vectors, offset, best, score, veto)
             else:
-                _listed_best(q, probes, vectors, bounds, offset, best, score)
+                _listed_best(q, probes, vectors, bounds, offset, best, score, veto)
             offset += segment["rows"]
         found = score >= cut
         best[~found] = -1
@@ -208,11 +237,17 @@ class KeptIndex:
     def _centroids(self) -> np.ndarray | None:
         return np.load(self.folder / "centroids.npy") if self.manifest.get("centroids") else None
 
-    def _segment(self, segment: dict) -> tuple[np.ndarray, np.ndarray | None]:
+    def _segment(self, segment: dict) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """A segment's vectors, its list bounds (None: no lists) and its colour histograms (None:
+        no colour check), the arrays memory-mapped."""
         folder = self.folder / segment["name"]
         vectors = np.load(folder / "vectors.npy", mmap_mode="r")
-        bounds_path = folder / "bounds.npy"
-        return vectors, (np.load(bounds_path) if bounds_path.exists() else None)
+        bounds_path, colours_path = folder / "bounds.npy", folder / "colours.npy"
+        return (
+            vectors,
+            np.load(bounds_path) if bounds_path.exists() else None,
+            np.load(colours_path, mmap_mode="r") if colours_path.exists() else None,
+        )
 
 
 class IndexWriter:
@@ -229,10 +264,12 @@ class IndexWriter:
         version: str,
         *,
         exact_limit: int,
+        colours: np.ndarray | None = None,
         nprobe: int = 16,
         seed: int = 0,
     ) -> Path:
-        """A new index of exactly these kept frames (a full dedup, or a merge)."""
+        """A new index of exactly these kept frames (a full dedup, or a merge), with their colour
+        histograms when the colour check is on."""
         x = normalized(vectors) if len(vectors) else np.asarray(vectors, dtype=np.float32)
         centroids = None
         if len(x) > exact_limit:
@@ -250,7 +287,9 @@ class IndexWriter:
         if centroids is not None:
             np.save(self.staging / "centroids.npy", centroids)
         if len(x):
-            manifest["segments"].append(self._write_segment(manifest, x, frame_ids, centroids))
+            manifest["segments"].append(
+                self._write_segment(manifest, x, frame_ids, centroids, colours)
+            )
         self._write_manifest(manifest)
         return self.staging
 
@@ -261,11 +300,13 @@ class IndexWriter:
         frame_ids: Sequence[str],
         *,
         exact_limit: int,
+        colours: np.ndarray | None = None,
         nprobe: int = 16,
         seed: int = 0,
     ) -> Path:
-        """The index with these kept frames added: a new segment, or a rebuild when the index
-        outgrows its centroids (or the exact search) or holds MAX_SEGMENTS segments."""
+        """The index with these kept frames (and their colour histograms, with the colour check)
+        added: a new segment, or a rebuild when the index outgrows its centroids (or the exact
+        search) or holds MAX_SEGMENTS segments."""
         x = normalized(vectors)
         manifest = dict(index.manifest)
         total = index.size + len(x)
@@ -276,8 +317,15 @@ class IndexWriter:
         if outgrown or len(manifest["segments"]) >= MAX_SEGMENTS:
             everything = np.concatenate([index.vectors(), x])
             ids = np.concatenate([index.frame_ids(), np.asarray(frame_ids, dtype=str)])
+            all_colours = None if colours is None else np.concatenate([index.colours(), colours])
             return self.rebuild(
-                everything, ids, index.version, exact_limit=exact_limit, nprobe=nprobe, seed=seed
+                everything,
+                ids,
+                index.version,
+                exact_limit=exact_limit,
+                colours=all_colours,
+                nprobe=nprobe,
+                seed=seed,
             )
         self._fresh()
         for source in index.folder.iterdir():  # earlier segments are shared, never rewritten
@@ -289,7 +337,7 @@ class IndexWriter:
                 os.link(source, self.staging / source.name)
         centroids = index._centroids()
         manifest["segments"] = [*manifest["segments"]]
-        manifest["segments"].append(self._write_segment(manifest, x, frame_ids, centroids))
+        manifest["segments"].append(self._write_segment(manifest, x, frame_ids, centroids, colours))
         self._write_manifest(manifest)
         return self.staging
 
@@ -297,21 +345,25 @@ class IndexWriter:
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir(parents=True)
 
-    def _write_segment(self, manifest: dict, x: np.ndarray, frame_ids, centroids) -> dict:
+    def _write_segment(
+        self, manifest: dict, x: np.ndarray, frame_ids, centroids, colours: np.ndarray | None
+    ) -> dict:
         name = f"segment-{manifest['next_segment']:06d}"
         manifest["next_segment"] += 1
         folder = self.staging / name
         folder.mkdir()
         ids = np.asarray(frame_ids, dtype=str)
+        order = np.arange(len(x))
         if centroids is not None:
             lists = _nearest(x, centroids, 1)[:, 0]
             order = np.argsort(lists, kind="stable")
-            x, ids = x[order], ids[order]
             np.save(
                 folder / "bounds.npy", np.searchsorted(lists[order], np.arange(len(centroids) + 1))
             )
-        np.save(folder / "vectors.npy", np.ascontiguousarray(x, dtype=np.float32))
-        np.save(folder / "frame_ids.npy", ids)
+        np.save(folder / "vectors.npy", np.ascontiguousarray(x[order], dtype=np.float32))
+        np.save(folder / "frame_ids.npy", ids[order])
+        if colours is not None:
+            np.save(folder / "colours.npy", np.ascontiguousarray(colours[order], dtype=np.float32))
         return {"name": name, "rows": len(x)}
 
     def _write_manifest(self, manifest: dict) -> None:
@@ -336,15 +388,33 @@ def _nearest(x: np.ndarray, centroids: np.ndarray, k: int) -> np.ndarray:
     return index.search(np.ascontiguousarray(x, dtype=np.float32), k)[1]
 
 
-def _exact_best(q, vectors, offset, best, score) -> None:
+class _ColourVeto:
+    """Drops the products of (query, kept frame) pairs at or above the cut whose colours
+    disagree, so that the best match left is one whose colours agree."""
+
+    def __init__(self, colours: ColourCheck, kept_colours: np.ndarray, cut: np.float32):
+        self.colours = colours
+        self.kept_colours = kept_colours
+        self.cut = cut
+
+    def __call__(self, products: np.ndarray, queries: np.ndarray, kept: np.ndarray) -> None:
+        """`products[a, b]` is query `queries[a]` against the segment's kept row `kept[b]`."""
+        a, b = np.nonzero(products >= self.cut)
+        disagree = ~self.colours.agree_with(self.kept_colours, queries[a], kept[b])
+        products[a[disagree], b[disagree]] = -np.inf
+
+
+def _exact_best(q, vectors, offset, best, score, veto: _ColourVeto | None) -> None:
     for start in range(0, len(vectors), _KEPT_BLOCK):
         block = np.asarray(vectors[start : start + _KEPT_BLOCK])
         for qs in range(0, len(q), _QUERY_BLOCK):
             products = q[qs : qs + _QUERY_BLOCK] @ block.T
+            if veto is not None:
+                veto(products, np.arange(qs, qs + len(products)), start + np.arange(len(block)))
             _take_better(products, qs, offset + start, best, score)
 
 
-def _listed_best(q, probes, vectors, bounds, offset, best, score) -> None:
+def _listed_best(q, probes, vectors, bounds, offset, best, score, veto: _ColourVeto | None) -> None:
     flat = probes.ravel()
     entries = np.argsort(flat, kind="stable")
     starts = np.searchsorted(flat[entries], np.arange(len(bounds)))
@@ -355,6 +425,8 @@ def _listed_best(q, probes, vectors, bounds, offset, best, score) -> None:
             continue
         members = np.asarray(vectors[first:stop])
         products = q[queries] @ members.T
+        if veto is not None:
+            veto(products, queries, np.arange(first, stop))
         column = np.argmax(products, axis=1)
         value = products[np.arange(len(queries)), column]
         better = value > score[queries]
