@@ -5,9 +5,11 @@ better new duplicate takes a kept frame's place."""
 
 from __future__ import annotations
 
+import dagster as dg
 import pandas as pd
 import pytest
 
+from dataminer_dagster.assets.dedup.colour_check import BINS
 from dataminer_dagster.assets.dedup.kept_index import KeptIndex
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec
 from dataminer_dagster.db.project_lifecycle import force_stage
@@ -143,9 +145,10 @@ def test_with_replace_better_a_better_new_duplicate_takes_the_kept_frames_place(
     assert frames(by_id.loc[replaced["replaced_by"]]) <= in_dataset
 
 
-def test_the_replace_policy_keys_leave_fingerprints_as_they_were_until_set(tmp_path):
-    """dedup.replace and dedup.replace_margin were added later: at their defaults no project's
-    work turns stale; set, they make dedup and what follows it run again, not the filter."""
+def test_the_keys_added_later_leave_fingerprints_as_they_were_until_set(tmp_path):
+    """dedup.replace, dedup.replace_margin and dedup.colour_overlap were added later: at their
+    defaults no project's work turns stale; set, they make dedup and what follows it run again,
+    not the filter."""
     from dataminer_dagster.config import parse_project_config
 
     raw = {
@@ -155,12 +158,77 @@ def test_the_replace_policy_keys_leave_fingerprints_as_they_were_until_set(tmp_p
         "filter": {"positive_prompts": ["a"]},
     }
     before = parse_project_config(raw).fingerprints()
-    defaults = {"replace": "never", "replace_margin": 0.02}
+    defaults = {"replace": "never", "replace_margin": 0.02, "colour_overlap": None}
     assert parse_project_config(raw | {"dedup": defaults}).fingerprints() == before
-    for setting in ({"replace": "better"}, {"replace_margin": 0.05}):
+    for setting in ({"replace": "better"}, {"replace_margin": 0.05}, {"colour_overlap": 0.8}):
         after = parse_project_config(raw | {"dedup": setting}).fingerprints()
         assert {stage for stage in before if before[stage] != after[stage]} == {
             "dedup",
             "detect",
             "dataset",
         }
+
+
+# A clip's scene k has background PALETTE[k] and shapes in the colours after it; the project's
+# clips cut once, at 1 s (scenes 0 and 1), the clip added later at 0.5, 1 and 1.5 s (scenes 0-3).
+LATER_CUTS = (0.5, 1.0, 1.5)
+
+
+def colours_in_a_group(project) -> int:
+    """How many groups hold frames of two scenes (two colour schemes)."""
+    frames = table(project)
+    cuts = frames["video_id"].str.startswith("later").map({True: LATER_CUTS, False: (1.0,)})
+    scene = [sum(t >= c for c in at) for t, at in zip(frames["timestamp"], cuts, strict=True)]
+    grouped = frames.assign(scene=scene)[frames["group"] >= 0]
+    return int((grouped.groupby("group")["scene"].nunique() > 1).sum())
+
+
+def kept_frames_check(project):
+    """The latest result of dedup's `no_duplicates_kept` check."""
+    events = [
+        event
+        for run in project.instance.get_runs()
+        for event in project.instance.all_logs(
+            run.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION
+        )
+        if event.dagster_event.event_specific_data.check_name == "no_duplicates_kept"
+    ]
+    assert events
+    return max(events, key=lambda event: event.timestamp).dagster_event.event_specific_data
+
+
+def test_with_the_colour_check_frames_the_embedding_joins_stay_apart_when_their_colours_do(
+    changing, tmp_path
+):
+    """dedup.colour_overlap in a real project. The random-weight embedder finds every frame alike
+    at a low threshold; with the colour check no group holds frames of two colour schemes, after a
+    full dedup (where the kept frames' check counts no pair of them) and after a video added later
+    brings two schemes no kept frame has, whose frames the kept index's colours keep apart."""
+    changing.register(dedup={"threshold": 0.2})
+    changing.run()
+    assert colours_in_a_group(changing) > 0  # the embedding alone joins the scenes
+
+    changing.register(dedup={"colour_overlap": 0.8})
+    changing.run()
+    assert dedup_outcome(changing)["mode"] == "every frame"
+    assert colours_in_a_group(changing) == 0
+    assert table(changing)["kept"].sum() >= 2  # a frame of each scene
+    # The kept frames of the two scenes are alike to the embedding, but no duplicates.
+    check = kept_frames_check(changing)
+    assert check.passed and check.metadata["pairs_above_threshold"].value == 0
+    kept_index = index(changing)
+    assert kept_index.colours().shape == (kept_index.size, BINS**3)
+
+    later = write_videos(
+        tmp_path / "later",
+        {"later.mp4": SyntheticVideoSpec(width=96, height=64, fps=10, scene_cuts=LATER_CUTS)},
+    )
+    changing.register(inputs={"files": [*changing.clips[:2], str(later["later.mp4"])]})
+    changing.run()
+    assert dedup_outcome(changing)["mode"] == "new frames only"
+    assert colours_in_a_group(changing) == 0
+    after = table(changing)
+    new = after[after["video_id"].str.startswith("later")]
+    assert (~new["kept"]).any()  # its first two scenes joined kept frames
+    assert new.loc[new["timestamp"] >= 1.0, "kept"].any()  # its new schemes have kept frames
+    assert index(changing).colours().shape == (int(after["kept"].sum()), BINS**3)

@@ -1,8 +1,8 @@
 """deduped_set: one frame per group of near-duplicates, across all the project's videos.
 
-Every passed frame is grouped (cosine similarity >= threshold, transitively, first within each
-video, then across videos) and the best of each group kept: highest filter score, then sharpness,
-then frame id. Embeddings come from the filter's cache (no second model pass) or from a DINOv2 /
+Every passed frame is grouped (cosine similarity >= threshold and, with dedup.colour_overlap,
+colours that agree; transitively, first within each video, then across videos) and the best of
+each group kept: highest filter score, then sharpness, then frame id. Embeddings come from the filter's cache (no second model pass) or from a DINOv2 /
 DINOv3 model. The result, `<output>/dedup/frames.parquet`, lists every passed frame with its group.
 A frame whose embedding is not cached and whose file can no longer be read is recorded there
 (`readable` false, `error`, group -1, not kept) and left out; the stage goes on with the rest.
@@ -17,6 +17,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dataminer_dagster.assets.dedup.colour_check import (
+    BINS,
+    HISTOGRAM_SLUG,
+    ColourCheck,
+    colour_histogram,
+    histograms_from_cache,
+)
 from dataminer_dagster.assets.dedup.grouping import deduplicate
 from dataminer_dagster.assets.dedup.kept_index import (
     IndexWriter,
@@ -29,7 +36,7 @@ from dataminer_dagster.assets.dedup.store import record_kept
 from dataminer_dagster.assets.filter.store import videos_with_passed_frames
 from dataminer_dagster.assets.filter.table import passed_frames
 from dataminer_dagster.core.embedding_cache import EmbeddingCache
-from dataminer_dagster.core.images import read_image
+from dataminer_dagster.core.images import ImageReadError, read_image
 from dataminer_dagster.core.visualize import PALETTE, contact_sheet
 from dataminer_dagster.db.file_changes import file_changes
 from dataminer_dagster.engine.outcomes import ItemResult
@@ -59,13 +66,16 @@ def _no_duplicates_kept(ctx: StageContext, project_name: str) -> CheckResult:
     if len(kept) < 2:
         return CheckResult(True, metrics)
     embeddings, unreadable = _embeddings(ctx, project, kept)
+    colours, unreadable = _colour_check(ctx, project, kept, unreadable)
     frame_ids = kept["frame_id"].drop(index=list(unreadable)).tolist()
     threshold = project.config.dedup.threshold
+    readable = np.setdiff1d(np.arange(len(kept)), list(unreadable))
     left, right = similar_pairs(
-        np.delete(embeddings, list(unreadable), axis=0),
+        embeddings[readable],
         threshold,
         exact_limit=project.config.dedup.exact_limit,
         device=project.config.dedup.device,
+        colours=None if colours is None else colours.subset(readable),
     )
     metrics["pairs_above_threshold"] = len(left)
     if not len(left):
@@ -73,18 +83,20 @@ def _no_duplicates_kept(ctx: StageContext, project_name: str) -> CheckResult:
     examples = ", ".join(
         f"`{frame_ids[i]}` and `{frame_ids[j]}`" for i, j in zip(left[:5], right[:5], strict=True)
     )
+    colour_rule = "" if colours is None else " with colours that agree"
     return CheckResult(
         False,
         metrics,
-        f"{len(left)} pairs of kept frames are at or above the dedup threshold {threshold:g}, "
-        f"e.g. {examples}. `dataminer force-dedup {project_name}` deduplicates the project again.",
+        f"{len(left)} pairs of kept frames are at or above the dedup threshold {threshold:g}"
+        f"{colour_rule}, e.g. {examples}. `dataminer force-dedup {project_name}` deduplicates the project again.",
     )
 
 
 DEDUP_CHECKS = [
     PartitionCheck(
         "no_duplicates_kept",
-        "No pair of kept frames is at or above the dedup threshold.",
+        "No pair of kept frames is a duplicate: at or above the dedup threshold (with colours "
+        "that agree, under dedup.colour_overlap).",
         _no_duplicates_kept,
     )
 ]
@@ -164,9 +176,9 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     videos = videos_with_passed_frames(catalog.engine, project.id)
     earlier = _earlier(paths, version, videos) if config.incremental else None
     if earlier is not None:
-        frames, kept_vectors, stats, unreadable = _grow(ctx, project, earlier, videos)
+        frames, newly_kept, stats, unreadable = _grow(ctx, project, earlier, videos)
     else:
-        frames, kept_vectors, stats, unreadable = _group_all(ctx, project, videos)
+        frames, newly_kept, stats, unreadable = _group_all(ctx, project, videos)
     for index, message in list(unreadable.items())[:5]:
         ctx.log.warning(f"dedup {project.name}: frame {frames['file'][index]} skipped: {message}")
 
@@ -174,14 +186,22 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     staged = ctx.staging_path(final)
     frames.to_parquet(staged, index=False)
     writer = IndexWriter(paths.dedup_index_dir, ctx.staging_path(paths.dedup_index_dir))
-    new_kept = frames.iloc[kept_vectors[0]]["frame_id"].tolist()
+    new_kept = frames.iloc[newly_kept.rows]["frame_id"].tolist()
     if earlier is None:
         staged_index = writer.rebuild(
-            kept_vectors[1], new_kept, version, exact_limit=config.exact_limit
+            newly_kept.vectors,
+            new_kept,
+            version,
+            exact_limit=config.exact_limit,
+            colours=newly_kept.colours,
         )
     elif new_kept:
         staged_index = writer.add(
-            earlier.index, kept_vectors[1], new_kept, exact_limit=config.exact_limit
+            earlier.index,
+            newly_kept.vectors,
+            new_kept,
+            exact_limit=config.exact_limit,
+            colours=newly_kept.colours,
         )
     else:
         staged_index = None  # nothing new is kept: the index stays as it is
@@ -219,6 +239,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
             "duplicate_pairs": stats["pairs"],
             "search": _search_summary(stats),
             "threshold": config.threshold,
+            "colour_overlap": "off" if config.colour_overlap is None else config.colour_overlap,
             "dedup_seconds": round(time.monotonic() - started, 2),
             "table": final,
         },
@@ -270,6 +291,15 @@ def _indexed(table: pd.DataFrame) -> pd.Series:
     return table["kept"] | table["replaced_by"].notna()
 
 
+@dataclass(frozen=True)
+class _NewlyKept:
+    """The frames a dedup keeps that its kept index does not hold yet."""
+
+    rows: np.ndarray  # their rows in the dedup table
+    vectors: np.ndarray  # their embeddings
+    colours: np.ndarray | None  # their colour histograms (None: no colour check)
+
+
 NO_SEARCH = {"pairs": 0, "exact": True, "recall": None, "engine": "faiss-cpu", "replaced": 0}
 
 
@@ -286,15 +316,16 @@ def _ungrouped(frames: pd.DataFrame) -> pd.DataFrame:
 
 
 def _group_all(ctx: StageContext, project, videos: list[str]):
-    """Every passed frame grouped anew. Returns the table, (rows kept, their vectors), stats and
-    the unreadable rows."""
+    """Every passed frame grouped anew. Returns the table, the frames kept (`_NewlyKept`), stats
+    and the unreadable rows."""
     config = project.config.dedup
     frames = _ungrouped(passed_frames(project, videos))
     unreadable: dict[int, str] = {}
     stats = dict(NO_SEARCH)
-    kept_rows, kept_vectors = np.empty(0, np.int64), np.empty((0, 0), np.float32)
+    kept = _NewlyKept(np.empty(0, np.int64), np.empty((0, 0), np.float32), None)
     if len(frames):
         embeddings, unreadable = _embeddings(ctx, project, frames)
+        colours, unreadable = _colour_check(ctx, project, frames, unreadable)
         frames = _record_unreadable(frames, unreadable)
         readable = frames["readable"].to_numpy(bool)
         usable = frames[readable]
@@ -307,12 +338,15 @@ def _group_all(ctx: StageContext, project, videos: list[str]):
             threshold=config.threshold,
             exact_limit=config.exact_limit,
             device=config.device,
+            colours=None if colours is None else colours.subset(readable),
         )
         frames.loc[readable, "group"] = result.group
         frames.loc[readable, "group_size"] = result.group_size
         frames.loc[readable, "kept"] = result.is_representative
-        kept_rows = np.flatnonzero(frames["kept"].to_numpy(bool))
-        kept_vectors = embeddings[kept_rows]
+        rows = np.flatnonzero(frames["kept"].to_numpy(bool))
+        kept = _NewlyKept(
+            rows, embeddings[rows], None if colours is None else colours.histograms[rows]
+        )
         stats = {
             "pairs": result.pairs_found,
             "exact": result.exact,
@@ -321,7 +355,7 @@ def _group_all(ctx: StageContext, project, videos: list[str]):
             "replaced": 0,
         }
     stats |= {"mode": "every frame", "new_frames": len(frames)}
-    return frames, (kept_rows, kept_vectors), stats, unreadable
+    return frames, kept, stats, unreadable
 
 
 def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
@@ -336,8 +370,10 @@ def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
     unreadable: dict[int, str] = {}
     stats = dict(NO_SEARCH)
     kept_vectors = np.empty((0, earlier.index.dimensions), np.float32)
+    kept_colours = None
     if len(new):
         embeddings, unreadable = _embeddings(ctx, project, new)
+        colours, unreadable = _colour_check(ctx, project, new, unreadable)
         new = _record_unreadable(new, unreadable)
         readable = np.flatnonzero(new["readable"].to_numpy(bool))
         usable = new.iloc[readable]
@@ -351,6 +387,7 @@ def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
             threshold=config.threshold,
             exact_limit=config.exact_limit,
             device=config.device,
+            colours=None if colours is None else colours.subset(readable),
         )
         group_of = dict(zip(table["frame_id"], table["group"].to_numpy(), strict=True))
         first_new_group = int(table["group"].max()) + 1 if len(table) else 0
@@ -367,6 +404,8 @@ def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
         new.loc[new.index[readable], "group"] = groups
         new.loc[new.index[readable], "kept"] = kept
         kept_vectors = embeddings[readable][kept]
+        if colours is not None:
+            kept_colours = colours.histograms[readable][kept]
         stats = {
             "pairs": placed.pairs_found + int((placed.group < 0).sum()),
             "exact": placed.exact,
@@ -381,7 +420,7 @@ def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
     stats |= {"mode": "new frames only", "new_frames": len(new)}
     return (
         frames,
-        (kept_rows, kept_vectors),
+        _NewlyKept(kept_rows, kept_vectors, kept_colours),
         stats,
         {len(table) + k: message for k, message in unreadable.items()},
     )
@@ -463,3 +502,37 @@ def _embeddings(
             vectors[found] = cached
         parts.append(vectors)
     return np.concatenate(parts), unreadable
+
+
+def _colour_check(
+    ctx: StageContext, project, frames: pd.DataFrame, unreadable: dict[int, str]
+) -> tuple[ColourCheck | None, dict[int, str]]:
+    """The colour check of the rows of `frames` (a RangeIndex) under dedup.colour_overlap (None
+    when it is off), and `unreadable` with the rows whose histogram was not cached and whose file
+    could not be read (their histograms are zeros)."""
+    least = project.config.dedup.colour_overlap
+    if least is None:
+        return None, unreadable
+    cache = EmbeddingCache(ctx.db.paths.embeddings_dir(), HISTOGRAM_SLUG)
+    histograms = np.zeros((len(frames), BINS**3), np.float32)
+    unreadable = dict(unreadable)
+    for video_id, group in frames.groupby("video_id", sort=False):
+        rows = group.index.to_numpy()
+        found, cached = cache.get(video_id, group["content_hash"].tolist())
+        if found.any():
+            histograms[rows[found]] = histograms_from_cache(cached)
+        computed, hashes = [], []
+        for k in np.flatnonzero(~found):
+            if rows[k] in unreadable:
+                continue
+            try:
+                histogram = colour_histogram(Path(group["file"].iloc[k]))
+            except ImageReadError as error:
+                unreadable[int(rows[k])] = str(error)
+                continue
+            histograms[rows[k]] = histogram
+            computed.append(histogram)
+            hashes.append(group["content_hash"].iloc[k])
+        if computed:
+            cache.put(video_id, hashes, np.stack(computed))
+    return ColourCheck(histograms, least), unreadable

@@ -11,10 +11,18 @@ from dataminer_dagster.core.config_section import Probability, Section
 
 class DedupConfig(Section):
     RUN_SETTINGS = frozenset({"device"})
-    ADDED_LATER = frozenset({"incremental", "replace", "replace_margin"})
+    ADDED_LATER = frozenset({"incremental", "replace", "replace_margin", "colour_overlap"})
 
     threshold: Probability = Field(
         0.9, description="Frames at cosine similarity >= this are duplicates."
+    )
+    colour_overlap: Probability | None = Field(
+        None,
+        description="Also require duplicates' colours to agree: their RGB histograms (8 bins a "
+        "channel) must overlap by at least this share (histogram intersection, 0-1). It vetoes "
+        "frames of two scenes that the embedding finds alike, and keeps a mirrored, cropped or "
+        "re-encoded copy; a colour-graded copy may fall below it. Off (null) by default; "
+        "bench/README.md measures 0.8 with a threshold of 0.6.",
     )
     embeddings: Literal["filter", "dinov2"] = Field(
         "filter",
