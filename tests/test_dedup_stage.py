@@ -1,5 +1,6 @@
 """The dedup stage against a real project: a frame that can no longer be read, when its embedding
-is not cached, is recorded and left out instead of failing the project (issue 13, item 4)."""
+(or, under dedup.colour_overlap, its colour histogram) is not cached, is recorded and left out
+instead of failing the project (issue 13, item 4)."""
 
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ def _materialize(engine, instance, data_dir: Path, database_url: str, stage: str
     )
 
 
+@pytest.mark.parametrize("not_cached", ["embedding", "colour histogram"])
 def test_an_unreadable_frame_without_a_cached_embedding_is_recorded_and_skipped(
-    tmp_path, database_url, engine, tiny_siglip
+    tmp_path, database_url, engine, tiny_siglip, not_cached
 ):
     spec = SyntheticVideoSpec(width=96, height=64, fps=10, seconds=2.0, scene_cuts=(1.0,))
     video = write_opencv_video(tmp_path / "clip.mp4", spec)
@@ -64,7 +66,8 @@ def test_an_unreadable_frame_without_a_cached_embedding_is_recorded_and_skipped(
             "inputs": {"files": [str(video)]},
             "extract": {"strategy": "time", "every_seconds": 0.5},
             "filter": keep_every_frame(tiny_siglip),
-            "dedup": {"threshold": 0.999},
+            "dedup": {"threshold": 0.999}
+            | ({"colour_overlap": 0.8} if not_cached == "colour histogram" else {}),
         }
     )
     catalog.projects.register(config)
@@ -75,8 +78,10 @@ def test_an_unreadable_frame_without_a_cached_embedding_is_recorded_and_skipped(
         passed = pd.read_parquet(paths.filter_table(video_id_for_file(video)))
         passed = passed[passed["passed"]].reset_index(drop=True)
         assert len(passed) >= 3
-        # The cache is gone (another model, or removed) and one passed frame is now corrupt.
-        shutil.rmtree(DataPaths(data_dir).embeddings_dir())
+        # The embeddings' cache is gone (another model, or removed), or the colour histograms were
+        # never computed (the filter does not), and one passed frame is now corrupt.
+        if not_cached == "embedding":
+            shutil.rmtree(DataPaths(data_dir).embeddings_dir())
         broken = Path(passed["file"][1])
         broken.chmod(0o644)
         broken.write_bytes(b"not an image any more")
@@ -87,7 +92,8 @@ def test_an_unreadable_frame_without_a_cached_embedding_is_recorded_and_skipped(
 
     assert result.success
     # Without the cache, dedup embedded with the filter's model, from the `models` resource.
-    assert RecordingModels.asked == [f"scorer {tiny_siglip}"]
+    embedded = [f"scorer {tiny_siglip}"] if not_cached == "embedding" else []
+    assert RecordingModels.asked == embedded
     assert work_items(engine, DEDUP)["shaky"].status == "done"
     [materialization] = result.get_asset_materialization_events()
     assert materialization.materialization.metadata["unreadable"].value == 1
@@ -96,7 +102,7 @@ def test_an_unreadable_frame_without_a_cached_embedding_is_recorded_and_skipped(
     row = table.loc[str(broken)]
     assert not row["readable"] and not row["kept"]
     assert row["group"] == -1 and row["group_size"] == 0
-    assert row["error"]
+    assert "not a readable JPEG, PNG or WebP image" in row["error"]
     rest = table.drop(index=str(broken))
     assert rest["readable"].all() and rest["error"].isna().all()
     assert (rest["group"] >= 0).all() and rest["kept"].sum() >= 1
