@@ -280,27 +280,23 @@ def grouped_at(
     return labels.tolist()
 
 
-# A rule beyond the embedding, measured here and not (yet) the stage's: two frames are copies when
-# their cosine is at least the threshold and their colour histograms (8 bins a channel) overlap by
-# at least the share given (histogram intersection), which a mirror, a crop or a moved object
-# changes little and another scene's background a lot.
-COLOUR_BINS = 8
-COLOUR_CHECKS = tuple((t, o) for t in (0.5, 0.6, 0.7, 0.8, 0.88) for o in (0.7, 0.75, 0.8))
+# The stage's colour check (dedup.colour_overlap, assets/dedup/colour_check.py) on every pair of
+# passed frames: two frames are copies when their cosine is at least the threshold and their colour
+# histograms overlap by at least the share given, which a mirror, a crop or a moved object changes
+# little and another scene's background a lot.
+COLOUR_CHECKS = tuple((t, o) for t in (0.5, 0.6, 0.7, 0.8, 0.88) for o in (0.75, 0.8, 0.85, 0.9))
 
 
 def colour_histograms(mined: Mined, passed: pd.DataFrame) -> np.ndarray:
-    """Each passed frame's RGB histogram, `COLOUR_BINS` bins a channel, summing to 1."""
-    import cv2
+    """Each passed frame's colour histogram, as the dedup stage computes it."""
+    from dataminer_dagster.assets.dedup.colour_check import colour_histogram
 
-    rows = []
-    for file in passed["file"]:
-        path = Path(file) if Path(file).is_absolute() else mined.data / file
-        image = cv2.imread(str(path))
-        if image is None:
-            raise SystemExit(f"the passed frame {path} cannot be read")
-        counts = cv2.calcHist([image], [0, 1, 2], None, [COLOUR_BINS] * 3, [0, 256] * 3)
-        rows.append(counts.ravel() / counts.sum())
-    return np.stack(rows)
+    return np.stack(
+        [
+            colour_histogram(Path(file) if Path(file).is_absolute() else mined.data / file)
+            for file in passed["file"]
+        ]
+    )
 
 
 def colour_overlap(histograms: np.ndarray) -> np.ndarray:

@@ -98,7 +98,7 @@ def demo_config(name: str, urls: list[str], output_dir: Path) -> dict:
             "negative_threshold": 0.3,
             "pos_neg_margin": 0.1,
         },
-        "dedup": {"threshold": 0.88},
+        "dedup": {"threshold": 0.6, "colour_overlap": 0.85},
         "detect": {
             "detector": "yolo",
             "model": str(WORLD_YOLO),
