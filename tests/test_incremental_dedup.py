@@ -160,6 +160,8 @@ def test_the_keys_added_later_leave_fingerprints_as_they_were_until_set(tmp_path
     before = parse_project_config(raw).fingerprints()
     defaults = {"replace": "never", "replace_margin": 0.02, "colour_overlap": None}
     assert parse_project_config(raw | {"dedup": defaults}).fingerprints() == before
+    with pytest.raises(ValueError, match="colour_overlap"):  # a share of pixels: 0 to 1
+        parse_project_config(raw | {"dedup": {"colour_overlap": 1.5}})
     for setting in ({"replace": "better"}, {"replace_margin": 0.05}, {"colour_overlap": 0.8}):
         after = parse_project_config(raw | {"dedup": setting}).fingerprints()
         assert {stage for stage in before if before[stage] != after[stage]} == {
