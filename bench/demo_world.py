@@ -4,7 +4,8 @@ with the shipped world SigLIP, against each world's truth; the figures its choic
 For each world: frames every `extract.every_seconds` of every clip (decoded with OpenCV, saved as
 JPEG at the extraction's default quality), scored by the filter stage's SiglipScorer, decided by
 the filter's own rule with the demo's prompts and thresholds, and the frames that pass grouped by
-the dedup stage's `deduplicate` at the demo's threshold. Then, against the truth:
+the dedup stage's `deduplicate` at the demo's threshold and colour overlap. Then, against the
+truth:
 
 * filter: precision (kept frames that show a prompted object at all), recall (frames that show one
   clearly, visible >= 0.5, that are kept), junk frames kept;
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dataminer_dagster.assets.dedup.colour_check import ColourCheck, colour_histogram
 from dataminer_dagster.assets.dedup.grouping import deduplicate
 from dataminer_dagster.assets.filter.config import FilterConfig
 from dataminer_dagster.assets.filter.filter_rule import apply_filter_rule
@@ -105,6 +107,10 @@ def measure(seed: int, scorer, config: dict, root: Path, singles: dict) -> dict:
     passed = np.flatnonzero(kept)
     videos = [frames[i][0] for i in passed]
     sources = np.array([frames[i][1] for i in passed])
+    least = config["dedup"].get("colour_overlap")
+    colours = None
+    if least is not None:
+        colours = ColourCheck(np.stack([colour_histogram(frames[i][2]) for i in passed]), least)
     grouped = deduplicate(
         embeddings[passed],
         frame_ids=[f"{frames[i][0]}_{i:05d}" for i in passed],
@@ -113,6 +119,7 @@ def measure(seed: int, scorer, config: dict, root: Path, singles: dict) -> dict:
         sharpness=np.zeros(len(passed)),
         threshold=config["dedup"]["threshold"],
         device="cpu",
+        colours=colours,
     )
     x = embeddings[passed] / np.linalg.norm(embeddings[passed], axis=1, keepdims=True)
     similar = x @ x.T
