@@ -70,11 +70,7 @@ def histograms_from_cache(rows: np.ndarray) -> np.ndarray:
 
 def overlap(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """The histogram intersection of left[k] and right[k] for every k."""
-    out = np.empty(len(left), dtype=np.float32)
-    for start in range(0, len(left), _PAIR_BLOCK):
-        stop = start + _PAIR_BLOCK
-        out[start:stop] = np.minimum(left[start:stop], right[start:stop]).sum(axis=1)
-    return out
+    return np.minimum(left, right).sum(axis=1)
 
 
 class ColourCheck:
@@ -91,7 +87,14 @@ class ColourCheck:
     def agree_with(self, others: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Per pair (a[k], b[k]): whether row a[k] of `histograms` agrees with row b[k] of
         `others` (e.g. the kept frames' histograms)."""
-        return overlap(self.histograms[a], np.asarray(others[b])) >= self.least_overlap
+        agree = np.empty(len(a), dtype=bool)
+        for start in range(0, len(a), _PAIR_BLOCK):  # gathered a block at a time: a static
+            stop = start + _PAIR_BLOCK  # shot's millions of pairs would gather gigabytes
+            pair_overlap = overlap(
+                self.histograms[a[start:stop]], np.asarray(others[b[start:stop]])
+            )
+            agree[start:stop] = pair_overlap >= self.least_overlap
+        return agree
 
     def subset(self, rows: np.ndarray) -> ColourCheck:
         return ColourCheck(self.histograms[rows], float(self.least_overlap))
