@@ -2,8 +2,8 @@
 
 Every passed frame is grouped (cosine similarity >= threshold and, with dedup.colour_overlap,
 colours that agree; transitively, first within each video, then across videos) and the best of
-each group kept: highest filter score, then sharpness, then frame id. Embeddings come from the filter's cache (no second model pass) or from a DINOv2 /
-DINOv3 model. The result, `<output>/dedup/frames.parquet`, lists every passed frame with its group.
+each group kept: highest filter score, then sharpness, then frame id. Embeddings come from the
+filter's cache (no second model pass) or from a DINOv2 / DINOv3 model. The result, `<output>/dedup/frames.parquet`, lists every passed frame with its group.
 A frame whose embedding is not cached and whose file can no longer be read is recorded there
 (`readable` false, `error`, group -1, not kept) and left out; the stage goes on with the rest.
 """
@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dataminer_dagster.assets.dedup.colour_check import (
-    BINS,
     HISTOGRAM_SLUG,
     ColourCheck,
-    colour_histogram,
+    colour_histograms,
     histograms_from_cache,
 )
 from dataminer_dagster.assets.dedup.grouping import deduplicate
@@ -36,7 +35,7 @@ from dataminer_dagster.assets.dedup.store import record_kept
 from dataminer_dagster.assets.filter.store import videos_with_passed_frames
 from dataminer_dagster.assets.filter.table import passed_frames
 from dataminer_dagster.core.embedding_cache import EmbeddingCache
-from dataminer_dagster.core.images import ImageReadError, read_image
+from dataminer_dagster.core.images import read_image
 from dataminer_dagster.core.visualize import PALETTE, contact_sheet
 from dataminer_dagster.db.file_changes import file_changes
 from dataminer_dagster.engine.outcomes import ItemResult
@@ -48,7 +47,11 @@ from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.registry import DEDUP
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pandas as pd
+
+    from dataminer_dagster.models.image_embedder import ImageBatchResult
 
 
 def _no_duplicates_kept(ctx: StageContext, project_name: str) -> CheckResult:
@@ -88,7 +91,8 @@ def _no_duplicates_kept(ctx: StageContext, project_name: str) -> CheckResult:
         False,
         metrics,
         f"{len(left)} pairs of kept frames are at or above the dedup threshold {threshold:g}"
-        f"{colour_rule}, e.g. {examples}. `dataminer force-dedup {project_name}` deduplicates the project again.",
+        f"{colour_rule}, e.g. {examples}. `dataminer force-dedup {project_name}` deduplicates "
+        "the project again.",
     )
 
 
@@ -483,24 +487,42 @@ def _embeddings(
         embedder = ctx.models.embedder(config.dedup)
         slug = embedder.model_slug
     cache = EmbeddingCache(ctx.db.paths.embeddings_dir(), slug)
+
+    def embed(files: list[str]) -> ImageBatchResult:
+        """Frames not cached (the cache removed, or another model): embedded now, with the
+        filter's model when dedup reuses its embeddings."""
+        nonlocal embedder
+        embedder = embedder or ctx.models.scorer(config.filter)
+        return embedder.embed_all(files)
+
+    return _cached_per_frame(cache, frames, embed)
+
+
+def _cached_per_frame(
+    cache: EmbeddingCache,
+    frames: pd.DataFrame,
+    compute: Callable[[list[str]], ImageBatchResult],
+) -> tuple[np.ndarray, dict[int, str]]:
+    """One row per row of `frames` (a RangeIndex) from `cache`, by video and content hash; the
+    rows not cached computed from the frames' files by `compute` and cached. Returns the rows and
+    why the frames that could not be read have none (their rows are zeros)."""
     parts, unreadable = [], {}
     for video_id, group in frames.groupby("video_id", sort=False):
         found, cached = cache.get(video_id, group["content_hash"].tolist())
-        vectors = np.zeros((len(group), cached.shape[1] if cached.size else 0), np.float32)
-        if not found.all():  # not cached (cache removed, or another model): compute them now
-            embedder = embedder or ctx.models.scorer(config.filter)
+        rows = np.zeros((len(group), cached.shape[1] if cached.size else 0), np.float32)
+        if not found.all():
             missing = np.flatnonzero(~found)
-            computed = embedder.embed_all([group["file"].iloc[i] for i in missing])
-            vectors = np.zeros((len(group), embedder.embedding_dim), np.float32)
+            computed = compute([group["file"].iloc[i] for i in missing])
+            rows = np.zeros((len(group), computed.embeddings.shape[1]), np.float32)
             done = missing[computed.indices]
-            vectors[done] = computed.embeddings
+            rows[done] = computed.embeddings
             cache.put(video_id, group["content_hash"].iloc[done].tolist(), computed.embeddings)
             unreadable |= {
                 int(group.index[missing[k]]): message for k, message in computed.errors.items()
             }
         if found.any():
-            vectors[found] = cached
-        parts.append(vectors)
+            rows[found] = cached
+        parts.append(rows)
     return np.concatenate(parts), unreadable
 
 
@@ -514,25 +536,6 @@ def _colour_check(
     if least is None:
         return None, unreadable
     cache = EmbeddingCache(ctx.db.paths.embeddings_dir(), HISTOGRAM_SLUG)
-    histograms = np.zeros((len(frames), BINS**3), np.float32)
-    unreadable = dict(unreadable)
-    for video_id, group in frames.groupby("video_id", sort=False):
-        rows = group.index.to_numpy()
-        found, cached = cache.get(video_id, group["content_hash"].tolist())
-        if found.any():
-            histograms[rows[found]] = histograms_from_cache(cached)
-        computed, hashes = [], []
-        for k in np.flatnonzero(~found):
-            if rows[k] in unreadable:
-                continue
-            try:
-                histogram = colour_histogram(Path(group["file"].iloc[k]))
-            except ImageReadError as error:
-                unreadable[int(rows[k])] = str(error)
-                continue
-            histograms[rows[k]] = histogram
-            computed.append(histogram)
-            hashes.append(group["content_hash"].iloc[k])
-        if computed:
-            cache.put(video_id, hashes, np.stack(computed))
-    return ColourCheck(histograms, least), unreadable
+    rows, failed = _cached_per_frame(cache, frames, colour_histograms)
+    failed = {row: message for row, message in failed.items() if row not in unreadable}
+    return ColourCheck(histograms_from_cache(rows), least), unreadable | failed

@@ -21,12 +21,13 @@ length, so `histograms_from_cache` scales them back to shares.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from dataminer_dagster.core.images import read_image
+from dataminer_dagster.core.images import ImageReadError, read_image
+from dataminer_dagster.models.image_embedder import ImageBatchResult
 
 BINS = 8
 SIDE = 160
@@ -62,8 +63,24 @@ def colour_histogram(path: Path) -> np.ndarray:
     return (counts / counts.sum()).astype(np.float32)
 
 
+def colour_histograms(paths: Sequence[Path | str]) -> ImageBatchResult:
+    """The histograms of these frame files, as a batch of an image embedder: the positions read,
+    their histograms and why the others could not be read."""
+    positions, rows, errors = [], [], {}
+    for position, path in enumerate(paths):
+        try:
+            rows.append(colour_histogram(Path(path)))
+        except ImageReadError as error:
+            errors[position] = str(error)
+            continue
+        positions.append(position)
+    histograms = np.stack(rows) if rows else np.zeros((0, BINS**3), np.float32)
+    return ImageBatchResult(np.asarray(positions, np.int64), histograms, errors)
+
+
 def histograms_from_cache(rows: np.ndarray) -> np.ndarray:
-    """Histograms as shares again, from the unit-length rows the embedding cache returns."""
+    """Histograms as shares again, from the unit-length rows the embedding cache returns (rows
+    already shares, and rows of zeros, stay as they are)."""
     rows = np.asarray(rows, dtype=np.float32)
     return rows / np.maximum(rows.sum(axis=1, keepdims=True), np.float32(1e-12))
 
