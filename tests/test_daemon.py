@@ -265,7 +265,9 @@ def test_a_run_cancelled_mid_stage_gives_its_items_back_without_counting_an_atte
 
 @pytest.mark.parametrize(
     "deployment",
-    [({**FAST_RECOVERY, "runs": {"start_grace_s": 5, "queued_timeout_s": 600}}, "multiprocess")],
+    # The grace is longer than a run worker takes to start on a loaded 2-core machine (6 s seen)
+    # and shorter than the wait at the slot below.
+    [({**FAST_RECOVERY, "runs": {"start_grace_s": 12, "queued_timeout_s": 600}}, "multiprocess")],
     indirect=True,
 )
 def test_a_multiprocess_run_waiting_for_the_gpu_slot_is_not_judged_dead(
@@ -287,7 +289,7 @@ def test_a_multiprocess_run_waiting_for_the_gpu_slot_is_not_judged_dead(
         return bool(runs)
 
     deployment.wait_until(a_filter_run_started, COMPLETE_WITHIN_S, "a filter run", "alpha")
-    time.sleep(15)  # three times the grace; the reaper ticks every second
+    time.sleep(30)  # two and a half times the grace; the reaper ticks every second
     waiting = instance.get_run_by_id(found["run"].run_id)
     assert waiting.status == dg.DagsterRunStatus.STARTED, run_failure_messages(
         instance, waiting.run_id
