@@ -14,9 +14,9 @@ a few hundred steps learnt the junk scenes and none of the twenty objects. The t
 bias start as SigLIP's do and learn faster than the towers (SCALAR_LR_FACTOR). Frames are taken
 sparsely from many worlds (128 worlds, every 12th frame: 2,300 scenes): from 16 worlds at every
 other frame (290 scenes) the model learnt its training scenes by heart (loss 0.01) and scored the
-held-out world worse (mean precision 0.45, recall 0.33). It runs on portable CPU kernels
-(`models.device.use_portable_cpu_kernels`: each library's baseline kernels, whatever the CPU
-offers, slower than the CPU's own), so that a seed gives the same weights on another x86-64 CPU.
+held-out world worse (mean precision 0.45, recall 0.33). A seed gives the same weights again on
+a CPU like the one training.json records (`models.device.training_cpu`); on another the libraries
+choose other kernels, which round otherwise, and the weights part (bench/README.md).
 
 It then scores a held-out world through `models.siglip.SiglipScorer` (the filter stage's scorer,
 on JPEG files) with one prompt per object ("a red circle") and per junk kind ("a black screen"),
@@ -50,7 +50,7 @@ from dataminer_dagster.core.world_truth import (
     FrameTruth,
     ObjectTruth,
 )
-from dataminer_dagster.models.device import PORTABLE_CPU_KERNELS, use_portable_cpu_kernels
+from dataminer_dagster.models.device import training_cpu
 from dataminer_dagster.models.siglip import TEXT_MAX_LENGTH, SiglipScorer
 from dataminer_dagster.models.tiny import build_tiny_siglip
 
@@ -260,7 +260,7 @@ def train(args: argparse.Namespace) -> dict:
     figures = evaluate(args.out)
     figures.update(
         command=shlex.join(["python", *sys.argv]),
-        cpu_kernels=PORTABLE_CPU_KERNELS,
+        cpu=training_cpu(),
         seed=args.seed,
         steps=args.steps,
         batch_size=args.batch_size,
@@ -351,9 +351,7 @@ def main() -> None:
     parser.add_argument("--worlds", type=int, default=128, help="training worlds")
     parser.add_argument("--frame-step", type=int, default=12, help="use every n-th frame")
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    use_portable_cpu_kernels()
-    figures = train(args)
+    figures = train(parser.parse_args())
     print(json.dumps({k: v for k, v in figures.items() if k != "prompts"}, indent=1))
 
 

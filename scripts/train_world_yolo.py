@@ -5,9 +5,9 @@ dataset (images/, labels/, data.yaml; one class per shape, junk frames as images
 with a held-out world as the validation split. The model is the YOLOv8 detection graph at a small
 width, trained by ultralytics' own trainer, and saved as the `.pt` checkpoint that `YOLO(path)`
 and the detect stage load. Its validation figures (mAP50, mAP50-95 on the held-out world) are
-printed and saved as training.json beside the weights. It runs on portable CPU kernels
-(`models.device.use_portable_cpu_kernels`: each library's baseline kernels, whatever the CPU
-offers, slower than the CPU's own), so that a seed gives the same weights on another x86-64 CPU.
+printed and saved as training.json beside the weights. A seed gives the same weights again on a
+CPU like the one training.json records (`models.device.training_cpu`); on another the libraries
+choose other kernels, which round otherwise, and the weights part (bench/README.md).
 
     PYTHONPATH=. python scripts/train_world_yolo.py --out dataminer_dagster/models/world/yolo
     PYTHONPATH=. python scripts/train_world_yolo.py --out /tmp/y --epochs 1 --worlds 1  # smoke
@@ -27,7 +27,7 @@ import yaml
 
 from dataminer_dagster.core.world import plan_world
 from dataminer_dagster.core.world_render import SHAPES
-from dataminer_dagster.models.device import PORTABLE_CPU_KERNELS, use_portable_cpu_kernels
+from dataminer_dagster.models.device import training_cpu
 
 TRAIN_WORLD_SEEDS_FROM = 1000  # training worlds are seeds 1000, 1001, ...
 EVAL_WORLD_SEED = 900  # the held-out world of the validation split
@@ -167,7 +167,7 @@ def train(args: argparse.Namespace) -> dict:
     )
     figures = {
         "command": shlex.join(["python", *sys.argv]),
-        "cpu_kernels": PORTABLE_CPU_KERNELS,
+        "cpu": training_cpu(),
         "seed": args.seed,
         "epochs": args.epochs,
         "imgsz": args.imgsz,
@@ -203,7 +203,6 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="data loader processes")
     parser.add_argument("--keep-work", action="store_true", help="keep the dataset and runs")
     args = parser.parse_args()
-    use_portable_cpu_kernels()
     args.out.mkdir(parents=True, exist_ok=True)
     print(json.dumps(train(args), indent=1))
 

@@ -10,8 +10,7 @@ ones included, is tested on a machine without a GPU:
 * how many images a batch holds, from the free device memory and the measured peak use per image
   (`batch_size_for_memory`, `plan_batch_size`);
 * whether torchvision decodes JPEGs on the device (`decodes_jpeg`);
-* which CPU kernels a training runs, where its weights must not depend on the CPU
-  (`use_portable_cpu_kernels`).
+* which CPU a training ran on, as far as its weights depend on it (`training_cpu`).
 
 Only `CudaMemory`, `cuda_capability`, `decodes_jpeg` and the stream/pinning calls ask CUDA itself.
 torch is imported inside the functions.
@@ -21,13 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-import sys
+import platform
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
@@ -53,23 +52,20 @@ CUDA_PREFETCH_BATCHES = 2
 # Items in the batch that measures the peak memory of one item.
 PROBE_ITEMS = 2
 
-# torch's own kernels, oneDNN's and MKL's are each chosen by the instruction sets the CPU offers
-# (AVX2, AVX-512, ...), and each choice rounds differently: over thousands of training steps the
-# weights part. These settings choose each library's baseline kernels on every x86-64 CPU.
-PORTABLE_CPU_KERNELS = {
-    "ATEN_CPU_CAPABILITY": "default",
-    "ONEDNN_MAX_CPU_ISA": "SSE41",
-    "MKL_CBWR": "COMPATIBLE",
-}
 
+def training_cpu() -> dict[str, str]:
+    """The CPU a training runs on, for the record beside its weights: its model, and the kernels
+    torch chose by the instruction sets it offers (AVX2, AVX-512, ...). A seed gives the same
+    weights again only on a CPU whose libraries choose the same kernels."""
+    import torch
 
-def use_portable_cpu_kernels() -> None:
-    """Run the same arithmetic on every x86-64 CPU, so that a training from a seed gives the same
-    weights on another machine (with the same library versions and threads), at some cost in
-    speed. The libraries read these settings when they load: call it before torch is imported."""
-    if "torch" in sys.modules:
-        raise RuntimeError("use_portable_cpu_kernels() must be called before torch is imported")
-    os.environ.update(PORTABLE_CPU_KERNELS)
+    model = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
+    return {"model": model, "torch_kernels": torch.backends.cpu.get_cpu_capability()}
 
 
 def pick_device(name: str, *, cuda_devices: int, mps: bool) -> torch.device:

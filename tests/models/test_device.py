@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
+import os
 import subprocess
 import sys
 import threading
@@ -30,7 +32,7 @@ from dataminer_dagster.models.device import (
     plan_batch_size,
     prepared_ahead,
     to_device,
-    use_portable_cpu_kernels,
+    training_cpu,
 )
 from dataminer_dagster.models.loading import resolve_device, resolve_dtype
 from tests.models.cuda_stand_ins import StandInMemory
@@ -225,16 +227,22 @@ def test_jpeg_decoding_on_the_device_is_probed():
     assert decodes_jpeg(CUDA) == torch.cuda.is_available()
 
 
-def test_portable_cpu_kernels_are_torchs_baseline_ones_and_must_come_before_torch():
+def test_a_training_records_the_cpu_and_the_kernels_torch_chose_on_it():
     script = (
-        "from dataminer_dagster.models.device import use_portable_cpu_kernels\n"
-        "use_portable_cpu_kernels()\n"
-        "import torch\n"
-        "print(torch.backends.cpu.get_cpu_capability())\n"
+        "import json\n"
+        "from dataminer_dagster.models.device import training_cpu\n"
+        "print(json.dumps(training_cpu()))\n"
     )
-    capability = subprocess.run(
-        [sys.executable, "-c", script], check=True, capture_output=True, text=True, timeout=120
-    ).stdout.split()
-    assert capability == ["DEFAULT"]  # not the AVX2 or AVX-512 kernels this CPU may offer
-    with pytest.raises(RuntimeError, match="before torch is imported"):
-        use_portable_cpu_kernels()  # this process imported torch already
+    run = [sys.executable, "-c", script]
+    own = json.loads(subprocess.run(run, check=True, capture_output=True, timeout=120).stdout)
+    assert own == training_cpu()
+    assert own["model"], "the CPU's model is named"
+    # Held to its baseline kernels, the same CPU is recorded as it then computes.
+    held = subprocess.run(
+        run,
+        check=True,
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "ATEN_CPU_CAPABILITY": "default"},
+    )
+    assert json.loads(held.stdout) == {**own, "torch_kernels": "DEFAULT"}
