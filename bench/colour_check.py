@@ -6,9 +6,10 @@ extraction's default quality; per size, the median time of `core.images.read_ima
 every reader of a frame pays, the baseline) and of `colour_check.colour_histogram` (the decode,
 the scaling to 160 px and the histogram) over the frames, each repeated. Then
 `ColourCheck.agree` over a million pairs of histograms, the check's cost per pair the search
-reports.
+reports. Last, a static shot (`--static-frames` frames of one video, every pair similar, their
+colours alike) grouped by `grouping.deduplicate` without the check and with it.
 
-    python bench/colour_check.py [--frames 40] [--repeat 3]
+    python bench/colour_check.py [--frames 40] [--repeat 3] [--static-frames 10000]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from dataminer_dagster.assets.dedup.colour_check import BINS, ColourCheck, colour_histogram
+from dataminer_dagster.assets.dedup.grouping import deduplicate
 from dataminer_dagster.core.images import read_image, write_image
 from dataminer_dagster.core.synthetic import SyntheticVideoSpec, synthetic_frames
 
@@ -46,6 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=int, default=40, help="frames a size")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--static-frames", type=int, default=10_000)
     args = parser.parse_args()
     print(
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load "
@@ -76,6 +79,34 @@ def main() -> None:
     ColourCheck(histograms, 0.85).agree(left, right)
     seconds = time.perf_counter() - started
     print(f"the check of {PAIRS:,} pairs: {seconds:.2f} s, {seconds / PAIRS * 1e6:.2f} us a pair")
+    static_shot(args.static_frames, rng)
+
+
+def static_shot(n: int, rng: np.random.Generator) -> None:
+    """`deduplicate` over n frames of one video that are all alike, without and with the check."""
+    embeddings = rng.normal(size=768).astype(np.float32) + 0.05 * rng.normal(size=(n, 768)).astype(
+        np.float32
+    )
+    colour = rng.random(BINS**3, dtype=np.float32)
+    histograms = np.abs(colour + 1e-5 * rng.normal(size=(n, BINS**3)).astype(np.float32))
+    histograms /= histograms.sum(axis=1, keepdims=True)
+    for check in (None, ColourCheck(histograms, 0.85)):
+        started = time.perf_counter()
+        result = deduplicate(
+            embeddings,
+            frame_ids=[f"static_{i:06d}" for i in range(n)],
+            video_ids=["static"] * n,
+            scores=np.ones(n),
+            sharpness=np.ones(n),
+            threshold=0.9,
+            device="cpu",
+            colours=check,
+        )
+        print(
+            f"a static shot of {n:,} frames ({result.pairs_found:,} similar pairs), "
+            f"{'with' if check else 'without'} the colour check: "
+            f"{time.perf_counter() - started:.1f} s, {result.kept} kept"
+        )
 
 
 if __name__ == "__main__":

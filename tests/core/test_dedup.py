@@ -285,6 +285,34 @@ def test_components_fold_edges_without_changing_the_partition():
     assert len(set(zip(folded.tolist(), plain.tolist(), strict=True))) == len(set(plain.tolist()))
 
 
+def test_components_ask_the_colour_check_only_about_edges_between_apart_vertices():
+    rng = np.random.default_rng(5)
+    edges = [(rng.integers(0, 300, 40), rng.integers(0, 300, 40)) for _ in range(30)]
+
+    def agree(i, j):  # a fixed answer per pair, whichever way round it comes
+        return (np.minimum(i, j) * 7 + np.maximum(i, j)) % 3 != 0
+
+    checked = _components(300, iter(edges), agree=agree, budget=50)
+    kept_edges = [(i[agree(i, j)], j[agree(i, j)]) for i, j in edges]
+    reference = _components(300, iter(kept_edges), budget=10**6)
+    assert len(set(zip(checked.tolist(), reference.tolist(), strict=True))) == len(
+        set(reference.tolist())
+    ), "the partition of the agreeing edges"
+
+    # A static shot: every pair of 2,000 frames. Once a fold has joined them, no pair is asked.
+    n = 2000
+    i, j = np.triu_indices(n, 1)
+    asked = []
+
+    def counting(i, j):
+        asked.append(len(i))
+        return np.ones(len(i), dtype=bool)
+
+    label = _components(n, iter([(i, j)]), agree=counting, budget=4 * n)
+    assert len(set(label.tolist())) == 1
+    assert sum(asked) <= 2 * 4 * n < len(i) // 100
+
+
 def test_empty_and_single_input():
     empty = run(np.zeros((0, 8), dtype=np.float32))
     assert empty.kept == 0 and len(empty.group) == 0

@@ -212,7 +212,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
     kept = int(frames["kept"].sum())
     ctx.log.info(
         f"dedup {project.name} ({stats['mode']}): {len(frames)} passed frames -> {kept} kept "
-        f"({stats['pairs']} duplicate pairs"
+        f"({stats['pairs']} similar pairs"
         + (
             f"; {stats['replaced']} kept frames replaced by better ones"
             if stats["replaced"]
@@ -240,7 +240,7 @@ def deduped_set(item: StageItem, ctx: StageContext) -> ItemResult:
             "kept": kept,
             "replaced": stats["replaced"],
             "groups_with_duplicates": int(frames.loc[frames["group_size"] > 1, "group"].nunique()),
-            "duplicate_pairs": stats["pairs"],
+            "similar_pairs": stats["pairs"],
             "search": _search_summary(stats),
             "threshold": config.threshold,
             "colour_overlap": "off" if config.colour_overlap is None else config.colour_overlap,

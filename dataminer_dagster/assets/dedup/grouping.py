@@ -4,7 +4,10 @@ Two frames are duplicates when the cosine similarity of their embeddings is at l
 threshold and, with dedup.colour_overlap, their colours agree (`colour_check.py`). Every such pair
 is an edge, and the groups are the connected components of that graph, so grouping is transitive
 and does not depend on the order of the input: N identical frames keep exactly one, where a greedy
-pass over k nearest neighbours keeps several (any beyond its k).
+pass over k nearest neighbours keeps several (any beyond its k). A pair is looked at only while its
+frames are apart: once other pairs have joined them, it could not change a group, so a static
+shot's millions of similar pairs are compared by label, not folded into the graph or each checked
+for colour.
 
 Grouping runs in two phases, as the pipeline needs it: within each video first, then across videos
 over the frames phase 1 kept. A frame's final group is the phase-2 group of its phase-1
@@ -39,7 +42,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,7 +81,7 @@ class DedupResult:
     is_representative: np.ndarray  # bool: the one kept frame of its group
     group_size: np.ndarray  # int64: number of frames in the frame's group
     within_video_kept: int  # frames left after phase 1 (the input of phase 2)
-    pairs_found: int  # duplicate pairs found, phases 1 and 2 together
+    pairs_found: int  # similar pairs found (the colour check may part some), phases 1 and 2
     exact: bool  # every search was exact
     recall: float | None  # pooled recall of the approximate searches; None when all were exact
     recall_pairs: int  # true pairs the recall estimate is based on
@@ -132,7 +135,7 @@ def deduplicate(
     within = _within_video_representative(x, by_id, videos, quality, search)
     survivors = by_id[within[by_id] == by_id]  # phase-1 representatives, in frame-id order
     survivor_label = np.empty(n, dtype=np.int64)
-    survivor_label[survivors] = _components(len(survivors), search.pairs(x, survivors))
+    survivor_label[survivors] = search.components(search.similar(x, survivors), survivors)
     label = survivor_label[within]
 
     best = _best_per_label(label, quality)  # best[g] = kept frame of label g
@@ -251,12 +254,26 @@ class _Search:
     def pairs(self, x: np.ndarray, rows: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Pairs (a, b), a < b, of positions in `rows` that are duplicates: vectors x[rows] at or
         above the threshold and, with a colour check, frames whose colours agree."""
-        found = self._similar(x, rows)
-        if self.colours is not None:
-            found = self.colours.keep_agreeing(found, rows)
-        for a, b in found:
+        found = self.similar(x, rows)
+        return found if self.colours is None else self.colours.keep_agreeing(found, rows)
+
+    def similar(self, x: np.ndarray, rows: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Pairs (a, b), a < b, of positions in `rows` whose vectors x[rows] are at or above the
+        threshold, counted in `pairs_found`."""
+        for a, b in self._similar(x, rows):
             self.pairs_found += len(a)
             yield a, b
+
+    def components(
+        self, similar: Iterable[tuple[np.ndarray, np.ndarray]], rows: np.ndarray
+    ) -> np.ndarray:
+        """Component label of each position of `rows`, joined by the `similar` pairs (positions
+        of `rows`) that are duplicates. With a colour check, a pair is checked only while its
+        frames are apart (module docstring)."""
+        if self.colours is None:
+            return _components(len(rows), similar)
+        colours = self.colours
+        return _components(len(rows), similar, agree=lambda a, b: colours.agree(rows[a], rows[b]))
 
     def _similar(self, x: np.ndarray, rows: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Pairs (a, b), a < b, of positions in `rows` whose vectors x[rows] are at or above the
@@ -292,13 +309,13 @@ def _within_video_representative(
     starts = np.flatnonzero(np.r_[True, videos[order][1:] != videos[order][:-1]])
     bounds = np.r_[starts, n]
 
-    def edges():
+    def similar():
         for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
             rows = order[start:stop]
-            for a, b in search.pairs(x, rows):
+            for a, b in search.similar(x, rows):
                 yield rows[a], rows[b]
 
-    label = _components(n, edges())
+    label = search.components(similar(), np.arange(n))
     best = _best_per_label(label, quality)
     return best[label]
 
@@ -408,26 +425,41 @@ def _recall(rows, cut: float, queries, found_i, found_j, products) -> Recall:
 
 
 def _components(
-    n: int, edges: Iterable[tuple[np.ndarray, np.ndarray]], *, budget: int | None = None
+    n: int,
+    edges: Iterable[tuple[np.ndarray, np.ndarray]],
+    *,
+    agree: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+    budget: int | None = None,
 ) -> np.ndarray:
     """Connected-component label (0..C-1) of each of n vertices.
 
-    Edges are folded into a spanning forest whenever more than `budget` are held, so memory stays
-    O(n) even when a static shot makes millions of duplicate pairs.
+    Edges are taken `budget` at a time and folded into a spanning forest whenever more than
+    `budget` are held, so memory stays O(n) even when a static shot makes millions of duplicate
+    pairs; an edge whose ends the last fold found joined is dropped on sight, so such a shot's
+    pairs cost a comparison of labels once its frames are one component. `agree(i, j)`: which
+    of the remaining edges join (the colour check).
     """
+    budget = max(4 * n, 1 << 16) if budget is None else budget
     held_i, held_j, held = [], [], 0
-    budget = max(4 * n, 1 << 22) if budget is None else budget
-    for i, j in edges:
-        held_i.append(i)
-        held_j.append(j)
-        held += len(i)
-        if held > budget:
-            label = _labels(n, held_i, held_j)
-            first = np.unique(label, return_index=True)[1]
-            vertex = np.arange(n)
-            joined = vertex != first[label]
-            held_i, held_j = [vertex[joined]], [first[label][joined]]
-            held = len(held_i[0])
+    folded = np.arange(n)  # the component labels at the last fold
+    for block_i, block_j in edges:
+        for start in range(0, len(block_i), budget):
+            i, j = block_i[start : start + budget], block_j[start : start + budget]
+            apart = folded[i] != folded[j]
+            i, j = i[apart], j[apart]
+            if agree is not None:
+                agreeing = agree(i, j)
+                i, j = i[agreeing], j[agreeing]
+            held_i.append(i)
+            held_j.append(j)
+            held += len(i)
+            if held > budget:
+                folded = _labels(n, held_i, held_j)
+                first = np.unique(folded, return_index=True)[1]
+                vertex = np.arange(n)
+                joined = vertex != first[folded]
+                held_i, held_j = [vertex[joined]], [first[folded][joined]]
+                held = len(held_i[0])
     return _labels(n, held_i, held_j)
 
 

@@ -67,7 +67,7 @@ class Placement:
     joins: np.ndarray  # the kept frame id it duplicates ("" where none: it is grouped anew)
     group: np.ndarray  # int64 group among the frames that join none (0..G-1), -1 for the others
     is_representative: np.ndarray  # bool: kept, the best of its new group
-    pairs_found: int  # duplicate pairs among the new frames
+    pairs_found: int  # similar pairs among the new frames (the colour check may part some)
     exact: bool  # both searches were exact
 
 
