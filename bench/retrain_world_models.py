@@ -54,7 +54,9 @@ def retrain(kind: str, out: Path) -> None:
     print(f"\n{kind}: shipped trained on {shipped.get('cpu', 'an unrecorded CPU')}")
     print(f"  {shlex.join(command)}")
     started = time.monotonic()
-    subprocess.run(command, check=True, cwd=REPOSITORY, env=script_env(), capture_output=True)
+    run = subprocess.run(command, cwd=REPOSITORY, env=script_env(), capture_output=True, text=True)
+    if run.returncode:
+        raise SystemExit(f"{kind}: the training failed ({run.returncode}):\n{run.stderr[-4000:]}")
     print(f"  trained again in {time.monotonic() - started:.0f} s")
     figures = json.loads((out / "training.json").read_text())
     if kind == "siglip":

@@ -14,9 +14,10 @@ a few hundred steps learnt the junk scenes and none of the twenty objects. The t
 bias start as SigLIP's do and learn faster than the towers (SCALAR_LR_FACTOR). Frames are taken
 sparsely from many worlds (128 worlds, every 12th frame: 2,300 scenes): from 16 worlds at every
 other frame (290 scenes) the model learnt its training scenes by heart (loss 0.01) and scored the
-held-out world worse (mean precision 0.45, recall 0.33). A seed gives the same weights again on
-a CPU like the one training.json records (`models.device.training_cpu`); on another the libraries
-choose other kernels, which round otherwise, and the weights part (bench/README.md).
+held-out world worse (mean precision 0.45, recall 0.33). training.json records the CPU it ran on
+(`models.device.training_cpu`): on the kind of CPU that trained the shipped weights a seed gave
+the same weights again, on another kind other weights (bench/README.md,
+bench/retrain_world_models.py).
 
 It then scores a held-out world through `models.siglip.SiglipScorer` (the filter stage's scorer,
 on JPEG files) with one prompt per object ("a red circle") and per junk kind ("a black screen"),

@@ -5,9 +5,10 @@ dataset (images/, labels/, data.yaml; one class per shape, junk frames as images
 with a held-out world as the validation split. The model is the YOLOv8 detection graph at a small
 width, trained by ultralytics' own trainer, and saved as the `.pt` checkpoint that `YOLO(path)`
 and the detect stage load. Its validation figures (mAP50, mAP50-95 on the held-out world) are
-printed and saved as training.json beside the weights. A seed gives the same weights again on a
-CPU like the one training.json records (`models.device.training_cpu`); on another the libraries
-choose other kernels, which round otherwise, and the weights part (bench/README.md).
+printed and saved as training.json beside the weights. training.json records the CPU it ran on
+(`models.device.training_cpu`): on the kind of CPU that trained the shipped weights a seed gave
+the same weights again, on another kind other weights (bench/README.md,
+bench/retrain_world_models.py).
 
     PYTHONPATH=. python scripts/train_world_yolo.py --out dataminer_dagster/models/world/yolo
     PYTHONPATH=. python scripts/train_world_yolo.py --out /tmp/y --epochs 1 --worlds 1  # smoke

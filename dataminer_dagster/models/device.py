@@ -55,11 +55,11 @@ PROBE_ITEMS = 2
 
 def training_cpu() -> dict[str, str]:
     """The CPU a training runs on, for the record beside its weights: its model, and the kernels
-    torch chose by the instruction sets it offers (AVX2, AVX-512, ...). A seed gives the same
-    weights again only on a CPU whose libraries choose the same kernels."""
+    torch chose by the instruction sets it offers (AVX2, AVX-512, ...). Where a seed's weights
+    repeat and where they part: bench/README.md."""
     import torch
 
-    model = platform.processor()
+    model = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
