@@ -5,8 +5,8 @@ figures are set against the shipped ones.
 Per model: the CPU it was trained on and this one (`models.device.training_cpu`), whether every
 weight tensor is the same, the largest difference where not, and each figure of training.json
 (precision, recall and top-1 of the SigLIP; mAP of the YOLO, per class too) shipped and again,
-with the difference in points. The libraries choose their kernels by the CPU's instruction sets,
-so the weights repeat on a CPU like the recorded one and part on another.
+with the difference in points. Where the weights repeat (the kind of CPU that trained them) and
+where they part: bench/README.md.
 
     python bench/retrain_world_models.py [--only siglip|yolo] [--work DIR]
 """

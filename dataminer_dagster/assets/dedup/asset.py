@@ -3,9 +3,10 @@
 Every passed frame is grouped (cosine similarity >= threshold and, with dedup.colour_overlap,
 colours that agree; transitively, first within each video, then across videos) and the best of
 each group kept: highest filter score, then sharpness, then frame id. Embeddings come from the
-filter's cache (no second model pass) or from a DINOv2 / DINOv3 model. The result, `<output>/dedup/frames.parquet`, lists every passed frame with its group.
-A frame whose embedding is not cached and whose file can no longer be read is recorded there
-(`readable` false, `error`, group -1, not kept) and left out; the stage goes on with the rest.
+filter's cache (no second model pass) or from a DINOv2 / DINOv3 model. The result,
+`<output>/dedup/frames.parquet`, lists every passed frame with its group. A frame whose embedding
+is not cached and whose file can no longer be read is recorded there (`readable` false, `error`,
+group -1, not kept) and left out; the stage goes on with the rest.
 """
 
 from __future__ import annotations
