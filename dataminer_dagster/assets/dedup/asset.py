@@ -48,7 +48,7 @@ from dataminer_dagster.paths import ProjectPaths
 from dataminer_dagster.registry import DEDUP
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Collection
 
     import pandas as pd
 
@@ -504,16 +504,18 @@ def _cached_per_frame(
     cache: EmbeddingCache,
     frames: pd.DataFrame,
     compute: Callable[[list[str]], ImageBatchResult],
+    known_unreadable: Collection[int] = (),
 ) -> tuple[np.ndarray, dict[int, str]]:
     """One row per row of `frames` (a RangeIndex) from `cache`, by video and content hash; the
-    rows not cached computed from the frames' files by `compute` and cached. Returns the rows and
-    why the frames that could not be read have none (their rows are zeros)."""
+    rows not cached computed from the frames' files by `compute` and cached, except the rows in
+    `known_unreadable` (their files are not read again). Returns the rows and why the frames
+    newly found unreadable have none (their rows, and those of `known_unreadable`, are zeros)."""
     parts, unreadable = [], {}
     for video_id, group in frames.groupby("video_id", sort=False):
         found, cached = cache.get(video_id, group["content_hash"].tolist())
         rows = np.zeros((len(group), cached.shape[1] if cached.size else 0), np.float32)
-        if not found.all():
-            missing = np.flatnonzero(~found)
+        missing = np.flatnonzero(~found & ~group.index.isin(list(known_unreadable)))
+        if len(missing):
             computed = compute([group["file"].iloc[i] for i in missing])
             rows = np.zeros((len(group), computed.embeddings.shape[1]), np.float32)
             done = missing[computed.indices]
@@ -525,7 +527,10 @@ def _cached_per_frame(
         if found.any():
             rows[found] = cached
         parts.append(rows)
-    return np.concatenate(parts), unreadable
+    # A video none of whose rows was cached or read has rows of no width: zeros of the others'.
+    width = max(part.shape[1] for part in parts)
+    parts = [part if part.shape[1] == width else np.zeros((len(part), width)) for part in parts]
+    return np.concatenate(parts, dtype=np.float32), unreadable
 
 
 def _colour_check(
@@ -538,6 +543,5 @@ def _colour_check(
     if least is None:
         return None, unreadable
     cache = EmbeddingCache(ctx.db.paths.embeddings_dir(), HISTOGRAM_SLUG)
-    rows, failed = _cached_per_frame(cache, frames, colour_histograms)
-    failed = {row: message for row, message in failed.items() if row not in unreadable}
+    rows, failed = _cached_per_frame(cache, frames, colour_histograms, unreadable)
     return ColourCheck(histograms_from_cache(rows), least), unreadable | failed
