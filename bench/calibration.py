@@ -7,9 +7,12 @@ The project (the world of `--world-seed`, one frame every 0.2 s, the prompts "a 
 frames' truth is the world's: a frame is a yes when it shows an object of that colour. Then, for
 each sample size and precision asked, `--draws` samples are drawn (seeds 0, 1, ...) and
 answered from the truth, and the threshold that `calibrate` recommends (the same functions:
-scored_frames, draw_sample, curve, choose_threshold) is set against the lowest threshold at
-which the project's frames truly reach that precision. Reported per row: the share of draws
-within 0.05 of it, the median distance, and the true precision the recommended thresholds give.
+scored_frames, draw_sample, choose_threshold) is set against the lowest threshold at which the
+project's frames truly reach that precision. Reported per row: the share of draws within 0.05 of
+it, the median distance, the share within 0.05 of a baseline that estimates precision from the
+answered frames alone (each weighing as the frames of its stratum, thresholds only between
+answered scores), how often the precision interval printed for the recommended threshold holds
+the precision it truly gives, and that true precision.
 
     python bench/calibration.py                          # embedded PostgreSQL
     python bench/calibration.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
@@ -49,7 +52,8 @@ def main() -> None:
     )
     print(
         f"{'frames':>6} {'precision':>9} {'truly':>6}  {'within ' + str(WITHIN):>11} "
-        f"{'median |d|':>10}  true precision of the recommended: median (min-max)"
+        f"{'median |d|':>10}  {'answers only':>12}  {'in interval':>11}  "
+        "true precision of the recommended: median (min-max)"
     )
     for size in args.frames:
         for precision in args.precision:
@@ -132,29 +136,35 @@ def truly_reaching(frames, precision: float) -> float:
 
 
 def row(frames, size: int, precision: float, draws: int) -> None:
-    from dataminer_dagster.assets.filter.calibration import (
-        Answers,
-        choose_threshold,
-        curve,
-        draw_sample,
-    )
+    from dataminer_dagster.assets.filter.calibration import Answers, choose_threshold, draw_sample
 
     scores = frames["pos_max"].to_numpy(np.float32)
     allowed = frames["rule_allows"].to_numpy()
     yes = frames["yes"].to_numpy()
     truly = truly_reaching(frames, precision)
-    distance, reached = [], []
+    distance, baseline, reached, held = [], [], [], []
     for seed in range(draws):
         sample = draw_sample(scores, frames["best_positive"].to_numpy(), size, seed)
         f = sample.frames
-        answers = Answers(sample.strata, sample.stratum_of, scores[f], allowed[f], yes[f])
-        chosen = choose_threshold(curve(answers), precision).estimate
+        answers = Answers(
+            sample.strata,
+            sample.stratum_of,
+            scores[f],
+            allowed[f],
+            yes[f],
+            scores[allowed],
+            sample.population_strata[allowed],
+        )
+        baseline.append(abs(answers_only(answers, precision) - truly))
+        chosen = choose_threshold(answers, precision).estimate
         if chosen is None:
             distance.append(np.inf)
             continue
         distance.append(abs(chosen.threshold - truly))
         kept = allowed & (scores > np.float32(chosen.threshold))
         reached.append(yes[kept].mean() if kept.any() else np.nan)
+        low, high = chosen.precision_interval
+        held.append(low <= reached[-1] <= high)
     distance = np.array(distance)
     shown = (
         f"{np.nanmedian(reached):.3f} ({np.nanmin(reached):.3f}-{np.nanmax(reached):.3f})"
@@ -163,8 +173,24 @@ def row(frames, size: int, precision: float, draws: int) -> None:
     )
     print(
         f"{size:>6} {precision:>9.2f} {truly:>6.3f}  {np.mean(distance <= WITHIN):>11.0%} "
-        f"{np.median(distance):>10.3f}  {shown}"
+        f"{np.median(distance):>10.3f}  {np.mean(np.array(baseline) <= WITHIN):>12.0%}  "
+        f"{np.mean(held) if held else np.nan:>11.0%}  {shown}"
     )
+
+
+def answers_only(answers, precision: float) -> float:
+    """The baseline: the lowest threshold between answered scores at which the answered frames
+    kept, each weighing as the frames of its stratum, reach the precision (inf where none does);
+    what the project's own count of kept frames per stratum adds is the difference."""
+    from dataminer_dagster.assets.filter.calibration import _between, _ratio
+
+    scores = np.unique(answers.score.astype(np.float32))
+    for t in np.concatenate([[0.0], _between(scores[:-1], scores[1:])]):
+        kept = answers.rule_allows & (answers.score.astype(np.float32) > np.float32(t))
+        found, _ = _ratio(answers, answers.yes & kept, kept)
+        if found >= precision:
+            return float(t)
+    return np.inf
 
 
 if __name__ == "__main__":

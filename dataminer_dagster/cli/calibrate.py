@@ -354,7 +354,13 @@ def _sample(project, paths):
 
     from dataminer_dagster.assets.filter.calibration_review import load_sample, rule_of
 
-    sample = load_sample(paths.calibration_dir)
+    try:
+        sample = load_sample(paths.calibration_dir)
+    except ValueError as error:  # drawn by an earlier version of dataminer
+        raise UserError(
+            f"project {project.name}'s calibration sample in {paths.calibration_dir} is {error}: "
+            f"`dataminer calibrate export {project.name} DEST`"
+        ) from None
     if sample is None:
         raise UserError(
             f"project {project.name} has no calibration sample: draw one with "
@@ -377,12 +383,12 @@ def _sample(project, paths):
 
 
 def _report(catalog, project, paths, sample, answers, precision, apply, wait, timeout) -> None:
-    from dataminer_dagster.assets.filter.calibration import choose_threshold, curve
+    from dataminer_dagster.assets.filter.calibration import choose_threshold
 
     answered = sample.answers(answers)
     if not len(answered.yes):
         raise UserError(f"none of the answers is about project {project.name}'s current sample")
-    choice = choose_threshold(curve(answered), precision)
+    choice = choose_threshold(answered, precision)
     chosen = choice.estimate.threshold if choice.estimate else None
     _print_estimates(project, sample, answered, chosen, choice.goal)
     if chosen is None:
@@ -424,9 +430,9 @@ def _print_estimates(project, sample, answered, chosen: float | None, goal: str)
         f"{len(answered.yes)} answers ({n_yes} yes, {len(answered.yes) - n_yes} no)"
     )
     click.echo(
-        f"  estimates for all {sample.population} frames of the project: each answer weighs as "
-        f"the frames of its stratum ({len(sample.strata)} strata of best prompt and score); "
-        "95 % Wilson intervals"
+        f"  estimates for all {sample.population} frames of the project: the frames a threshold "
+        f"keeps are counted in each of {len(sample.strata)} strata of best prompt and score, "
+        "their share of yes estimated from the stratum's answers; 95 % Wilson intervals"
     )
     if answered.uncovered:
         click.echo(

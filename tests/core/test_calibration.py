@@ -21,7 +21,6 @@ from dataminer_dagster.assets.filter.calibration import (
     bins_per_prompt,
     candidate_thresholds,
     choose_threshold,
-    curve,
     draw_sample,
     estimate,
     kept_apart_from_threshold,
@@ -136,7 +135,13 @@ class World:
         sample = draw_sample(self.scores, self.prompts, frames, seed)
         f = sample.frames
         return Answers(
-            sample.strata, sample.stratum_of, self.scores[f], self.allows[f], self.yes[f]
+            sample.strata,
+            sample.stratum_of,
+            self.scores[f],
+            self.allows[f],
+            self.yes[f],
+            self.scores[self.allows],
+            sample.population_strata[self.allows],
         )
 
 
@@ -172,7 +177,7 @@ def test_the_threshold_chosen_from_a_few_dozen_answers_has_about_the_precision_a
     missed = []
     for seed in range(30):
         world = make_world(200 + seed, apart=apart)
-        chosen = choose_threshold(curve(world.answer(48, seed)), precision=target).estimate
+        chosen = choose_threshold(world.answer(48, seed), precision=target).estimate
         missed.append(world.truth(chosen.threshold)[0] - target)
     assert abs(np.median(missed)) <= 0.03 and np.quantile(np.abs(missed), 0.9) <= 0.12, missed
 
@@ -192,6 +197,7 @@ def test_the_intervals_hold_the_project_figures_about_as_often_as_they_say():
 
 
 def _answers(scores, yes) -> Answers:
+    """Every frame of a one-stratum project answered."""
     n = len(scores)
     return Answers(
         (Stratum(0, min(scores), max(scores), n),),
@@ -199,21 +205,45 @@ def _answers(scores, yes) -> Answers:
         np.array(scores, np.float32),
         np.ones(n, bool),
         np.array(yes, bool),
+        np.array(scores, np.float32),
+        np.zeros(n, np.int64),
     )
 
 
 def test_the_choice_is_the_lowest_threshold_reaching_the_precision_or_the_best_f1():
     answers = _answers([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], [False, True, False, True, True, True])
-    assert candidate_thresholds(answers) == [0.0, 0.15, 0.25, 0.35, 0.45, 0.55]
-    estimates = curve(answers)
-    assert choose_threshold(estimates, precision=0.85).estimate.threshold == 0.35
-    assert choose_threshold(estimates, precision=0.8).estimate.threshold == 0.15
-    assert choose_threshold(estimates, precision=0.6).estimate.threshold == 0.0
-    best = choose_threshold(estimates).estimate  # P 0.8, R 1 against P 1, R 0.75 at 0.35
+    assert candidate_thresholds(answers).tolist() == [0.0, 0.15, 0.25, 0.35, 0.45, 0.55]
+    assert choose_threshold(answers, precision=0.85).estimate.threshold == 0.35
+    assert choose_threshold(answers, precision=0.8).estimate.threshold == 0.15
+    assert choose_threshold(answers, precision=0.6).estimate.threshold == 0.0
+    best = choose_threshold(answers).estimate  # P 0.8, R 1 against P 1, R 0.75 at 0.35
     assert best.threshold == 0.15 and best.f1 == pytest.approx(8 / 9)
     nothing = _answers([0.1, 0.2], [False, False])
-    assert choose_threshold(curve(nothing), precision=0.5).estimate is None
-    assert choose_threshold(curve(nothing)).estimate is None
+    assert choose_threshold(nothing, precision=0.5).estimate is None
+    assert choose_threshold(nothing).estimate is None
+
+
+def test_precision_counts_the_frames_each_stratum_keeps_between_the_answered_scores():
+    """Two strata of ten frames, two answers each: both no in one, both yes in the other. Between
+    the answered scores the estimate follows how many frames of each the threshold keeps."""
+    no_stratum = np.arange(10, 20) / 100  # 0.10, 0.11, .. 0.19
+    yes_stratum = 0.1505 + np.arange(10) * 0.005  # 0.1505, 0.1555, .. 0.1955
+    answers = Answers(
+        (Stratum(0, 0.10, 0.19, 10), Stratum(1, 0.1505, 0.1955, 10)),
+        np.array([0, 0, 1, 1]),
+        np.array([0.10, 0.19, 0.1505, 0.1955], np.float32),
+        np.ones(4, bool),
+        np.array([False, False, True, True]),
+        np.concatenate([no_stratum, yes_stratum]).astype(np.float32),
+        np.repeat([0, 1], 10),
+    )
+    for threshold, kept_no, kept_yes in [(0.105, 9, 10), (0.135, 6, 10), (0.165, 3, 7)]:
+        found = estimate(answers, threshold)
+        assert found.precision == pytest.approx(kept_yes / (kept_no + kept_yes))
+    # The thresholds weighed lie between the project's scores, not only between answered ones:
+    # 10/20 kept at 0, 10/19 above 0.10, 10/18 above 0.11.
+    assert len(candidate_thresholds(answers)) == 20
+    assert choose_threshold(answers, precision=0.55).estimate.threshold == 0.11  # 0.11 is out
 
 
 def test_a_candidate_threshold_keeps_the_higher_score_and_drops_the_lower():
@@ -262,6 +292,7 @@ def _sampled() -> SampledFrames:
         np.array([0, 0, 1]),
         np.array([True, False, True]),
         np.array([0.1, 0.15, 0.5, 0.9], np.float32),
+        np.array([0, 0, 1, 1]),
     )
 
 
@@ -272,6 +303,10 @@ def test_a_sample_reads_back_as_it_was_written():
     assert again.score.tolist() == sample.score.tolist()
     assert again.rule_allows.tolist() == sample.rule_allows.tolist()
     assert [again.kept(t) for t in (0.0, 0.1, 0.2, 0.9)] == [4, 3, 2, 0]
+    assert again.allowed_strata.tolist() == [0, 0, 1, 1]
+    earlier = sample.to_json() | {"format": "dataminer-calibration/1"}
+    with pytest.raises(ValueError, match="draw a new one"):
+        SampledFrames.from_json(earlier)
     answers = again.answers({"v2_000002.jpg": True, "v1_000001.jpg": False})
     assert answers.score.tolist() == pytest.approx([0.1, 0.9]) and answers.yes.tolist() == [
         False,

@@ -6,14 +6,19 @@ so every part of every prompt's score range is looked at, not only the crowd of 
 Each stratum gives the same number of frames (a smaller one all of its frames, the rest going
 to the others), drawn at random and shown in random order.
 
-The estimates are for the whole project, not for the sample: an answered frame stands for
-N_h / n_h frames of its stratum (N_h frames in it, n_h answered). At a threshold t a frame is
-kept when its best positive score is above t and the rest of the filter rule (negative and junk
-prompts, margins) lets it through; precision is the weighted share of kept frames answered yes,
-recall the weighted share of yes frames kept. Their 95 % intervals are Wilson intervals at the
-design's effective sample size: p(1 - p) over the stratified variance of the ratio (Taylor
-linearisation, finite-population corrected), or the answered frames of its denominator where
-that variance is zero.
+The estimates are for the whole project, not for the sample. At a threshold t a frame is kept
+when its best positive score is above t and the rest of the filter rule (negative and junk
+prompts, margins) lets it through. How many frames of each stratum t keeps is counted, not
+estimated (the sample keeps the scores of every frame the rest of the rule allows); precision is
+those counts weighted by the share of yes among the stratum's answered frames that t keeps (or,
+where t keeps none of them, among all its answered frames), so it moves frame by frame as t
+rises, not only at the answered scores. Recall is the design's: an answered frame stands for
+N_h / n_h frames of its stratum (N_h frames in it, n_h answered), and recall is the weighted
+share of yes frames kept. Their 95 % intervals are Wilson intervals at the effective sample
+size p(1 - p) / variance: for precision the strata's binomial variances (each share with half a
+yes and half a no added) weighted by their kept frames, for recall the stratified variance of
+the ratio (Taylor linearisation); both finite-population corrected, and the answered frames of
+the denominator where the variance is zero.
 
 Pure NumPy: no Dagster, no SQL (the CLI reads the filter tables and stores sample and answers).
 """
@@ -31,6 +36,7 @@ from dataminer_dagster.assets.filter.filter_rule import Thresholds, apply_filter
 Z_95 = 1.959963984540054
 MAX_BINS_PER_PROMPT = 8
 MIN_PER_STRATUM = 4  # answers a stratum is planned for: enough to see its spread
+THRESHOLD_BLOCK = 65536  # thresholds whose precision is worked out at once, per stratum
 LOGIT_CLIP = 1e-6  # scores are sigmoids: 0 and 1 in float32 are ends of the range, not infinities
 
 
@@ -47,6 +53,7 @@ class Sample:
     strata: tuple[Stratum, ...]
     frames: np.ndarray  # int64 positions in the population, in the order they are shown
     stratum_of: np.ndarray  # int64 stratum of each sampled frame
+    population_strata: np.ndarray  # int64 stratum of every frame of the population
 
 
 def logit(scores: np.ndarray) -> np.ndarray:
@@ -111,7 +118,7 @@ def draw_sample(scores: np.ndarray, best_prompt: np.ndarray, frames: int, seed: 
         picked_stratum.append(np.full(count, h, np.int64))
     chosen, chosen_stratum = np.concatenate(picked), np.concatenate(picked_stratum)
     order = rng.permutation(len(chosen))  # shown mixed: the order says nothing about the score
-    return Sample(strata, chosen[order].astype(np.int64), chosen_stratum[order])
+    return Sample(strata, chosen[order].astype(np.int64), chosen_stratum[order], stratum_of)
 
 
 def kept_apart_from_threshold(
@@ -161,18 +168,23 @@ def wilson(p: float, n: float, z: float = Z_95) -> tuple[float, float]:
 @dataclass(frozen=True)
 class Answers:
     """The answered frames of a sample: each one's stratum, best positive score, whether the
-    rest of the rule lets it through, and the answer (True: it is what the project wants)."""
+    rest of the rule lets it through, and the answer (True: it is what the project wants); and
+    the score and stratum of every frame of the project the rest of the rule lets through."""
 
     strata: tuple[Stratum, ...]
     stratum_of: np.ndarray
     score: np.ndarray
     rule_allows: np.ndarray
     yes: np.ndarray
+    allowed_scores: np.ndarray
+    allowed_strata: np.ndarray
 
     def __post_init__(self) -> None:
         lengths = {len(self.stratum_of), len(self.score), len(self.rule_allows), len(self.yes)}
         if len(lengths) != 1:
             raise ValueError(f"the answers' arrays differ in length: {sorted(lengths)}")
+        if len(self.allowed_scores) != len(self.allowed_strata):
+            raise ValueError("the allowed frames' scores and strata differ in length")
 
     @property
     def answered_per_stratum(self) -> np.ndarray:
@@ -197,12 +209,15 @@ class Answers:
         keep = np.array([s.prompt == prompt for s in self.strata], bool)
         renumber = np.cumsum(keep) - 1
         rows = keep[self.stratum_of]
+        allowed = keep[self.allowed_strata]
         return Answers(
             tuple(s for s, k in zip(self.strata, keep, strict=True) if k),
             renumber[self.stratum_of[rows]],
             self.score[rows],
             self.rule_allows[rows],
             self.yes[rows],
+            self.allowed_scores[allowed],
+            renumber[self.allowed_strata[allowed]],
         )
 
 
@@ -248,17 +263,106 @@ def _ratio(answers: Answers, numerator: np.ndarray, denominator: np.ndarray):
         spread = float(np.var(u, ddof=1)) if n > 1 else float(u[0] ** 2)
         variance += stratum.size**2 * (1 - n / stratum.size) * spread / n
     variance /= total**2
+    return ratio, wilson(ratio, _effective_size(ratio, variance, np.count_nonzero(b)))
+
+
+def _effective_size(ratio: float, variance: float, answered: int) -> float:
+    """The sample size a proportion `ratio` with this variance stands for; where the variance is
+    zero (all yes or all no where it was sampled), as many as were answered."""
     if 0 < ratio < 1 and variance > 0:
-        effective = ratio * (1 - ratio) / variance
-    else:  # all yes or all no where it was sampled: as many answers as say so
-        effective = float(np.count_nonzero(b))
-    return ratio, wilson(ratio, effective)
+        return ratio * (1 - ratio) / variance
+    return float(answered)
+
+
+def _above(sorted_values: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """How many of `sorted_values` (ascending float32) are above each threshold, as the rule
+    compares: strictly, in float32."""
+    below = np.searchsorted(sorted_values, thresholds.astype(np.float32), side="right")
+    return len(sorted_values) - below
+
+
+@dataclass(frozen=True)
+class _StratumPrecision:
+    """Per stratum (rows) and threshold (columns): the project's frames kept, the answered frames
+    kept, and the share of yes the stratum's kept frames are taken to have."""
+
+    kept: np.ndarray
+    answered_kept: np.ndarray
+    share: np.ndarray
+    answered: np.ndarray  # per stratum: its answered frames
+    covered: np.ndarray  # per stratum: whether any frame of it was answered
+
+
+def _stratum_precision(answers: Answers, thresholds: np.ndarray) -> _StratumPrecision:
+    count = len(answers.strata)
+    kept = np.zeros((count, len(thresholds)), np.int64)
+    answered_kept = np.zeros_like(kept)
+    share = np.zeros((count, len(thresholds)))
+    answered = answers.answered_per_stratum
+    for h in range(count):
+        scores = np.sort(answers.allowed_scores[answers.allowed_strata == h].astype(np.float32))
+        kept[h] = _above(scores, thresholds)
+        mine = answers.stratum_of == h
+        if not mine.any():
+            continue
+        allowed = mine & answers.rule_allows
+        order = np.argsort(answers.score[allowed].astype(np.float32), kind="stable")
+        answered_scores = answers.score[allowed].astype(np.float32)[order]
+        yes_from_top = np.concatenate([np.cumsum(answers.yes[allowed][order][::-1])[::-1], [0]])
+        answered_kept[h] = _above(answered_scores, thresholds)
+        yes_kept = yes_from_top[len(answered_scores) - answered_kept[h]]
+        everyone = float(np.mean(answers.yes[mine]))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share[h] = np.where(answered_kept[h] > 0, yes_kept / answered_kept[h], everyone)
+    return _StratumPrecision(kept, answered_kept, share, answered, answered > 0)
+
+
+def _precisions(answers: Answers, thresholds: np.ndarray) -> np.ndarray:
+    """The estimated precision at each threshold (NaN where the answered strata keep nothing),
+    THRESHOLD_BLOCK thresholds at a time: a project of millions of frames has as many."""
+    found = []
+    for start in range(0, len(thresholds), THRESHOLD_BLOCK):
+        strata = _stratum_precision(answers, thresholds[start : start + THRESHOLD_BLOCK])
+        kept = strata.kept[strata.covered]
+        total = kept.sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            weighed = (kept * strata.share[strata.covered]).sum(axis=0) / total
+        found.append(np.where(total > 0, weighed, np.nan))
+    return np.concatenate(found) if found else np.zeros(0)
+
+
+def _precision(answers: Answers, threshold: float) -> tuple[float, tuple[float, float]]:
+    """The estimated precision at `threshold` and its Wilson interval (module docstring)."""
+    strata = _stratum_precision(answers, np.array([threshold]))
+    kept, answered_kept = strata.kept[:, 0], strata.answered_kept[:, 0]
+    share, covered = strata.share[:, 0], strata.covered
+    total = int(kept[covered].sum())
+    if total == 0:
+        return math.nan, (0.0, 1.0)
+    precision = float((kept[covered] * share[covered]).sum()) / total
+    census, variance = True, 0.0
+    for h in np.flatnonzero(covered & (kept > 0)):
+        if answered_kept[h] >= kept[h]:
+            continue  # every frame it keeps was answered
+        census = False
+        if answered_kept[h]:
+            n, correction = answered_kept[h], 1 - answered_kept[h] / kept[h]
+        else:  # its share is that of its answered frames, none of which it keeps
+            n, correction = strata.answered[h], 1.0
+        # The share's spread with half a yes and half a no added: answers that agree do not make
+        # a stratum certain.
+        spread = (share[h] * n + 0.5) * (n - share[h] * n + 0.5) / (n + 1) ** 2
+        variance += (kept[h] / total) ** 2 * spread * correction / n
+    if census:  # every kept frame of every stratum answered: no sampling error
+        return precision, (precision, precision)
+    answered = int(answered_kept[covered].sum())
+    return precision, wilson(precision, _effective_size(precision, variance, answered))
 
 
 def estimate(answers: Answers, threshold: float) -> Estimate:
     """Precision and recall at `threshold` (kept: score above it, strictly, as the rule says)."""
     kept = answers.rule_allows & (answers.score.astype(np.float32) > np.float32(threshold))
-    precision, precision_interval = _ratio(answers, answers.yes & kept, kept)
+    precision, precision_interval = _precision(answers, threshold)
     recall, recall_interval = _ratio(answers, answers.yes & kept, answers.yes)
     return Estimate(
         threshold,
@@ -269,30 +373,41 @@ def estimate(answers: Answers, threshold: float) -> Estimate:
     )
 
 
-def candidate_thresholds(answers: Answers) -> list[float]:
+def _recalls(answers: Answers, thresholds: np.ndarray) -> np.ndarray:
+    """The estimated recall at each threshold (NaN where no answer is yes)."""
+    w = answers.weights
+    yes = answers.yes & answers.rule_allows
+    total = float(np.sum(w * answers.yes))
+    if total == 0:
+        return np.full(len(thresholds), np.nan)
+    order = np.argsort(answers.score[yes].astype(np.float32), kind="stable")
+    scores = answers.score[yes].astype(np.float32)[order]
+    from_top = np.concatenate([np.cumsum(w[yes][order][::-1])[::-1], [0.0]])
+    return from_top[len(scores) - _above(scores, thresholds)] / total
+
+
+def candidate_thresholds(answers: Answers) -> np.ndarray:
     """The thresholds between which the estimates change: 0, then one between each two
-    consecutive distinct answered scores, near the middle of what the sample cannot tell apart
-    and written with few decimals."""
-    scores = np.unique(answers.score.astype(np.float32))
-    return [
-        0.0,
-        *(_between(float(a), float(b)) for a, b in zip(scores[:-1], scores[1:], strict=True)),
-    ]
+    consecutive distinct scores of the frames the rest of the rule allows, near the middle of
+    them and written with few decimals."""
+    scores = np.unique(answers.allowed_scores.astype(np.float32))
+    return np.concatenate([[0.0], _between(scores[:-1], scores[1:])])
 
 
-def _between(low: float, high: float) -> float:
-    """The midpoint of (low, high), rounded to the fewest decimals that keep a frame scored
-    `low` out and one scored `high` in (the rule compares in float32, strictly)."""
+def _between(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """The midpoints of (low, high), each rounded to the fewest decimals that keep a frame
+    scored `low` out and one scored `high` in (the rule compares in float32, strictly)."""
+    low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
     middle = (low + high) / 2
+    chosen = middle.copy()
+    undecided = np.ones(len(middle), bool)
     for decimals in range(2, 9):
-        t = round(middle, decimals)
-        if np.float32(low) <= np.float32(t) < np.float32(high):
-            return t
-    return middle
-
-
-def curve(answers: Answers) -> list[Estimate]:
-    return [estimate(answers, t) for t in candidate_thresholds(answers)]
+        t = np.round(middle, decimals)
+        fits = undecided & (low.astype(np.float32) <= t.astype(np.float32))
+        fits &= t.astype(np.float32) < high.astype(np.float32)
+        chosen[fits] = t[fits]
+        undecided &= ~fits
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -301,16 +416,21 @@ class Choice:
     goal: str  # what was asked: "precision >= 0.95" or "best F1"
 
 
-def choose_threshold(estimates: Sequence[Estimate], precision: float | None = None) -> Choice:
+def choose_threshold(answers: Answers, precision: float | None = None) -> Choice:
     """With `precision`: the lowest threshold whose estimated precision reaches it (the most
     recall at that precision). Without: the threshold of the best F1 (the lowest of equals)."""
+    thresholds = candidate_thresholds(answers)
+    precisions = _precisions(answers, thresholds)
     if precision is None:
-        best = max(estimates, key=lambda e: (e.f1, -e.threshold), default=None)
-        return Choice(best if best is not None and best.f1 > 0 else None, "best F1")
-    reaching = [e for e in estimates if not math.isnan(e.precision) and e.precision >= precision]
-    return Choice(
-        min(reaching, key=lambda e: e.threshold, default=None), f"precision >= {precision:g}"
-    )
+        recalls = _recalls(answers, thresholds)
+        with np.errstate(invalid="ignore"):
+            f1 = np.nan_to_num(2 * precisions * recalls / (precisions + recalls))
+        best = int(np.argmax(f1))  # the first of equals: the lowest threshold
+        found = estimate(answers, float(thresholds[best])) if f1[best] > 0 else None
+        return Choice(found, "best F1")
+    reaching = np.flatnonzero(precisions >= precision)  # NaN never reaches
+    found = estimate(answers, float(thresholds[reaching[0]])) if len(reaching) else None
+    return Choice(found, f"precision >= {precision:g}")
 
 
 def report_thresholds(answers: Answers, count: int, also: Sequence[float] = ()) -> list[float]:

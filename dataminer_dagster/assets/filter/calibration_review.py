@@ -3,8 +3,8 @@
 The sample (`SampledFrames`, `sample.json` in the project's calibration folder) keeps what the
 estimates need after the review: the strata with their sizes, each sampled frame's stable id
 (`<video>_<frame:06d>.<ext>`, as the dataset names frames), score, stratum and whether the rest
-of the filter rule lets it through, and the scores of all the frames it lets through (how many
-a threshold keeps is counted, not estimated). The answers (`answers.json` beside it) map ids to
+of the filter rule lets it through, and the score and stratum of every frame it lets through (how
+many a threshold keeps is counted, not estimated). The answers (`answers.json` beside it) map ids to
 yes (the frame is what the project wants) or no.
 
 Out: one Label Studio task per sampled frame with the id in `data.frame`, and a labelling
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 SAMPLE_FILE = "sample.json"
 ANSWERS_FILE = "answers.json"
-SAMPLE_FORMAT = "dataminer-calibration/1"
+SAMPLE_FORMAT = "dataminer-calibration/2"
 IMAGE_FIELD = "image"
 FRAME_FIELD = "frame"
 ANSWER_CONTROL = "match"
@@ -68,6 +68,7 @@ class SampledFrames:
     stratum_of: np.ndarray  # int64
     rule_allows: np.ndarray  # bool
     allowed_scores: np.ndarray  # float32, ascending: of every frame the rest of the rule allows
+    allowed_strata: np.ndarray  # int64: the stratum of each of those frames
 
     def kept(self, threshold: float) -> int:
         """Frames of the project the filter keeps at `threshold` (when the sample was drawn)."""
@@ -83,6 +84,8 @@ class SampledFrames:
             self.score[rows],
             self.rule_allows[rows],
             np.array([said[i] for i in self.ids if i in said], bool),
+            self.allowed_scores,
+            self.allowed_strata,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -101,12 +104,15 @@ class SampledFrames:
                 )
             ],
             "allowed_scores": [float(s) for s in self.allowed_scores],
+            "allowed_strata": [int(h) for h in self.allowed_strata],
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SampledFrames:
         if data.get("format") != SAMPLE_FORMAT:
-            raise ValueError(f"not a {SAMPLE_FORMAT} sample (format {data.get('format')!r})")
+            raise ValueError(
+                f"not a {SAMPLE_FORMAT} sample (format {data.get('format')!r}): draw a new one"
+            )
         frames = data["frames"]
         return cls(
             data["model"],
@@ -120,6 +126,7 @@ class SampledFrames:
             np.array([f[2] for f in frames], np.int64),
             np.array([f[3] for f in frames], bool),
             np.array(data["allowed_scores"], np.float32),
+            np.array(data["allowed_strata"], np.int64),
         )
 
 
@@ -137,7 +144,9 @@ def sampled_frames(
     """The sample drawn from `population` (the filter's `scored_frames`) as it is kept, for
     the project config's `filter:` section `config`."""
     chosen = population.iloc[sample.frames]
-    allowed = population.loc[population["rule_allows"], "pos_max"]
+    allowed = population["rule_allows"].to_numpy(bool)
+    allowed_scores = population["pos_max"].to_numpy(np.float32)[allowed]
+    by_score = np.argsort(allowed_scores, kind="stable")
     return SampledFrames(
         config.model,
         tuple(config.positive_prompts),
@@ -154,7 +163,8 @@ def sampled_frames(
         chosen["pos_max"].to_numpy(np.float32),
         sample.stratum_of,
         chosen["rule_allows"].to_numpy(bool),
-        np.sort(allowed.to_numpy(np.float32)),
+        allowed_scores[by_score],
+        sample.population_strata[allowed][by_score],
     )
 
 
