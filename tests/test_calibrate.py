@@ -197,6 +197,15 @@ def test_calibration_recommends_the_threshold_that_reaches_the_precision_and_app
     assert after["passed"].tolist() == (after["pos_max"] > np.float32(recommended)).tolist()
     assert after["passed"].sum() != frames["passed"].sum()
 
+    # A sample drawn by an earlier version of dataminer (other fields) is refused, not misread.
+    sample_file = ProjectPaths(project.output_dir).calibration_dir / "sample.json"
+    drawn = sample_file.read_text()
+    sample_file.write_text(drawn.replace('"dataminer-calibration/2"', '"dataminer-calibration/1"'))
+    refused = _refused("calibrate", "show", "calib")
+    assert "calibration sample" in refused and "draw a new one" in refused
+    assert "dataminer calibrate export calib DEST" in refused
+    sample_file.write_text(drawn)
+
     # New prompts not filtered yet: neither a new sample nor the old one's answers fit them.
     changed = project.config.to_json()
     changed["filter"]["positive_prompts"] = ["a red circle"]

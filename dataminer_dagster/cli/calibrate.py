@@ -456,8 +456,11 @@ def _print_estimates(project, sample, answered, chosen: float | None, goal: str)
 
 
 def _decimal(value: float) -> str:
-    """A threshold as YAML reads it back as a number: 0.00001, not 1e-05."""
-    return format(value, ".8f").rstrip("0").rstrip(".") or "0"
+    """A threshold as YAML reads it back as a number (0.00001, not 1e-05), with the fewest
+    digits that give the same float32, the precision the filter rule compares in."""
+    import numpy as np
+
+    return np.format_float_positional(np.float32(value), unique=True, trim="-")
 
 
 def _figure(value: float, interval: tuple[float, float]) -> str:

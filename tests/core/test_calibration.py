@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from dataminer_dagster.assets.filter import calibration
 from dataminer_dagster.assets.filter.calibration import (
     Answers,
     Stratum,
@@ -244,6 +245,50 @@ def test_precision_counts_the_frames_each_stratum_keeps_between_the_answered_sco
     # 10/20 kept at 0, 10/19 above 0.10, 10/18 above 0.11.
     assert len(candidate_thresholds(answers)) == 20
     assert choose_threshold(answers, precision=0.55).estimate.threshold == 0.11  # 0.11 is out
+
+
+def test_a_stratum_whose_answered_frames_are_all_below_the_threshold_keeps_their_share():
+    """Its kept frames count with the share of yes among its answered frames the rest of the rule
+    allows: an answered frame the rule rejects is never kept and says nothing about them."""
+    answers = Answers(
+        (Stratum(0, 0.1, 0.9, 10),),
+        np.array([0, 0, 0, 0]),
+        np.array([0.1, 0.2, 0.3, 0.35], np.float32),
+        np.array([True, True, True, False]),
+        np.array([True, True, False, False]),
+        np.array([0.1, 0.2, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9], np.float32),
+        np.zeros(8, np.int64),
+    )
+    found = estimate(answers, 0.4)  # keeps 0.5-0.9, none of them answered
+    assert found.precision == pytest.approx(2 / 3)
+    # Its spread: 2 yes and 1 no, with half a yes and half a no added, over those 3 answers.
+    variance = (2.5 * 1.5 / 4**2) / 3
+    assert found.precision_interval == pytest.approx(wilson(2 / 3, (2 / 9) / variance))
+
+
+def test_each_prompt_is_estimated_over_its_own_strata():
+    world = make_world(11, frames=600)
+    answers = world.answer(48, seed=3)
+    threshold = 0.2
+    whole = estimate(answers, threshold).precision
+    per_prompt, kept = [], []
+    for prompt in (0, 1):
+        mine = answers.of_prompt(prompt)
+        assert len(mine.strata) == sum(s.prompt == prompt for s in answers.strata)
+        assert len(mine.allowed_scores) == int((world.allows & (world.prompts == prompt)).sum())
+        per_prompt.append(estimate(mine, threshold).precision)
+        kept.append(int((mine.allowed_scores > np.float32(threshold)).sum()))
+    # The project's precision is the prompts' weighted by the frames each keeps.
+    assert whole == pytest.approx(np.average(per_prompt, weights=kept))
+
+
+def test_precision_comes_out_the_same_a_block_of_thresholds_at_a_time(monkeypatch):
+    answers = make_world(12, frames=900).answer(48, seed=5)
+    thresholds = candidate_thresholds(answers)
+    whole, chosen = calibration._precisions(answers, thresholds), choose_threshold(answers, 0.9)
+    monkeypatch.setattr(calibration, "THRESHOLD_BLOCK", 7)
+    assert np.array_equal(calibration._precisions(answers, thresholds), whole, equal_nan=True)
+    assert choose_threshold(answers, 0.9) == chosen
 
 
 def test_a_candidate_threshold_keeps_the_higher_score_and_drops_the_lower():

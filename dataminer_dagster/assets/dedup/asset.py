@@ -511,10 +511,11 @@ def _cached_per_frame(
     `known_unreadable` (their files are not read again). Returns the rows and why the frames
     newly found unreadable have none (their rows, and those of `known_unreadable`, are zeros)."""
     parts, unreadable = [], {}
+    known = list(known_unreadable)
     for video_id, group in frames.groupby("video_id", sort=False):
         found, cached = cache.get(video_id, group["content_hash"].tolist())
         rows = np.zeros((len(group), cached.shape[1] if cached.size else 0), np.float32)
-        missing = np.flatnonzero(~found & ~group.index.isin(list(known_unreadable)))
+        missing = np.flatnonzero(~found & ~group.index.isin(known))
         if len(missing):
             computed = compute([group["file"].iloc[i] for i in missing])
             rows = np.zeros((len(group), computed.embeddings.shape[1]), np.float32)

@@ -11,14 +11,15 @@ when its best positive score is above t and the rest of the filter rule (negativ
 prompts, margins) lets it through. How many frames of each stratum t keeps is counted, not
 estimated (the sample keeps the scores of every frame the rest of the rule allows); precision is
 those counts weighted by the share of yes among the stratum's answered frames that t keeps (or,
-where t keeps none of them, among all its answered frames), so it moves frame by frame as t
-rises, not only at the answered scores. Recall is the design's: an answered frame stands for
+where t keeps none of them, among its answered frames the rest of the rule allows), so it moves
+frame by frame as t rises, not only at the answered scores. Recall is the design's: an answered frame stands for
 N_h / n_h frames of its stratum (N_h frames in it, n_h answered), and recall is the weighted
 share of yes frames kept. Their 95 % intervals are Wilson intervals at the effective sample
 size p(1 - p) / variance: for precision the strata's binomial variances (each share with half a
-yes and half a no added) weighted by their kept frames, for recall the stratified variance of
-the ratio (Taylor linearisation); both finite-population corrected, and the answered frames of
-the denominator where the variance is zero.
+yes and half a no added) weighted by their kept frames, finite-population corrected where the
+answers are among the frames kept; for recall the stratified variance of the ratio (Taylor
+linearisation), finite-population corrected; and the answers they come from where the estimate
+is 0 or 1.
 
 Pure NumPy: no Dagster, no SQL (the CLI reads the filter tables and stores sample and answers).
 """
@@ -226,7 +227,7 @@ class Estimate:
     """Precision and recall of the filter at one positive threshold, for the whole project."""
 
     threshold: float
-    precision: float  # NaN where no answered frame is kept
+    precision: float  # NaN where the answered strata keep no frame of the project
     precision_interval: tuple[float, float]
     recall: float  # NaN where no frame was answered yes
     recall_interval: tuple[float, float]
@@ -267,8 +268,8 @@ def _ratio(answers: Answers, numerator: np.ndarray, denominator: np.ndarray):
 
 
 def _effective_size(ratio: float, variance: float, answered: int) -> float:
-    """The sample size a proportion `ratio` with this variance stands for; where the variance is
-    zero (all yes or all no where it was sampled), as many as were answered."""
+    """The sample size a proportion `ratio` with this variance stands for; where it is 0 or 1 (all
+    yes or all no where it was sampled), as many as the answers it comes from."""
     if 0 < ratio < 1 and variance > 0:
         return ratio * (1 - ratio) / variance
     return float(answered)
@@ -282,6 +283,40 @@ def _above(sorted_values: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class _StratumFrames:
+    """One stratum's frames in score order, as the precision estimate reads them."""
+
+    allowed: np.ndarray  # float32 ascending: the project's frames the rest of the rule allows
+    answered: np.ndarray  # float32 ascending: those of them that were answered
+    yes_from_top: np.ndarray  # yes among answered[k:], for k = 0 .. len(answered)
+    fallback: float  # the share of yes its kept frames have where it keeps no answered one
+    fallback_answers: int  # the answers that share comes from (0: nobody answered the stratum)
+
+
+def _strata_frames(answers: Answers) -> list[_StratumFrames]:
+    strata = []
+    for h in range(len(answers.strata)):
+        allowed = np.sort(answers.allowed_scores[answers.allowed_strata == h].astype(np.float32))
+        mine = answers.stratum_of == h
+        kept_some = mine & answers.rule_allows
+        order = np.argsort(answers.score[kept_some].astype(np.float32), kind="stable")
+        yes = answers.yes[kept_some][order]
+        # Where it keeps none of its answered frames: the share among those the rest of the rule
+        # allows (the others are never kept), or among all of its answered frames.
+        source = kept_some if kept_some.any() else mine
+        strata.append(
+            _StratumFrames(
+                allowed,
+                answers.score[kept_some].astype(np.float32)[order],
+                np.concatenate([np.cumsum(yes[::-1])[::-1], [0]]),
+                float(np.mean(answers.yes[source])) if source.any() else math.nan,
+                int(np.count_nonzero(source)),
+            )
+        )
+    return strata
+
+
+@dataclass(frozen=True)
 class _StratumPrecision:
     """Per stratum (rows) and threshold (columns): the project's frames kept, the answered frames
     kept, and the share of yes the stratum's kept frames are taken to have."""
@@ -289,74 +324,66 @@ class _StratumPrecision:
     kept: np.ndarray
     answered_kept: np.ndarray
     share: np.ndarray
-    answered: np.ndarray  # per stratum: its answered frames
     covered: np.ndarray  # per stratum: whether any frame of it was answered
 
 
-def _stratum_precision(answers: Answers, thresholds: np.ndarray) -> _StratumPrecision:
-    count = len(answers.strata)
-    kept = np.zeros((count, len(thresholds)), np.int64)
+def _stratum_precision(strata: list[_StratumFrames], thresholds: np.ndarray) -> _StratumPrecision:
+    kept = np.zeros((len(strata), len(thresholds)), np.int64)
     answered_kept = np.zeros_like(kept)
-    share = np.zeros((count, len(thresholds)))
-    answered = answers.answered_per_stratum
-    for h in range(count):
-        scores = np.sort(answers.allowed_scores[answers.allowed_strata == h].astype(np.float32))
-        kept[h] = _above(scores, thresholds)
-        mine = answers.stratum_of == h
-        if not mine.any():
-            continue
-        allowed = mine & answers.rule_allows
-        order = np.argsort(answers.score[allowed].astype(np.float32), kind="stable")
-        answered_scores = answers.score[allowed].astype(np.float32)[order]
-        yes_from_top = np.concatenate([np.cumsum(answers.yes[allowed][order][::-1])[::-1], [0]])
-        answered_kept[h] = _above(answered_scores, thresholds)
-        yes_kept = yes_from_top[len(answered_scores) - answered_kept[h]]
-        everyone = float(np.mean(answers.yes[mine]))
+    share = np.zeros((len(strata), len(thresholds)))
+    for h, stratum in enumerate(strata):
+        kept[h] = _above(stratum.allowed, thresholds)
+        answered_kept[h] = _above(stratum.answered, thresholds)
+        yes_kept = stratum.yes_from_top[len(stratum.answered) - answered_kept[h]]
         with np.errstate(invalid="ignore", divide="ignore"):
-            share[h] = np.where(answered_kept[h] > 0, yes_kept / answered_kept[h], everyone)
-    return _StratumPrecision(kept, answered_kept, share, answered, answered > 0)
+            share[h] = np.where(answered_kept[h] > 0, yes_kept / answered_kept[h], stratum.fallback)
+    covered = np.array([stratum.fallback_answers > 0 for stratum in strata], bool)
+    return _StratumPrecision(kept, answered_kept, share, covered)
 
 
 def _precisions(answers: Answers, thresholds: np.ndarray) -> np.ndarray:
-    """The estimated precision at each threshold (NaN where the answered strata keep nothing),
-    THRESHOLD_BLOCK thresholds at a time: a project of millions of frames has as many."""
-    found = []
+    """The estimated precision at each threshold (NaN where the answered strata keep no frame
+    of the project), THRESHOLD_BLOCK thresholds at a time: a project of millions of frames has
+    as many."""
+    strata, found = _strata_frames(answers), []
     for start in range(0, len(thresholds), THRESHOLD_BLOCK):
-        strata = _stratum_precision(answers, thresholds[start : start + THRESHOLD_BLOCK])
-        kept = strata.kept[strata.covered]
+        block = _stratum_precision(strata, thresholds[start : start + THRESHOLD_BLOCK])
+        kept = block.kept[block.covered]
         total = kept.sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
-            weighed = (kept * strata.share[strata.covered]).sum(axis=0) / total
+            weighed = (kept * block.share[block.covered]).sum(axis=0) / total
         found.append(np.where(total > 0, weighed, np.nan))
     return np.concatenate(found) if found else np.zeros(0)
 
 
 def _precision(answers: Answers, threshold: float) -> tuple[float, tuple[float, float]]:
     """The estimated precision at `threshold` and its Wilson interval (module docstring)."""
-    strata = _stratum_precision(answers, np.array([threshold]))
-    kept, answered_kept = strata.kept[:, 0], strata.answered_kept[:, 0]
-    share, covered = strata.share[:, 0], strata.covered
+    strata = _strata_frames(answers)
+    block = _stratum_precision(strata, np.array([threshold]))
+    kept, answered_kept = block.kept[:, 0], block.answered_kept[:, 0]
+    share, covered = block.share[:, 0], block.covered
     total = int(kept[covered].sum())
     if total == 0:
         return math.nan, (0.0, 1.0)
     precision = float((kept[covered] * share[covered]).sum()) / total
-    census, variance = True, 0.0
+    census, variance, used = True, 0.0, 0
     for h in np.flatnonzero(covered & (kept > 0)):
         if answered_kept[h] >= kept[h]:
+            used += answered_kept[h]
             continue  # every frame it keeps was answered
         census = False
         if answered_kept[h]:
             n, correction = answered_kept[h], 1 - answered_kept[h] / kept[h]
-        else:  # its share is that of its answered frames, none of which it keeps
-            n, correction = strata.answered[h], 1.0
+        else:  # its share comes from answered frames it does not keep: no correction
+            n, correction = strata[h].fallback_answers, 1.0
+        used += n
         # The share's spread with half a yes and half a no added: answers that agree do not make
         # a stratum certain.
         spread = (share[h] * n + 0.5) * (n - share[h] * n + 0.5) / (n + 1) ** 2
         variance += (kept[h] / total) ** 2 * spread * correction / n
     if census:  # every kept frame of every stratum answered: no sampling error
         return precision, (precision, precision)
-    answered = int(answered_kept[covered].sum())
-    return precision, wilson(precision, _effective_size(precision, variance, answered))
+    return precision, wilson(precision, _effective_size(precision, variance, used))
 
 
 def estimate(answers: Answers, threshold: float) -> Estimate:
@@ -396,7 +423,8 @@ def candidate_thresholds(answers: Answers) -> np.ndarray:
 
 def _between(low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """The midpoints of (low, high), each rounded to the fewest decimals that keep a frame
-    scored `low` out and one scored `high` in (the rule compares in float32, strictly)."""
+    scored `low` out and one scored `high` in (the rule compares in float32, strictly), or `low`
+    itself where eight decimals cannot."""
     low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
     middle = (low + high) / 2
     chosen = middle.copy()
@@ -407,6 +435,7 @@ def _between(low: np.ndarray, high: np.ndarray) -> np.ndarray:
         fits &= t.astype(np.float32) < high.astype(np.float32)
         chosen[fits] = t[fits]
         undecided &= ~fits
+    chosen[undecided] = low[undecided]  # too close for 8 decimals: `low` itself keeps it out
     return chosen
 
 
