@@ -412,7 +412,7 @@ def _grow(ctx: StageContext, project, earlier: _Earlier, videos: list[str]):
         if colours is not None:
             kept_colours = colours.histograms[readable][kept]
         stats = {
-            # Similar pairs among the new frames, and a pair for each new frame joined to a kept one.
+            # Similar pairs among the new frames, plus one per new frame joined to a kept frame.
             "pairs": placed.pairs_found + int((placed.group < 0).sum()),
             "exact": placed.exact,
             "recall": None,

@@ -9,17 +9,17 @@ to the others), drawn at random and shown in random order.
 The estimates are for the whole project, not for the sample. At a threshold t a frame is kept
 when its best positive score is above t and the rest of the filter rule (negative and junk
 prompts, margins) lets it through. How many frames of each stratum t keeps is counted, not
-estimated (the sample keeps the scores of every frame the rest of the rule allows); precision is
-those counts weighted by the share of yes among the stratum's answered frames that t keeps (or,
-where t keeps none of them, among its answered frames the rest of the rule allows), so it moves
-frame by frame as t rises, not only at the answered scores. Recall is the design's: an answered frame stands for
-N_h / n_h frames of its stratum (N_h frames in it, n_h answered), and recall is the weighted
-share of yes frames kept. Their 95 % intervals are Wilson intervals at the effective sample
-size p(1 - p) / variance: for precision the strata's binomial variances (each share with half a
-yes and half a no added) weighted by their kept frames, finite-population corrected where the
-answers are among the frames kept; for recall the stratified variance of the ratio (Taylor
-linearisation), finite-population corrected; and the answers they come from where the estimate
-is 0 or 1.
+estimated (the sample keeps the score and stratum of every frame the rest of the rule allows);
+precision is those counts weighted by the share of yes among the stratum's answered frames that
+t keeps (or, where t keeps none of them, among its answered frames the rest of the rule allows),
+so it moves frame by frame as t rises, not only at the answered scores. Recall is the design's:
+an answered frame stands for N_h / n_h frames of its stratum (N_h frames in it, n_h answered),
+and recall is the weighted share of yes frames kept. Their 95 % intervals are Wilson intervals
+at the effective sample size p(1 - p) / variance: for precision the strata's binomial variances
+(each share with half a yes and half a no added) weighted by their kept frames,
+finite-population corrected where the answers are among the frames kept; for recall the
+stratified variance of the ratio (Taylor linearisation), finite-population corrected; and the
+answers they come from where the estimate is 0 or 1.
 
 Pure NumPy: no Dagster, no SQL (the CLI reads the filter tables and stores sample and answers).
 """
