@@ -283,12 +283,33 @@ def _above(sorted_values: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class _SumsAbove:
+    """A quantity of some answered frames, summed over those above any threshold."""
+
+    scores: np.ndarray  # float32 ascending: the frames' scores
+    from_top: np.ndarray  # the quantity summed over scores[k:], for k = 0 .. len(scores)
+
+    @classmethod
+    def of(cls, scores: np.ndarray, values: np.ndarray) -> _SumsAbove:
+        order = np.argsort(scores.astype(np.float32), kind="stable")
+        from_top = np.concatenate([np.cumsum(values[order][::-1])[::-1], [0]])
+        return cls(scores.astype(np.float32)[order], from_top)
+
+    def count(self, thresholds: np.ndarray) -> np.ndarray:
+        """How many of the frames are above each threshold."""
+        return _above(self.scores, thresholds)
+
+    def at(self, thresholds: np.ndarray) -> np.ndarray:
+        """The quantity summed over the frames above each threshold."""
+        return self.from_top[len(self.scores) - self.count(thresholds)]
+
+
+@dataclass(frozen=True)
 class _StratumFrames:
     """One stratum's frames in score order, as the precision estimate reads them."""
 
     allowed: np.ndarray  # float32 ascending: the project's frames the rest of the rule allows
-    answered: np.ndarray  # float32 ascending: those of them that were answered
-    yes_from_top: np.ndarray  # yes among answered[k:], for k = 0 .. len(answered)
+    yes: _SumsAbove  # the yes answers among those of them that were answered
     fallback: float  # the share of yes its kept frames have where it keeps no answered one
     fallback_answers: int  # the answers that share comes from (0: nobody answered the stratum)
 
@@ -299,16 +320,13 @@ def _strata_frames(answers: Answers) -> list[_StratumFrames]:
         allowed = np.sort(answers.allowed_scores[answers.allowed_strata == h].astype(np.float32))
         mine = answers.stratum_of == h
         kept_some = mine & answers.rule_allows
-        order = np.argsort(answers.score[kept_some].astype(np.float32), kind="stable")
-        yes = answers.yes[kept_some][order]
         # Where it keeps none of its answered frames: the share among those the rest of the rule
         # allows (the others are never kept), or among all of its answered frames.
         source = kept_some if kept_some.any() else mine
         strata.append(
             _StratumFrames(
                 allowed,
-                answers.score[kept_some].astype(np.float32)[order],
-                np.concatenate([np.cumsum(yes[::-1])[::-1], [0]]),
+                _SumsAbove.of(answers.score[kept_some], answers.yes[kept_some]),
                 float(np.mean(answers.yes[source])) if source.any() else math.nan,
                 int(np.count_nonzero(source)),
             )
@@ -333,12 +351,21 @@ def _stratum_precision(strata: list[_StratumFrames], thresholds: np.ndarray) -> 
     share = np.zeros((len(strata), len(thresholds)))
     for h, stratum in enumerate(strata):
         kept[h] = _above(stratum.allowed, thresholds)
-        answered_kept[h] = _above(stratum.answered, thresholds)
-        yes_kept = stratum.yes_from_top[len(stratum.answered) - answered_kept[h]]
+        answered_kept[h] = stratum.yes.count(thresholds)
+        yes_kept = stratum.yes.at(thresholds)
         with np.errstate(invalid="ignore", divide="ignore"):
             share[h] = np.where(answered_kept[h] > 0, yes_kept / answered_kept[h], stratum.fallback)
     covered = np.array([stratum.fallback_answers > 0 for stratum in strata], bool)
     return _StratumPrecision(kept, answered_kept, share, covered)
+
+
+def _weighed(block: _StratumPrecision) -> np.ndarray:
+    """Per threshold: the answered strata's kept frames weighted by their shares of yes, over
+    those frames (NaN where they keep none)."""
+    kept = block.kept[block.covered]
+    total = kept.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, (kept * block.share[block.covered]).sum(axis=0) / total, np.nan)
 
 
 def _precisions(answers: Answers, thresholds: np.ndarray) -> np.ndarray:
@@ -347,12 +374,9 @@ def _precisions(answers: Answers, thresholds: np.ndarray) -> np.ndarray:
     as many."""
     strata, found = _strata_frames(answers), []
     for start in range(0, len(thresholds), THRESHOLD_BLOCK):
-        block = _stratum_precision(strata, thresholds[start : start + THRESHOLD_BLOCK])
-        kept = block.kept[block.covered]
-        total = kept.sum(axis=0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            weighed = (kept * block.share[block.covered]).sum(axis=0) / total
-        found.append(np.where(total > 0, weighed, np.nan))
+        found.append(
+            _weighed(_stratum_precision(strata, thresholds[start : start + THRESHOLD_BLOCK]))
+        )
     return np.concatenate(found) if found else np.zeros(0)
 
 
@@ -362,10 +386,10 @@ def _precision(answers: Answers, threshold: float) -> tuple[float, tuple[float, 
     block = _stratum_precision(strata, np.array([threshold]))
     kept, answered_kept = block.kept[:, 0], block.answered_kept[:, 0]
     share, covered = block.share[:, 0], block.covered
-    total = int(kept[covered].sum())
-    if total == 0:
+    precision = float(_weighed(block)[0])
+    if math.isnan(precision):
         return math.nan, (0.0, 1.0)
-    precision = float((kept[covered] * share[covered]).sum()) / total
+    total = int(kept[covered].sum())
     census, variance, used = True, 0.0, 0
     for h in np.flatnonzero(covered & (kept > 0)):
         if answered_kept[h] >= kept[h]:
@@ -407,10 +431,7 @@ def _recalls(answers: Answers, thresholds: np.ndarray) -> np.ndarray:
     total = float(np.sum(w * answers.yes))
     if total == 0:
         return np.full(len(thresholds), np.nan)
-    order = np.argsort(answers.score[yes].astype(np.float32), kind="stable")
-    scores = answers.score[yes].astype(np.float32)[order]
-    from_top = np.concatenate([np.cumsum(w[yes][order][::-1])[::-1], [0.0]])
-    return from_top[len(scores) - _above(scores, thresholds)] / total
+    return _SumsAbove.of(answers.score[yes], w[yes]).at(thresholds) / total
 
 
 def candidate_thresholds(answers: Answers) -> np.ndarray:
