@@ -12,9 +12,11 @@ import json
 
 import pytest
 import requests
+from click.testing import CliRunner
 
 from dataminer_dagster.assets.dataset.dataset_files import COCO_FILE
 from dataminer_dagster.assets.dataset.dataset_versions import diff_versions, list_versions
+from dataminer_dagster.cli import main
 from tests.helpers.project_runs import dataminer
 from tests.helpers.review import (
     TOKEN,
@@ -122,7 +124,8 @@ def test_a_calibration_sample_is_answered_in_label_studio(
     label_studio, changing, database_url, tmp_path, monkeypatch
 ):
     """`dataminer calibrate push` makes a yes/no project that Label Studio accepts and serves
-    the frames of; the answers given through its API come back with `calibrate pull`."""
+    the frames of; the answers given through its API come back with `calibrate pull`; `push
+    --more` adds frames to the sample and to that project."""
     changing.run()
     use_changing_data(database_url, tmp_path, monkeypatch)
     with label_studio_server(label_studio, tmp_path / "label-studio", tmp_path) as url:
@@ -137,32 +140,71 @@ def test_a_calibration_sample_is_answered_in_label_studio(
         )
         api = requests.Session()
         api.headers["Authorization"] = f"Token {TOKEN}"
-        listed = api.get(
-            f"{url}/api/tasks",
-            params={"project": pushed["project"], "fields": "all", "page_size": 100},
-        ).json()["tasks"]
+        listed = _tasks(api, url, pushed["project"])
         assert len(listed) == 6
-        images = changing.output.root / "calibration" / "review" / "images"
-        first = listed[0]
-        picture = api.get(url + first["data"]["image"])
-        assert picture.status_code == 200
-        assert picture.content == (images / first["data"]["frame"]).read_bytes()
-
+        _served(api, url, listed[0], changing.output.root / "calibration" / "review" / "images")
         for n, task in enumerate(listed):
-            answered = api.post(
-                f"{url}/api/tasks/{task['id']}/annotations/",
-                json={
-                    "result": [
-                        {
-                            "type": "choices",
-                            "from_name": "match",
-                            "to_name": "image",
-                            "value": {"choices": ["yes" if n % 2 else "no"]},
-                        }
-                    ]
-                },
-            )
-            assert answered.status_code == 201, answered.text
+            _answer(api, url, task, "yes" if n % 2 else "no")
         said = dataminer("calibrate", "pull", "changing")
-    assert "imported 6 answers (label-studio): 3 yes, 3 no" in said
-    assert "recommended positive_threshold" in said
+        assert "imported 6 answers (label-studio): 3 yes, 3 no" in said
+        assert "recommended positive_threshold" in said
+
+        # Frames added to the sample go into the same Label Studio project, served beside the
+        # first ones; pull brings every answer back.
+        said = dataminer(
+            "calibrate",
+            "push",
+            "changing",
+            "--more",
+            "--frames",
+            "4",  # the project has 8 frames: 2 are left
+            "--document-root",
+            str(tmp_path),
+        )
+        assert "2 more of the 8 frames" in said and f"/projects/{pushed['project']})" in said, said
+        assert "the sample has 8 frames now" in said, said
+        first = {task["data"]["frame"] for task in listed}
+        listed = _tasks(api, url, pushed["project"])
+        added = [task for task in listed if task["data"]["frame"] not in first]
+        assert len(listed) == 8 and len(added) == 2
+        _served(api, url, added[0], changing.output.root / "calibration" / "review-8" / "images")
+        for task in added:
+            _answer(api, url, task, "yes")
+        said = dataminer("calibrate", "pull", "changing")
+    assert "imported 8 answers (label-studio): 5 yes, 3 no" in said, said
+    assert "8 of the sample's 8 frames are answered" in said, said
+    refused = CliRunner().invoke(
+        main, ["calibrate", "export", "changing", str(tmp_path / "none"), "--more"]
+    )
+    assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+    assert "every frame of project changing is in its calibration sample already" in refused.output
+
+
+def _tasks(api, url: str, project: int) -> list[dict]:
+    return api.get(
+        f"{url}/api/tasks", params={"project": project, "fields": "all", "page_size": 100}
+    ).json()["tasks"]
+
+
+def _served(api, url: str, task: dict, images) -> None:
+    """Label Studio serves the task's image: the frame in folder `images`."""
+    picture = api.get(url + task["data"]["image"])
+    assert picture.status_code == 200
+    assert picture.content == (images / task["data"]["frame"]).read_bytes()
+
+
+def _answer(api, url: str, task: dict, choice: str) -> None:
+    answered = api.post(
+        f"{url}/api/tasks/{task['id']}/annotations/",
+        json={
+            "result": [
+                {
+                    "type": "choices",
+                    "from_name": "match",
+                    "to_name": "image",
+                    "value": {"choices": [choice]},
+                }
+            ]
+        },
+    )
+    assert answered.status_code == 201, answered.text

@@ -1,7 +1,8 @@
 """`dataminer calibrate`: choose the filter's positive threshold from a yes/no review of a sample.
 
 export   draw a sample of the project's frames across each prompt's score range and write it
-         for review: the frames, Label Studio tasks and their labelling interface
+         for review: the frames, Label Studio tasks and their labelling interface; with --more,
+         add frames to the sample where they narrow the estimate, its answers kept
 import   bring the answers back (Label Studio's JSON export, CVAT's XML export) and report
 push     draw a sample and send it into a running Label Studio, as a new project
 pull     that project's answers back, as `import` does with an export file
@@ -83,6 +84,21 @@ _sample_options = (
     ),
     click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draw."),
 )
+_more_options = (
+    click.option(
+        "--more",
+        is_flag=True,
+        help="Add --frames frames to the project's sample instead of drawing a new one: its "
+        "answers are kept and only the added frames go out for review. They go to the strata "
+        "where they narrow the precision estimate most at the threshold recommended so far.",
+    ),
+    click.option(
+        "--precision",
+        type=click.FloatRange(0, 1, min_open=True),
+        help="With --more: the precision you will ask for; the frames are aimed at the "
+        "threshold recommended for it [default: the best F1's].",
+    ),
+)
 
 
 def _draw(name: str, frames: int, seed: int):
@@ -100,9 +116,57 @@ def _draw(name: str, frames: int, seed: int):
     return project, paths, sampled, list(population["file"].iloc[sample.frames])
 
 
-def _write_for_review(sampled, files, dest: Path, image_url, document_root) -> list[dict]:
-    """The frames, tasks and labelling interface in folder `dest` (built aside, then renamed
-    into place); returns the tasks."""
+def _draw_more(name: str, frames: int, seed: int, precision: float | None):
+    """Project NAME's sample with `frames` more frames, where they narrow the precision estimate
+    at the threshold its answers recommend (for `precision`, else the best F1): the project, its
+    paths, the sample as it is kept, the added frames' ids and files, and the threshold aimed at
+    (None: none recommended yet, the frames spread over the strata)."""
+    import numpy as np
+
+    from dataminer_dagster.assets.filter.calibration import (
+        allocate_more,
+        assign_strata,
+        choose_threshold,
+        draw_more,
+    )
+    from dataminer_dagster.assets.filter.calibration_review import (
+        frame_ids,
+        load_answers,
+        with_more_frames,
+    )
+
+    catalog, project, paths = _project(name)
+    sampled = _sample(project, paths)
+    population = _population(catalog, project)
+    position = {frame: k for k, frame in enumerate(frame_ids(population))}
+    try:
+        if len(population) != sampled.population or not all(i in position for i in sampled.ids):
+            raise ValueError("other frames")
+        stratum_of = assign_strata(
+            population["pos_max"].to_numpy(), population["best_positive"].to_numpy(), sampled.strata
+        )
+    except ValueError:
+        raise UserError(
+            f"project {name} has other frames than when its calibration sample was drawn: draw "
+            f"a new one (`dataminer calibrate export {name} DEST`, without --more)"
+        ) from None
+    answers = sampled.answers(load_answers(paths.calibration_dir))
+    found = choose_threshold(answers, precision).estimate if answers.yes.any() else None
+    aim = found.threshold if found else None
+    drawn = np.bincount(sampled.stratum_of, minlength=len(sampled.strata))
+    counts = allocate_more(answers, drawn, frames, aim)
+    if not sum(counts):
+        raise UserError(f"every frame of project {name} is in its calibration sample already")
+    before = np.array([position[i] for i in sampled.ids], np.int64)
+    added, strata = draw_more(stratum_of, before, counts, [seed, len(sampled.ids)])
+    extended = with_more_frames(sampled, population, added, strata)
+    files = list(population["file"].iloc[added])
+    return project, paths, extended, extended.ids[len(sampled.ids) :], files, aim
+
+
+def _write_for_review(prompts, ids, files, dest: Path, image_url, document_root) -> list[dict]:
+    """The frames `ids` (their `files`), their tasks and the labelling interface for `prompts` in
+    folder `dest` (built aside, then renamed into place); returns the tasks."""
     import shutil
 
     from dataminer_dagster.assets.filter.calibration_review import (
@@ -114,17 +178,18 @@ def _write_for_review(sampled, files, dest: Path, image_url, document_root) -> l
 
     staging = staging_path(dest)
     (staging / IMAGES_DIR).mkdir(parents=True)
-    for frame_file, image in zip(files, sampled.ids, strict=True):
+    for frame_file, image in zip(files, ids, strict=True):
         shutil.copyfile(frame_file, staging / IMAGES_DIR / image)
-    tasks = label_studio_tasks(sampled, image_urls(dest / IMAGES_DIR, image_url, document_root))
+    tasks = label_studio_tasks(ids, image_urls(dest / IMAGES_DIR, image_url, document_root))
     save_json(staging / TASKS_FILE, tasks)
-    (staging / LABEL_CONFIG_FILE).write_text(label_studio_config(sampled.prompts))
+    (staging / LABEL_CONFIG_FILE).write_text(label_studio_config(prompts))
     publish(staging, dest)
     return tasks
 
 
-def _keep(paths, sampled) -> None:
-    """The sample becomes the project's, in place of an earlier one and its answers."""
+def _keep(paths, sampled, *, answers: bool = False) -> None:
+    """The sample becomes the project's, in place of an earlier one and (unless `answers`: the
+    same sample with frames added) its answers."""
     from dataminer_dagster.assets.filter.calibration_review import (
         ANSWERS_FILE,
         SAMPLE_FILE,
@@ -132,20 +197,45 @@ def _keep(paths, sampled) -> None:
     )
 
     paths.calibration_dir.mkdir(parents=True, exist_ok=True)
-    (paths.calibration_dir / ANSWERS_FILE).unlink(missing_ok=True)
+    if not answers:
+        (paths.calibration_dir / ANSWERS_FILE).unlink(missing_ok=True)
     save_json(paths.calibration_dir / SAMPLE_FILE, sampled.to_json())
+
+
+def _check_more(more: bool, precision: float | None) -> None:
+    if precision is not None and not more:
+        raise UserError("--precision aims the frames that --more adds: give both, or neither")
+
+
+def _added(
+    name: str, sampled, count: int, into: str, aim: float | None, precision: float | None
+) -> str:
+    """What `--more` added to project NAME's sample (`sampled`, as it is now), and where."""
+    where = (
+        f"where they narrow the estimate at {_decimal(aim)} "
+        f"({'best F1' if precision is None else f'precision >= {precision:g}'} on the answers "
+        "so far)"
+        if aim is not None
+        else "spread over the strata (no threshold recommended yet)"
+    )
+    return (
+        f"{count} more of the {sampled.population} frames of project {name} {into}, {where}; "
+        f"the sample has {len(sampled.ids)} frames now, its answers kept"
+    )
 
 
 @calibrate.command("export")
 @click.argument("name")
 @click.argument("dest", type=click.Path(path_type=Path, file_okay=False))
-@option_group(*_sample_options)
+@option_group(*_sample_options, *_more_options)
 @image_options("DEST/images/")
 def export(
     name: str,
     dest: Path,
     frames: int,
     seed: int,
+    more: bool,
+    precision: float | None,
     image_url: str | None,
     document_root: Path | None,
 ) -> None:
@@ -153,17 +243,25 @@ def export(
     images/ (the frames), tasks.json (Label Studio tasks) and labeling.xml (their labelling
     interface). The sample takes frames from every part of each positive prompt's score range
     (strata by best prompt and score); a new sample replaces the project's earlier one and its
-    answers."""
+    answers, unless --more adds to it."""
     dest = dest.expanduser().resolve()
     if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
         raise UserError(f"{dest} already exists and is not an empty folder; choose a new one")
-    project, paths, sampled, files = _draw(name, frames, seed)
-    _write_for_review(sampled, files, dest, image_url, document_root)
-    _keep(paths, sampled)
-    click.echo(
-        f"{len(sampled.ids)} of the {sampled.population} frames of project {name} in {dest}, "
-        f"from {len(sampled.strata)} strata of best prompt and score:"
-    )
+    _check_more(more, precision)
+    if more:
+        project, paths, sampled, ids, files, aim = _draw_more(name, frames, seed, precision)
+    else:
+        project, paths, sampled, files = _draw(name, frames, seed)
+        ids = sampled.ids
+    _write_for_review(sampled.prompts, ids, files, dest, image_url, document_root)
+    _keep(paths, sampled, answers=more)
+    if more:
+        click.echo(_added(name, sampled, len(ids), f"in {dest}", aim, precision) + ":")
+    else:
+        click.echo(
+            f"{len(ids)} of the {sampled.population} frames of project {name} in {dest}, "
+            f"from {len(sampled.strata)} strata of best prompt and score:"
+        )
     click.echo(f"  {TASKS_FILE}: Label Studio tasks (import them into a project whose labelling")
     click.echo(f"    interface is {LABEL_CONFIG_FILE}: answer each frame yes or no)")
     click.echo(f"  {IMAGES_DIR}/: the frames; for CVAT, a task of them with the labels yes and no,")
@@ -173,7 +271,7 @@ def export(
 
 @calibrate.command("push")
 @click.argument("name")
-@option_group(*_sample_options)
+@option_group(*_sample_options, *_more_options)
 @server_options
 @image_options("the project's calibration/review/images/")
 @click.option("--title", help="The Label Studio project's title [default: calibrate NAME].")
@@ -181,6 +279,8 @@ def push(
     name: str,
     frames: int,
     seed: int,
+    more: bool,
+    precision: float | None,
     url: str | None,
     token: str | None,
     image_url: str | None,
@@ -189,37 +289,68 @@ def push(
 ) -> None:
     """Draw a sample of project NAME's frames, as `export` does into the project's
     calibration/review/ folder, and send it to a running Label Studio as a new project for a
-    yes/no review. Without --image-url, Label Studio serves the images itself
-    (LOCAL_FILES_SERVING_ENABLED=true and LOCAL_FILES_DOCUMENT_ROOT, given as --document-root)."""
+    yes/no review; with --more, add frames to the sample and to that project. Without
+    --image-url, Label Studio serves the images itself (LOCAL_FILES_SERVING_ENABLED=true and
+    LOCAL_FILES_DOCUMENT_ROOT, given as --document-root)."""
     import json
     import shutil
 
     from dataminer_dagster.assets.dataset.label_studio import LabelStudioError
     from dataminer_dagster.assets.filter.calibration_review import label_studio_config
 
-    project, paths, sampled, files = _draw(name, frames, seed)
-    folder = paths.calibration_dir / REVIEW_DIR
-    client = label_studio(url, token)
+    _check_more(more, precision)
+    if more:
+        project, paths, sampled, ids, files, aim = _draw_more(name, frames, seed, precision)
+        known = _pushed(paths, name)
+        client = label_studio(url or known["url"], token)
+        folder = paths.calibration_dir / f"{REVIEW_DIR}-{len(sampled.ids)}"
+    else:
+        project, paths, sampled, files = _draw(name, frames, seed)
+        ids = sampled.ids
+        client = label_studio(url, token)
+        for earlier in paths.calibration_dir.glob(f"{REVIEW_DIR}*"):
+            shutil.rmtree(earlier, ignore_errors=True)
+        folder = paths.calibration_dir / REVIEW_DIR
     shutil.rmtree(folder, ignore_errors=True)
-    tasks = _write_for_review(sampled, files, folder, image_url, document_root)
+    tasks = _write_for_review(sampled.prompts, ids, files, folder, image_url, document_root)
     try:
-        project_id = client.create_project(
-            title or f"calibrate {name}", label_studio_config(sampled.prompts)
-        )
+        if more:
+            project_id = known["project"]
+        else:
+            project_id = client.create_project(
+                title or f"calibrate {name}", label_studio_config(sampled.prompts)
+            )
         if not image_url:
-            client.connect_local_files(project_id, str(folder / IMAGES_DIR), f"{name} frames")
+            client.connect_local_files(project_id, str(folder / IMAGES_DIR), folder.name)
         taken = client.import_tasks(project_id, tasks)
     except LabelStudioError as error:
         raise UserError(str(error)) from None
-    _keep(paths, sampled)
+    _keep(paths, sampled, answers=more)
     (paths.calibration_dir / LABEL_STUDIO_FILE).write_text(
         json.dumps({"url": client.url, "project": project_id}, indent=1) + "\n"
     )
-    click.echo(
-        f"{taken} of the {sampled.population} frames of project {name} in Label Studio: "
-        f"{client.url}/projects/{project_id}"
-    )
+    if more:
+        into = f"in Label Studio ({client.url}/projects/{project_id})"
+        click.echo(_added(name, sampled, taken, into, aim, precision))
+    else:
+        click.echo(
+            f"{taken} of the {sampled.population} frames of project {name} in Label Studio: "
+            f"{client.url}/projects/{project_id}"
+        )
     click.echo(f"when answered: dataminer calibrate pull {name}")
+
+
+def _pushed(paths, name: str) -> dict:
+    """The Label Studio project that `calibrate push` made for project NAME: url and id."""
+    import json
+
+    pushed = paths.calibration_dir / LABEL_STUDIO_FILE
+    if not pushed.is_file():
+        raise UserError(
+            f"no Label Studio project known for {name}'s calibration: `dataminer calibrate push "
+            f"{name}` first"
+        )
+    return json.loads(pushed.read_text())
 
 
 _report_options = option_group(
@@ -312,13 +443,7 @@ def pull(
     from dataminer_dagster.assets.dataset.label_studio import LabelStudioError
 
     catalog, project, paths = _project(name)
-    pushed = paths.calibration_dir / LABEL_STUDIO_FILE
-    if not pushed.is_file():
-        raise UserError(
-            f"no Label Studio project known for {name}'s calibration: `dataminer calibrate push "
-            f"{name}` first"
-        )
-    known = json.loads(pushed.read_text())
+    known = _pushed(paths, name)
     try:
         answers = label_studio(url or known["url"], token).export_answers(known["project"])
     except LabelStudioError as error:
@@ -396,7 +521,7 @@ def _report(catalog, project, paths, sample, answers, precision, apply, wait, ti
             "no threshold keeps a frame answered yes"
             if precision is None
             else f"no threshold reaches {choice.goal} on these answers: ask for less, or review "
-            "more frames (a new `dataminer calibrate export` with more --frames)"
+            f"more frames (`dataminer calibrate export {project.name} DEST --more`)"
         )
     current = project.config.filter.positive_threshold
     click.echo(
@@ -406,7 +531,11 @@ def _report(catalog, project, paths, sample, answers, precision, apply, wait, ti
     if not apply:
         asked = f" --precision {precision:g}" if precision is not None else ""
         click.echo(
-            f"  `dataminer calibrate show {project.name}{asked} --apply` writes it to the config"
+            f"  `dataminer calibrate show {project.name}{asked} --apply` writes it to the config;"
+        )
+        click.echo(
+            f"  `dataminer calibrate export {project.name} DEST --more{asked}` adds frames to "
+            "review where they narrow its estimate most"
         )
         return
     _apply(catalog, project, chosen, wait, timeout)

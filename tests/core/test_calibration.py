@@ -19,9 +19,12 @@ from dataminer_dagster.assets.filter.calibration import (
     Answers,
     Stratum,
     allocate,
+    allocate_more,
+    assign_strata,
     bins_per_prompt,
     candidate_thresholds,
     choose_threshold,
+    draw_more,
     draw_sample,
     estimate,
     kept_apart_from_threshold,
@@ -291,6 +294,90 @@ def test_precision_comes_out_the_same_a_block_of_thresholds_at_a_time(monkeypatc
     assert choose_threshold(answers, 0.9) == chosen
 
 
+def _three_strata(answered: int) -> Answers:
+    """Three strata of 40 frames: scores 0.01-0.09 (below 0.5), 0.6-0.7 and 0.8-0.9; `answered`
+    frames answered in each, half of them yes in the middle one, all yes in the others."""
+    scores = np.concatenate(
+        [np.linspace(a, b, 40) for a, b in [(0.01, 0.09), (0.6, 0.7), (0.8, 0.9)]]
+    )
+    strata = tuple(
+        Stratum(0, float(scores[k * 40]), float(scores[k * 40 + 39]), 40) for k in range(3)
+    )
+    rows = np.concatenate([np.arange(answered) + k * 40 for k in range(3)])
+    yes = np.ones(len(rows), bool)
+    yes[answered : answered + answered // 2] = False
+    return Answers(
+        strata,
+        rows // 40,
+        scores[rows].astype(np.float32),
+        np.ones(len(rows), bool),
+        yes,
+        scores.astype(np.float32),
+        np.repeat([0, 1, 2], 40),
+    )
+
+
+def test_more_frames_go_where_the_precision_at_the_threshold_is_least_certain():
+    answers = _three_strata(4)
+    drawn = [4, 4, 4]
+    below, mixed, all_yes = allocate_more(answers, drawn, 12, threshold=0.5)
+    # None to the stratum the threshold keeps nothing of, most to the one whose answers disagree.
+    assert below == 0 and mixed > all_yes > 0 and mixed + all_yes == 12
+    # Without a threshold to aim at: as equal as the strata allow.
+    assert allocate_more(answers, drawn, 12, threshold=None) == [4, 4, 4]
+    # Never more than a stratum has left.
+    assert allocate_more(answers, [4, 38, 4], 12, threshold=0.5)[1] == 2
+    assert sum(allocate_more(answers, drawn, 500, threshold=0.5)) == 120 - 12
+
+
+def test_more_frames_are_new_frames_of_their_strata_and_the_strata_are_found_again():
+    world = make_world(13, frames=600)
+    sample = draw_sample(world.scores, world.prompts, 48, 0)
+    assert assign_strata(world.scores, world.prompts, sample.strata).tolist() == (
+        sample.population_strata.tolist()
+    )
+    with pytest.raises(ValueError, match="not those the strata were drawn from"):
+        assign_strata(world.scores[1:], world.prompts[1:], sample.strata)
+    answers = world.answer(48, seed=0)
+    drawn = np.bincount(sample.stratum_of, minlength=len(sample.strata))
+    counts = allocate_more(answers, drawn, 48, threshold=0.3)
+    added, strata = draw_more(sample.population_strata, sample.frames, counts, seed=[0, 48])
+    assert len(set(added.tolist())) == len(added) == sum(counts) == 48
+    assert not set(added.tolist()) & set(sample.frames.tolist())
+    assert sample.population_strata[added].tolist() == strata.tolist()
+    assert np.bincount(strata, minlength=len(counts)).tolist() == counts
+    again, _ = draw_more(sample.population_strata, sample.frames, counts, seed=[0, 48])
+    assert again.tolist() == added.tolist()
+
+
+def test_more_frames_aimed_at_the_threshold_place_it_closer_than_as_many_spread_evenly():
+    aimed, even = [], []
+    for seed in range(30):
+        world = make_world(200 + seed)
+        truly = world.lowest_threshold_reaching(0.9)
+        sample = draw_sample(world.scores, world.prompts, 48, seed)
+        answers = world.answer(48, seed)
+        drawn = np.bincount(sample.stratum_of, minlength=len(sample.strata))
+        for found, aim in (
+            (aimed, choose_threshold(answers, precision=0.9).estimate.threshold),
+            (even, None),
+        ):
+            counts = allocate_more(answers, drawn, 48, aim)
+            added, _ = draw_more(sample.population_strata, sample.frames, counts, seed)
+            f = np.concatenate([sample.frames, added])
+            more = Answers(
+                sample.strata,
+                sample.population_strata[f],
+                world.scores[f],
+                world.allows[f],
+                world.yes[f],
+                world.scores[world.allows],
+                sample.population_strata[world.allows],
+            )
+            found.append(abs(choose_threshold(more, precision=0.9).estimate.threshold - truly))
+    assert np.median(aimed) < 0.75 * np.median(even), (np.median(aimed), np.median(even))
+
+
 def test_a_candidate_threshold_keeps_the_higher_score_and_drops_the_lower():
     scores = np.array([0.30000001, 0.30000004, 0.5], np.float32)
     answers = _answers(scores.tolist(), [False, True, True])
@@ -379,7 +466,7 @@ def test_answers_come_back_from_label_studio_and_cvat(tmp_path):
     sample = _sampled()
     config = label_studio_config(sample.prompts)
     assert '<Choices name="match"' in config and "&quot;quoted&quot; &lt;thing&gt;" in config
-    tasks = label_studio_tasks(sample, lambda name: "http://h/" + name)
+    tasks = label_studio_tasks(sample.ids, lambda name: "http://h/" + name)
     assert [t["data"]["frame"] for t in tasks] == list(sample.ids)
 
     export = [

@@ -4,7 +4,10 @@ The sample: the project's frames are split into strata by their best positive pr
 a prompt, by equal-width bins of the logit of that score between its lowest and highest value,
 so every part of every prompt's score range is looked at, not only the crowd of low scores.
 Each stratum gives the same number of frames (a smaller one all of its frames, the rest going
-to the others), drawn at random and shown in random order.
+to the others), drawn at random and shown in random order. Frames added to an answered sample go
+where one more answer is expected to narrow the precision estimate at the threshold recommended
+so far the most (`allocate_more`), drawn at random within their strata as the first ones were, so
+the estimates below hold for the whole sample.
 
 The estimates are for the whole project, not for the sample. At a threshold t a frame is kept
 when its best positive score is above t and the rest of the filter rule (negative and junk
@@ -111,15 +114,89 @@ def draw_sample(scores: np.ndarray, best_prompt: np.ndarray, frames: int, seed: 
         raise ValueError("there are no frames to sample")
     prompts = len(np.unique(best_prompt))
     strata, stratum_of = stratify(scores, best_prompt, bins_per_prompt(frames, prompts))
-    rng = np.random.default_rng(seed)
+    counts = allocate([s.size for s in strata], frames)
+    chosen, chosen_stratum = _draw(stratum_of, counts, np.random.default_rng(seed))
+    return Sample(strata, chosen, chosen_stratum, stratum_of)
+
+
+def _draw(
+    stratum_of: np.ndarray, counts: Sequence[int], rng: np.random.Generator, drawn=()
+) -> tuple[np.ndarray, np.ndarray]:
+    """`counts[h]` frames of each stratum h at random, none of `drawn`, in random order (shown
+    mixed: the order says nothing about the score): their positions and strata."""
+    free = np.ones(len(stratum_of), bool)
+    free[np.asarray(drawn, np.int64)] = False
     picked, picked_stratum = [], []
-    for h, count in enumerate(allocate([s.size for s in strata], frames)):
-        members = np.flatnonzero(stratum_of == h)
+    for h, count in enumerate(counts):
+        members = np.flatnonzero((stratum_of == h) & free)
         picked.append(rng.choice(members, size=count, replace=False))
         picked_stratum.append(np.full(count, h, np.int64))
     chosen, chosen_stratum = np.concatenate(picked), np.concatenate(picked_stratum)
-    order = rng.permutation(len(chosen))  # shown mixed: the order says nothing about the score
-    return Sample(strata, chosen[order].astype(np.int64), chosen_stratum[order], stratum_of)
+    order = rng.permutation(len(chosen))
+    return chosen[order].astype(np.int64), chosen_stratum[order]
+
+
+def assign_strata(
+    scores: np.ndarray, best_prompt: np.ndarray, strata: Sequence[Stratum]
+) -> np.ndarray:
+    """Each frame's stratum among `strata`, drawn from these same frames: the stratum of its
+    best prompt whose score range holds its score. ValueError where they are other frames (one
+    in no stratum, or a stratum of another size)."""
+    scores = np.asarray(scores, np.float64)
+    best_prompt = np.asarray(best_prompt, np.int64)
+    stratum_of = np.full(len(scores), -1, np.int64)
+    for h, stratum in enumerate(strata):
+        inside = (
+            (best_prompt == stratum.prompt) & (scores >= stratum.low) & (scores <= stratum.high)
+        )
+        stratum_of[inside] = h
+    sizes = np.bincount(stratum_of[stratum_of >= 0], minlength=len(strata))
+    if (stratum_of < 0).any() or any(n != s.size for n, s in zip(sizes, strata, strict=True)):
+        raise ValueError("the frames are not those the strata were drawn from")
+    return stratum_of
+
+
+def allocate_more(
+    answers: Answers, drawn: Sequence[int], frames: int, threshold: float | None
+) -> list[int]:
+    """Frames to add to each stratum of a sample (`drawn`: frames drawn from each so far, some
+    answered in `answers`), `frames` in all or every frame left: one at a time to the stratum
+    where one more answer is expected to narrow the precision estimate at `threshold` the most.
+    A stratum's term of that estimate's variance is K_h^2 s_h (1 - s_h) / m_h (K_h its frames
+    kept at the threshold, s_h their share of yes, m_h its answers among them; module docstring),
+    and a frame drawn from the stratum is one of its kept frames not yet answered with probability
+    (K_h - m_h) / (frames not drawn). Where no frame is expected to narrow it (no threshold, or
+    every kept frame answered), as equal as `allocate` makes the strata."""
+    sizes = np.array([s.size for s in answers.strata], np.int64)
+    free = sizes - np.asarray(drawn, np.int64)
+    weight = np.zeros(len(sizes))
+    hit = np.zeros(len(sizes))
+    known = np.zeros(len(sizes))
+    if threshold is not None:
+        block = _stratum_precision(_strata_frames(answers), np.array([threshold]))
+        kept, known = block.kept[:, 0], block.answered_kept[:, 0].astype(np.float64)
+        share = np.nan_to_num(block.share[:, 0], nan=0.5)
+        # As in _precision: half a yes and half a no added, so a stratum all yes is not certain.
+        weight = kept**2 * (share * known + 0.5) * ((1 - share) * known + 0.5) / (known + 1) ** 2
+        hit = np.clip((kept - known) / np.maximum(free, 1), 0.0, 1.0)
+    add = np.zeros(len(sizes), np.int64)
+    for _ in range(min(frames, int(free.sum()))):
+        expected = known + add * hit + 0.5
+        gain = np.where(add < free, weight * (1 / expected - 1 / (expected + hit)), -1.0)
+        if gain.max() > 0:
+            add[int(np.argmax(gain))] += 1
+        else:
+            fewest = np.where(add < free, sizes - free + add, np.iinfo(np.int64).max)
+            add[int(np.argmin(fewest))] += 1
+    return add.tolist()
+
+
+def draw_more(
+    stratum_of: np.ndarray, drawn: np.ndarray, counts: Sequence[int], seed: int | Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """`counts[h]` more frames of each stratum h of the population (`stratum_of`: every frame's
+    stratum), none of the frames `drawn` before, in random order: their positions and strata."""
+    return _draw(stratum_of, counts, np.random.default_rng(seed), drawn)
 
 
 def kept_apart_from_threshold(

@@ -22,7 +22,7 @@ import json
 import math
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape
@@ -154,17 +154,35 @@ def sampled_frames(
         len(population),
         seed,
         sample.strata,
-        tuple(
-            frame_id(v, i, f)
-            for v, i, f in zip(
-                chosen["video_id"], chosen["frame_index"], chosen["file"], strict=True
-            )
-        ),
+        frame_ids(chosen),
         chosen["pos_max"].to_numpy(np.float32),
         sample.stratum_of,
         chosen["rule_allows"].to_numpy(bool),
         allowed_scores[by_score],
         sample.population_strata[allowed][by_score],
+    )
+
+
+def with_more_frames(
+    sampled: SampledFrames, population: pd.DataFrame, frames: np.ndarray, strata: np.ndarray
+) -> SampledFrames:
+    """`sampled` with the frames at positions `frames` of `population` (the one it was drawn
+    from), of strata `strata`, added after its own."""
+    chosen = population.iloc[frames]
+    return replace(
+        sampled,
+        ids=sampled.ids + frame_ids(chosen),
+        score=np.concatenate([sampled.score, chosen["pos_max"].to_numpy(np.float32)]),
+        stratum_of=np.concatenate([sampled.stratum_of, np.asarray(strata, np.int64)]),
+        rule_allows=np.concatenate([sampled.rule_allows, chosen["rule_allows"].to_numpy(bool)]),
+    )
+
+
+def frame_ids(frames: pd.DataFrame) -> tuple[str, ...]:
+    """The stable ids of scored frames (rows of the filter's `scored_frames`)."""
+    return tuple(
+        frame_id(v, i, f)
+        for v, i, f in zip(frames["video_id"], frames["frame_index"], frames["file"], strict=True)
     )
 
 
@@ -207,12 +225,10 @@ def label_studio_config(prompts: Sequence[str]) -> str:
     )
 
 
-def label_studio_tasks(
-    sample: SampledFrames, image_url: Callable[[str], str]
-) -> list[dict[str, Any]]:
-    """One task per sampled frame, in the sample's (random) order. The score is not shown to
-    the reviewer: it is in the sample's file, not in the task."""
-    return [{"data": {IMAGE_FIELD: image_url(i), FRAME_FIELD: i}} for i in sample.ids]
+def label_studio_tasks(ids: Sequence[str], image_url: Callable[[str], str]) -> list[dict[str, Any]]:
+    """One task per sampled frame (`ids`, in the sample's random order). The score is not shown
+    to the reviewer: it is in the sample's file, not in the task."""
+    return [{"data": {IMAGE_FIELD: image_url(i), FRAME_FIELD: i}} for i in ids]
 
 
 # -- back ---------------------------------------------------------------------------------------
