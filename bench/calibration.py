@@ -12,7 +12,10 @@ project's frames truly reach that precision. Reported per row: the share of draw
 it, the median distance, the share within 0.05 of a baseline that estimates precision from the
 answered frames alone (each weighing as the frames of its stratum, thresholds only between
 answered scores), how often the precision interval printed for the recommended threshold holds
-the precision it truly gives, and that true precision.
+the precision it truly gives, and that true precision. Then the same draws with `--more`
+frames added as `dataminer calibrate export --more --precision P` adds them (allocate_more,
+draw_more: where they narrow the precision estimate at the threshold recommended so far), set
+against a sample of as many frames drawn at once.
 
     python bench/calibration.py                          # embedded PostgreSQL
     python bench/calibration.py --database-url postgresql://postgres@127.0.0.1:5432/postgres
@@ -38,6 +41,7 @@ def main() -> None:
     parser.add_argument("--colour", default="red")
     parser.add_argument("--frames", type=int, nargs="+", default=[48, 96])
     parser.add_argument("--precision", type=float, nargs="+", default=[0.9, 0.95])
+    parser.add_argument("--more", type=int, default=48, help="frames added to each sample")
     parser.add_argument("--draws", type=int, default=20)
     parser.add_argument("--database-url", default=None)
     args = parser.parse_args()
@@ -53,11 +57,12 @@ def main() -> None:
     print(
         f"{'frames':>6} {'precision':>9} {'truly':>6}  {'within ' + str(WITHIN):>11} "
         f"{'median |d|':>10}  {'answers only':>12}  {'in interval':>11}  "
+        f"{'+' + str(args.more) + ' more':>9} {'in interval':>11}  "
         "true precision of the recommended: median (min-max)"
     )
     for size in args.frames:
         for precision in args.precision:
-            row(frames, size, precision, args.draws)
+            row(frames, size, precision, args.draws, args.more)
 
 
 def filtered_world(root: Path, seed: int, colour: str):
@@ -135,37 +140,60 @@ def truly_reaching(frames, precision: float) -> float:
     raise SystemExit(f"no threshold reaches precision {precision} on this world")
 
 
-def row(frames, size: int, precision: float, draws: int) -> None:
-    from dataminer_dagster.assets.filter.calibration import Answers, choose_threshold, draw_sample
+def row(frames, size: int, precision: float, draws: int, more: int) -> None:
+    from dataminer_dagster.assets.filter.calibration import (
+        Answers,
+        allocate_more,
+        choose_threshold,
+        draw_more,
+        draw_sample,
+    )
 
     scores = frames["pos_max"].to_numpy(np.float32)
     allowed = frames["rule_allows"].to_numpy()
     yes = frames["yes"].to_numpy()
     truly = truly_reaching(frames, precision)
-    distance, baseline, reached, held = [], [], [], []
-    for seed in range(draws):
-        sample = draw_sample(scores, frames["best_positive"].to_numpy(), size, seed)
-        f = sample.frames
-        answers = Answers(
+
+    def answered(sample, drawn):
+        return Answers(
             sample.strata,
-            sample.stratum_of,
-            scores[f],
-            allowed[f],
-            yes[f],
+            sample.population_strata[drawn],
+            scores[drawn],
+            allowed[drawn],
+            yes[drawn],
             scores[allowed],
             sample.population_strata[allowed],
         )
-        baseline.append(abs(answers_only(answers, precision) - truly))
+
+    def judged(answers, distance, reached, held):
         chosen = choose_threshold(answers, precision).estimate
         if chosen is None:
             distance.append(np.inf)
-            continue
+            return None
         distance.append(abs(chosen.threshold - truly))
         kept = allowed & (scores > np.float32(chosen.threshold))
         reached.append(yes[kept].mean() if kept.any() else np.nan)
         low, high = chosen.precision_interval
         held.append(low <= reached[-1] <= high)
-    distance = np.array(distance)
+        return chosen.threshold
+
+    distance, baseline, reached, held = [], [], [], []
+    distance_more, reached_more, held_more = [], [], []
+    for seed in range(draws):
+        sample = draw_sample(scores, frames["best_positive"].to_numpy(), size, seed)
+        answers = answered(sample, sample.frames)
+        baseline.append(abs(answers_only(answers, precision) - truly))
+        chosen = judged(answers, distance, reached, held)
+        drawn = np.bincount(sample.stratum_of, minlength=len(sample.strata))
+        counts = allocate_more(answers, drawn, more, chosen)
+        added, _ = draw_more(sample.population_strata, sample.frames, counts, seed)
+        judged(
+            answered(sample, np.concatenate([sample.frames, added])),
+            distance_more,
+            reached_more,
+            held_more,
+        )
+    distance, distance_more = np.array(distance), np.array(distance_more)
     shown = (
         f"{np.nanmedian(reached):.3f} ({np.nanmin(reached):.3f}-{np.nanmax(reached):.3f})"
         if reached
@@ -174,7 +202,8 @@ def row(frames, size: int, precision: float, draws: int) -> None:
     print(
         f"{size:>6} {precision:>9.2f} {truly:>6.3f}  {np.mean(distance <= WITHIN):>11.0%} "
         f"{np.median(distance):>10.3f}  {np.mean(np.array(baseline) <= WITHIN):>12.0%}  "
-        f"{np.mean(held) if held else np.nan:>11.0%}  {shown}"
+        f"{np.mean(held) if held else np.nan:>11.0%}  {np.mean(distance_more <= WITHIN):>9.0%} "
+        f"{np.mean(held_more) if held_more else np.nan:>11.0%}  {shown}"
     )
 
 
