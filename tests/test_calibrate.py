@@ -237,6 +237,12 @@ def test_calibration_recommends_the_threshold_that_reaches_the_precision_and_app
     refused = _refused("calibrate", "show", "calib")
     assert "calibration sample" in refused and "draw a new one" in refused
     assert "dataminer calibrate export calib DEST" in refused
+    # Frames scored otherwise than when the sample was drawn: no frames are added to it.
+    sample = json.loads(drawn)
+    sample["frames"][0][1] = sample["frames"][0][1] / 2
+    sample_file.write_text(json.dumps(sample))
+    refused = _refused("calibrate", "export", "calib", str(tmp_path / "x"), "--more")
+    assert "frames or their scores are not those its calibration sample was drawn from" in refused
     sample_file.write_text(drawn)
 
     # New prompts not filtered yet: neither a new sample nor the old one's answers fit them.

@@ -148,6 +148,7 @@ def test_a_calibration_sample_is_answered_in_label_studio(
         said = dataminer("calibrate", "pull", "changing")
         assert "imported 6 answers (label-studio): 3 yes, 3 no" in said
         assert "recommended positive_threshold" in said
+        assert "`dataminer calibrate push changing --more` adds frames" in said
 
         # Frames added to the sample go into the same Label Studio project, served beside the
         # first ones; pull brings every answer back.

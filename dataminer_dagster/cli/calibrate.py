@@ -4,7 +4,8 @@ export   draw a sample of the project's frames across each prompt's score range 
          for review: the frames, Label Studio tasks and their labelling interface; with --more,
          add frames to the sample where they narrow the estimate, its answers kept
 import   bring the answers back (Label Studio's JSON export, CVAT's XML export) and report
-push     draw a sample and send it into a running Label Studio, as a new project
+push     draw a sample and send it into a running Label Studio, as a new project; with --more,
+         add frames to the sample and to that project
 pull     that project's answers back, as `import` does with an export file
 show     report again, for another precision; `--apply` writes the threshold to the config
 
@@ -16,7 +17,9 @@ the commands, and `show` reports from them without another review.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -33,7 +36,7 @@ from dataminer_dagster.cli.review import (
 )
 
 IMAGES_DIR = "images"
-REVIEW_DIR = "review"  # in the calibration folder: what `push` sent to Label Studio
+REVIEW_DIR = "review"  # in the calibration folder: what `push` sent to Label Studio (-N: more)
 DEFAULT_FRAMES = 48
 TABLE_ROWS = 10
 
@@ -101,9 +104,20 @@ _more_options = (
 )
 
 
-def _draw(name: str, frames: int, seed: int):
-    """A new sample of project NAME's frames: the project, its paths, the sample as it is
-    kept, and the sampled frames' files."""
+@dataclass(frozen=True)
+class _Drawn:
+    """What goes out for review: a new sample, or frames added to the project's sample."""
+
+    paths: Any  # the project's (paths.ProjectPaths)
+    sampled: Any  # the sample as it is kept (calibration_review.SampledFrames)
+    ids: tuple[str, ...]  # the frames that go out for review now
+    files: list[str]  # and their files
+    more: bool  # frames added to the project's sample, not a new sample
+    aim: Any  # with `more`: where they narrow the estimate (calibration.Aim, or None)
+
+
+def _draw_new(name: str, frames: int, seed: int) -> _Drawn:
+    """A new sample of project NAME's frames."""
     from dataminer_dagster.assets.filter.calibration import draw_sample
     from dataminer_dagster.assets.filter.calibration_review import sampled_frames
 
@@ -113,20 +127,19 @@ def _draw(name: str, frames: int, seed: int):
         population["pos_max"].to_numpy(), population["best_positive"].to_numpy(), frames, seed
     )
     sampled = sampled_frames(population, sample, project.config.filter, seed)
-    return project, paths, sampled, list(population["file"].iloc[sample.frames])
+    files = list(population["file"].iloc[sample.frames])
+    return _Drawn(paths, sampled, sampled.ids, files, False, None)
 
 
-def _draw_more(name: str, frames: int, seed: int, precision: float | None):
+def _draw_more(name: str, frames: int, seed: int, precision: float | None) -> _Drawn:
     """Project NAME's sample with `frames` more frames, where they narrow the precision estimate
-    at the threshold its answers recommend (for `precision`, else the best F1): the project, its
-    paths, the sample as it is kept, the added frames' ids and files, and the threshold aimed at
-    (None: none recommended yet, the frames spread over the strata)."""
+    at the threshold its answers recommend (for `precision`, else the best F1)."""
     import numpy as np
 
     from dataminer_dagster.assets.filter.calibration import (
+        aim_more,
         allocate_more,
         assign_strata,
-        choose_threshold,
         draw_more,
     )
     from dataminer_dagster.assets.filter.calibration_review import (
@@ -142,26 +155,31 @@ def _draw_more(name: str, frames: int, seed: int, precision: float | None):
     try:
         if len(population) != sampled.population or not all(i in position for i in sampled.ids):
             raise ValueError("other frames")
-        stratum_of = assign_strata(
-            population["pos_max"].to_numpy(), population["best_positive"].to_numpy(), sampled.strata
-        )
+        before = np.array([position[i] for i in sampled.ids], np.int64)
+        scores = population["pos_max"].to_numpy(np.float32)
+        allows = population["rule_allows"].to_numpy(bool)
+        same = np.array_equal(scores[before], sampled.score)
+        same &= np.array_equal(allows[before], sampled.rule_allows)
+        same &= np.array_equal(np.sort(scores[allows]), sampled.allowed_scores)
+        if not same:
+            raise ValueError("other scores")
+        stratum_of = assign_strata(scores, population["best_positive"].to_numpy(), sampled.strata)
     except ValueError:
         raise UserError(
-            f"project {name} has other frames than when its calibration sample was drawn: draw "
-            f"a new one (`dataminer calibrate export {name} DEST`, without --more)"
+            f"project {name}'s frames or their scores are not those its calibration sample was "
+            f"drawn from: draw a new one (`dataminer calibrate export {name} DEST`, without "
+            "--more)"
         ) from None
     answers = sampled.answers(load_answers(paths.calibration_dir))
-    found = choose_threshold(answers, precision).estimate if answers.yes.any() else None
-    aim = found.threshold if found else None
+    aim = aim_more(answers, precision)
     drawn = np.bincount(sampled.stratum_of, minlength=len(sampled.strata))
-    counts = allocate_more(answers, drawn, frames, aim)
+    counts = allocate_more(answers, drawn, frames, aim.threshold if aim else None)
     if not sum(counts):
         raise UserError(f"every frame of project {name} is in its calibration sample already")
-    before = np.array([position[i] for i in sampled.ids], np.int64)
     added, strata = draw_more(stratum_of, before, counts, [seed, len(sampled.ids)])
     extended = with_more_frames(sampled, population, added, strata)
     files = list(population["file"].iloc[added])
-    return project, paths, extended, extended.ids[len(sampled.ids) :], files, aim
+    return _Drawn(paths, extended, extended.ids[len(sampled.ids) :], files, True, aim)
 
 
 def _write_for_review(prompts, ids, files, dest: Path, image_url, document_root) -> list[dict]:
@@ -187,9 +205,10 @@ def _write_for_review(prompts, ids, files, dest: Path, image_url, document_root)
     return tasks
 
 
-def _keep(paths, sampled, *, answers: bool = False) -> None:
-    """The sample becomes the project's, in place of an earlier one and (unless `answers`: the
-    same sample with frames added) its answers."""
+def _keep(paths, sampled, *, keep_answers: bool) -> None:
+    """The sample becomes the project's: a new one in place of an earlier one, its answers and
+    the Label Studio project it was pushed to; or (`keep_answers`) the same one with frames
+    added."""
     from dataminer_dagster.assets.filter.calibration_review import (
         ANSWERS_FILE,
         SAMPLE_FILE,
@@ -197,27 +216,33 @@ def _keep(paths, sampled, *, answers: bool = False) -> None:
     )
 
     paths.calibration_dir.mkdir(parents=True, exist_ok=True)
-    if not answers:
+    if not keep_answers:
         (paths.calibration_dir / ANSWERS_FILE).unlink(missing_ok=True)
+        (paths.calibration_dir / LABEL_STUDIO_FILE).unlink(missing_ok=True)
     save_json(paths.calibration_dir / SAMPLE_FILE, sampled.to_json())
 
 
 def _check_more(more: bool, precision: float | None) -> None:
     if precision is not None and not more:
-        raise UserError("--precision aims the frames that --more adds: give both, or neither")
+        raise UserError("--precision aims the frames that --more adds: give it with --more")
 
 
-def _added(
-    name: str, sampled, count: int, into: str, aim: float | None, precision: float | None
-) -> str:
-    """What `--more` added to project NAME's sample (`sampled`, as it is now), and where."""
-    where = (
-        f"where they narrow the estimate at {_decimal(aim)} "
-        f"({'best F1' if precision is None else f'precision >= {precision:g}'} on the answers "
-        "so far)"
-        if aim is not None
-        else "spread over the strata (no threshold recommended yet)"
-    )
+def _drawn_line(name: str, drawn: _Drawn, count: int, into: str, precision: float | None) -> str:
+    """What was drawn for review and where it went (`into`)."""
+    sampled, aim = drawn.sampled, drawn.aim
+    head = f"{count} of the {sampled.population} frames of project {name} {into}"
+    if not drawn.more:
+        return f"{head}, from {len(sampled.strata)} strata of best prompt and score"
+    if aim is None:
+        where = "spread over the strata (no threshold recommended yet)"
+    elif aim.recommended:
+        goal = "best F1" if precision is None else f"precision >= {precision:g}"
+        where = f"where they narrow the estimate at {_decimal(aim.threshold)} ({goal} so far)"
+    else:
+        where = (
+            f"where they narrow the estimate at {_decimal(aim.threshold)} (no threshold reaches "
+            f"precision {precision:g} so far; there it comes nearest)"
+        )
     return (
         f"{count} more of the {sampled.population} frames of project {name} {into}, {where}; "
         f"the sample has {len(sampled.ids)} frames now, its answers kept"
@@ -248,20 +273,10 @@ def export(
     if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
         raise UserError(f"{dest} already exists and is not an empty folder; choose a new one")
     _check_more(more, precision)
-    if more:
-        project, paths, sampled, ids, files, aim = _draw_more(name, frames, seed, precision)
-    else:
-        project, paths, sampled, files = _draw(name, frames, seed)
-        ids = sampled.ids
-    _write_for_review(sampled.prompts, ids, files, dest, image_url, document_root)
-    _keep(paths, sampled, answers=more)
-    if more:
-        click.echo(_added(name, sampled, len(ids), f"in {dest}", aim, precision) + ":")
-    else:
-        click.echo(
-            f"{len(ids)} of the {sampled.population} frames of project {name} in {dest}, "
-            f"from {len(sampled.strata)} strata of best prompt and score:"
-        )
+    drawn = _draw_more(name, frames, seed, precision) if more else _draw_new(name, frames, seed)
+    _write_for_review(drawn.sampled.prompts, drawn.ids, drawn.files, dest, image_url, document_root)
+    _keep(drawn.paths, drawn.sampled, keep_answers=more)
+    click.echo(_drawn_line(name, drawn, len(drawn.ids), f"in {dest}", precision) + ":")
     click.echo(f"  {TASKS_FILE}: Label Studio tasks (import them into a project whose labelling")
     click.echo(f"    interface is {LABEL_CONFIG_FILE}: answer each frame yes or no)")
     click.echo(f"  {IMAGES_DIR}/: the frames; for CVAT, a task of them with the labels yes and no,")
@@ -273,7 +288,7 @@ def export(
 @click.argument("name")
 @option_group(*_sample_options, *_more_options)
 @server_options
-@image_options("the project's calibration/review/images/")
+@image_options("the project's calibration/review/images/ (review-N/images/ with --more)")
 @click.option("--title", help="The Label Studio project's title [default: calibrate NAME].")
 def push(
     name: str,
@@ -289,9 +304,10 @@ def push(
 ) -> None:
     """Draw a sample of project NAME's frames, as `export` does into the project's
     calibration/review/ folder, and send it to a running Label Studio as a new project for a
-    yes/no review; with --more, add frames to the sample and to that project. Without
-    --image-url, Label Studio serves the images itself (LOCAL_FILES_SERVING_ENABLED=true and
-    LOCAL_FILES_DOCUMENT_ROOT, given as --document-root)."""
+    yes/no review. With --more, the frames added go into review-N/ (N: the sample's frames with
+    them) and into the Label Studio project the sample was pushed to (a new one if it was
+    exported). Without --image-url, Label Studio serves the images itself
+    (LOCAL_FILES_SERVING_ENABLED=true and LOCAL_FILES_DOCUMENT_ROOT, given as --document-root)."""
     import json
     import shutil
 
@@ -299,58 +315,47 @@ def push(
     from dataminer_dagster.assets.filter.calibration_review import label_studio_config
 
     _check_more(more, precision)
-    if more:
-        project, paths, sampled, ids, files, aim = _draw_more(name, frames, seed, precision)
-        known = _pushed(paths, name)
-        client = label_studio(url or known["url"], token)
-        folder = paths.calibration_dir / f"{REVIEW_DIR}-{len(sampled.ids)}"
-    else:
-        project, paths, sampled, files = _draw(name, frames, seed)
-        ids = sampled.ids
-        client = label_studio(url, token)
-        for earlier in paths.calibration_dir.glob(f"{REVIEW_DIR}*"):
-            shutil.rmtree(earlier, ignore_errors=True)
-        folder = paths.calibration_dir / REVIEW_DIR
+    drawn = _draw_more(name, frames, seed, precision) if more else _draw_new(name, frames, seed)
+    calibration_dir = drawn.paths.calibration_dir
+    known = _pushed(drawn.paths) if more else None
+    client = label_studio(url or (known or {}).get("url"), token)
+    review = REVIEW_DIR + (f"-{len(drawn.sampled.ids)}" if more else "")
+    folder = calibration_dir / review
     shutil.rmtree(folder, ignore_errors=True)
-    tasks = _write_for_review(sampled.prompts, ids, files, folder, image_url, document_root)
+    tasks = _write_for_review(
+        drawn.sampled.prompts, drawn.ids, drawn.files, folder, image_url, document_root
+    )
     try:
-        if more:
+        if known:
             project_id = known["project"]
         else:
             project_id = client.create_project(
-                title or f"calibrate {name}", label_studio_config(sampled.prompts)
+                title or f"calibrate {name}", label_studio_config(drawn.sampled.prompts)
             )
         if not image_url:
-            client.connect_local_files(project_id, str(folder / IMAGES_DIR), folder.name)
+            client.connect_local_files(project_id, str(folder / IMAGES_DIR), f"{name} {review}")
         taken = client.import_tasks(project_id, tasks)
     except LabelStudioError as error:
         raise UserError(str(error)) from None
-    _keep(paths, sampled, answers=more)
-    (paths.calibration_dir / LABEL_STUDIO_FILE).write_text(
+    if not more:  # the folders of an earlier sample's frames
+        for earlier in calibration_dir.glob(f"{REVIEW_DIR}-*"):
+            shutil.rmtree(earlier, ignore_errors=True)
+    _keep(drawn.paths, drawn.sampled, keep_answers=more)
+    (calibration_dir / LABEL_STUDIO_FILE).write_text(
         json.dumps({"url": client.url, "project": project_id}, indent=1) + "\n"
     )
-    if more:
-        into = f"in Label Studio ({client.url}/projects/{project_id})"
-        click.echo(_added(name, sampled, taken, into, aim, precision))
-    else:
-        click.echo(
-            f"{taken} of the {sampled.population} frames of project {name} in Label Studio: "
-            f"{client.url}/projects/{project_id}"
-        )
+    into = f"in Label Studio ({client.url}/projects/{project_id})"
+    click.echo(_drawn_line(name, drawn, taken, into, precision))
     click.echo(f"when answered: dataminer calibrate pull {name}")
 
 
-def _pushed(paths, name: str) -> dict:
-    """The Label Studio project that `calibrate push` made for project NAME: url and id."""
+def _pushed(paths) -> dict | None:
+    """The Label Studio project (url and id) that `calibrate push` sent the project's current
+    sample to, if it did."""
     import json
 
     pushed = paths.calibration_dir / LABEL_STUDIO_FILE
-    if not pushed.is_file():
-        raise UserError(
-            f"no Label Studio project known for {name}'s calibration: `dataminer calibrate push "
-            f"{name}` first"
-        )
-    return json.loads(pushed.read_text())
+    return json.loads(pushed.read_text()) if pushed.is_file() else None
 
 
 _report_options = option_group(
@@ -443,7 +448,12 @@ def pull(
     from dataminer_dagster.assets.dataset.label_studio import LabelStudioError
 
     catalog, project, paths = _project(name)
-    known = _pushed(paths, name)
+    known = _pushed(paths)
+    if known is None:
+        raise UserError(
+            f"no Label Studio project known for {name}'s calibration sample: `dataminer "
+            f"calibrate push {name}` first"
+        )
     try:
         answers = label_studio(url or known["url"], token).export_answers(known["project"])
     except LabelStudioError as error:
@@ -521,7 +531,7 @@ def _report(catalog, project, paths, sample, answers, precision, apply, wait, ti
             "no threshold keeps a frame answered yes"
             if precision is None
             else f"no threshold reaches {choice.goal} on these answers: ask for less, or review "
-            f"more frames (`dataminer calibrate export {project.name} DEST --more`)"
+            f"more frames (`{_more_command(project.name, paths, precision)}`)"
         )
     current = project.config.filter.positive_threshold
     click.echo(
@@ -534,11 +544,18 @@ def _report(catalog, project, paths, sample, answers, precision, apply, wait, ti
             f"  `dataminer calibrate show {project.name}{asked} --apply` writes it to the config;"
         )
         click.echo(
-            f"  `dataminer calibrate export {project.name} DEST --more{asked}` adds frames to "
-            "review where they narrow its estimate most"
+            f"  `{_more_command(project.name, paths, precision)}` adds frames to review where "
+            "they narrow its estimate most"
         )
         return
     _apply(catalog, project, chosen, wait, timeout)
+
+
+def _more_command(name: str, paths, precision: float | None) -> str:
+    """The command that adds frames to project NAME's sample the way it went out for review."""
+    how = f"push {name}" if _pushed(paths) else f"export {name} DEST"
+    asked = f" --precision {precision:g}" if precision is not None else ""
+    return f"dataminer calibrate {how} --more{asked}"
 
 
 def _print_estimates(project, sample, answered, chosen: float | None, goal: str) -> None:

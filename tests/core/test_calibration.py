@@ -16,8 +16,10 @@ from hypothesis.extra import numpy as hnp
 
 from dataminer_dagster.assets.filter import calibration
 from dataminer_dagster.assets.filter.calibration import (
+    Aim,
     Answers,
     Stratum,
+    aim_more,
     allocate,
     allocate_more,
     assign_strata,
@@ -330,6 +332,31 @@ def test_more_frames_go_where_the_precision_at_the_threshold_is_least_certain():
     assert sum(allocate_more(answers, drawn, 500, threshold=0.5)) == 120 - 12
 
 
+def test_more_frames_are_aimed_at_the_recommendation_or_where_the_precision_comes_nearest():
+    answers = _answers([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], [False, True, True, True, True, False])
+    # Kept above 0.15: 4 of 5 yes, the most of any threshold.
+    assert aim_more(answers, 0.8) == Aim(0.15, recommended=True)
+    assert aim_more(answers, 0.9) == Aim(0.15, recommended=False)
+    assert aim_more(answers) == Aim(choose_threshold(answers).estimate.threshold, True)
+    assert aim_more(_answers([0.1, 0.2], [False, False])) is None  # no best F1 to aim at
+    assert aim_more(_unanswered()) is None
+
+
+def _unanswered() -> Answers:
+    """A sample nobody answered yet."""
+    answers = make_world(3, frames=100).answer(10, seed=0)
+    rows = np.zeros(0, np.int64)
+    return Answers(
+        answers.strata,
+        rows,
+        np.zeros(0, np.float32),
+        np.zeros(0, bool),
+        np.zeros(0, bool),
+        answers.allowed_scores,
+        answers.allowed_strata,
+    )
+
+
 def test_more_frames_are_new_frames_of_their_strata_and_the_strata_are_found_again():
     world = make_world(13, frames=600)
     sample = draw_sample(world.scores, world.prompts, 48, 0)
@@ -363,7 +390,7 @@ def test_more_frames_aimed_at_the_threshold_place_it_closer_than_as_many_spread_
             (even, None),
         ):
             counts = allocate_more(answers, drawn, 48, aim)
-            added, _ = draw_more(sample.population_strata, sample.frames, counts, seed)
+            added, _ = draw_more(sample.population_strata, sample.frames, counts, [seed, 48])
             f = np.concatenate([sample.frames, added])
             more = Answers(
                 sample.strata,
@@ -375,7 +402,9 @@ def test_more_frames_aimed_at_the_threshold_place_it_closer_than_as_many_spread_
                 sample.population_strata[world.allows],
             )
             found.append(abs(choose_threshold(more, precision=0.9).estimate.threshold - truly))
-    assert np.median(aimed) < 0.75 * np.median(even), (np.median(aimed), np.median(even))
+    # Over these 30 worlds 0.069 against 0.093, and within 0.05 in 11 against 6.
+    assert np.median(aimed) < 0.85 * np.median(even), (np.median(aimed), np.median(even))
+    assert np.sum(np.array(aimed) <= 0.05) > np.sum(np.array(even) <= 0.05)
 
 
 def test_a_candidate_threshold_keeps_the_higher_score_and_drops_the_lower():

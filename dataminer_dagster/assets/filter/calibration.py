@@ -560,6 +560,33 @@ def choose_threshold(answers: Answers, precision: float | None = None) -> Choice
     return Choice(found, f"precision >= {precision:g}")
 
 
+@dataclass(frozen=True)
+class Aim:
+    """The threshold that frames added to a sample are aimed at."""
+
+    threshold: float
+    recommended: bool  # False: no threshold reaches the precision asked; the nearest to it
+
+
+def aim_more(answers: Answers, precision: float | None = None) -> Aim | None:
+    """Where frames added to the sample should narrow the estimate: the threshold that
+    `choose_threshold` recommends, or where no threshold reaches `precision`, the one of the
+    highest estimated precision (the lowest of equals), where it comes nearest. None where the
+    answers recommend nothing to aim at (none yet, or no yes for the best F1)."""
+    if not len(answers.yes):
+        return None
+    found = choose_threshold(answers, precision).estimate
+    if found is not None:
+        return Aim(found.threshold, recommended=True)
+    if precision is None:
+        return None
+    thresholds = candidate_thresholds(answers)
+    precisions = _precisions(answers, thresholds)
+    if np.isnan(precisions).all():
+        return None
+    return Aim(float(thresholds[int(np.nanargmax(precisions))]), recommended=False)
+
+
 def report_thresholds(answers: Answers, count: int, also: Sequence[float] = ()) -> list[float]:
     """Thresholds for a table of `count` rows evenly over the logit of the answered scores, and
     the thresholds in `also` (the config's, the chosen one)."""
