@@ -186,7 +186,7 @@ def row(frames, size: int, precision: float, draws: int, more: int) -> None:
         chosen = judged(answers, distance, reached, held)
         drawn = np.bincount(sample.stratum_of, minlength=len(sample.strata))
         counts = allocate_more(answers, drawn, more, chosen)
-        added, _ = draw_more(sample.population_strata, sample.frames, counts, seed)
+        added, _ = draw_more(sample.population_strata, sample.frames, counts, [seed, size])
         judged(
             answered(sample, np.concatenate([sample.frames, added])),
             distance_more,
