@@ -578,7 +578,8 @@ def _print_estimates(project, sample, answered, chosen: float | None, goal: str)
     click.echo(
         f"  estimates for all {sample.population} frames of the project: the frames a threshold "
         f"keeps are counted in each of {len(sample.strata)} strata of best prompt and score, "
-        "their share of yes estimated from the stratum's answers; 95 % Wilson intervals"
+        "their share of yes estimated from the stratum's answers; 95 % Wilson intervals (for "
+        "precision widened by the kept frames of strata where none of them was answered)"
     )
     if answered.uncovered:
         click.echo(

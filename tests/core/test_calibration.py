@@ -266,9 +266,32 @@ def test_a_stratum_whose_answered_frames_are_all_below_the_threshold_keeps_their
     )
     found = estimate(answers, 0.4)  # keeps 0.5-0.9, none of them answered
     assert found.precision == pytest.approx(2 / 3)
-    # Its spread: 2 yes and 1 no, with half a yes and half a no added, over those 3 answers.
-    variance = (2.5 * 1.5 / 4**2) / 3
-    assert found.precision_interval == pytest.approx(wilson(2 / 3, (2 / 9) / variance))
+    # Nothing answered among the frames it keeps: they may be all yes or all no.
+    assert found.precision_interval == (0.0, 1.0)
+
+
+def test_frames_kept_without_an_answer_among_them_widen_the_interval_by_what_they_may_weigh():
+    """Stratum 0 keeps 5 frames above 0.4, two of them answered (a yes, a no); stratum 1 keeps
+    2, none answered (its answered frames below: 1 yes, 2 no). Precision (5/2 + 2/3) / 7; the
+    interval is Wilson's on both strata's spreads, then widened by stratum 1's 2 of 7 frames:
+    down by their share of yes, up by their share of no."""
+    answers = Answers(
+        (Stratum(0, 0.5, 0.9, 5), Stratum(1, 0.1, 0.6, 10)),
+        np.array([0, 0, 1, 1, 1]),
+        np.array([0.6, 0.8, 0.1, 0.2, 0.3], np.float32),
+        np.ones(5, bool),
+        np.array([True, False, True, False, False]),
+        np.array([0.5, 0.6, 0.7, 0.8, 0.9, 0.1, 0.2, 0.3, 0.5, 0.6], np.float32),
+        np.array([0] * 5 + [1] * 5),
+    )
+    found = estimate(answers, 0.4)
+    precision = (5 / 2 + 2 / 3) / 7
+    assert found.precision == pytest.approx(precision)
+    answered = (5 / 7) ** 2 * (1.5 * 1.5 / 3**2) * (1 - 2 / 5) / 2  # finite-population corrected
+    guessed = (2 / 7) ** 2 * (1.5 * 2.5 / 4**2) / 3  # from its 3 answers below the threshold
+    low, high = wilson(precision, precision * (1 - precision) / (answered + guessed))
+    assert found.precision_interval == pytest.approx((low - 2 / 7 / 3, high + 2 / 7 * 2 / 3))
+    assert found.precision_interval[0] > 0 and found.precision_interval[1] < 1
 
 
 def test_each_prompt_is_estimated_over_its_own_strata():

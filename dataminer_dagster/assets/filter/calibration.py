@@ -22,7 +22,10 @@ at the effective sample size p(1 - p) / variance: for precision the strata's bin
 (each share with half a yes and half a no added) weighted by their kept frames,
 finite-population corrected where the answers are among the frames kept; for recall the
 stratified variance of the ratio (Taylor linearisation), finite-population corrected; and the
-answers they come from where the estimate is 0 or 1.
+answers they come from where the estimate is 0 or 1. The frames a threshold keeps of a stratum
+none of whose kept frames was answered have their share from the stratum's lower-scored answers,
+a guess: the precision interval is widened by as much as they could move the estimate, all of
+them yes or all no.
 
 Pure NumPy: no Dagster, no SQL (the CLI reads the filter tables and stores sample and answers).
 """
@@ -458,7 +461,7 @@ def _precisions(answers: Answers, thresholds: np.ndarray) -> np.ndarray:
 
 
 def _precision(answers: Answers, threshold: float) -> tuple[float, tuple[float, float]]:
-    """The estimated precision at `threshold` and its Wilson interval (module docstring)."""
+    """The estimated precision at `threshold` and its interval (module docstring)."""
     strata = _strata_frames(answers)
     block = _stratum_precision(strata, np.array([threshold]))
     kept, answered_kept = block.kept[:, 0], block.answered_kept[:, 0]
@@ -468,6 +471,7 @@ def _precision(answers: Answers, threshold: float) -> tuple[float, tuple[float, 
         return math.nan, (0.0, 1.0)
     total = int(kept[covered].sum())
     census, variance, used = True, 0.0, 0
+    below, above = 0.0, 0.0  # how far the frames kept without an answer among them may move it
     for h in np.flatnonzero(covered & (kept > 0)):
         if answered_kept[h] >= kept[h]:
             used += answered_kept[h]
@@ -477,6 +481,8 @@ def _precision(answers: Answers, threshold: float) -> tuple[float, tuple[float, 
             n, correction = answered_kept[h], 1 - answered_kept[h] / kept[h]
         else:  # its share comes from answered frames it does not keep: no correction
             n, correction = strata[h].fallback_answers, 1.0
+            below += kept[h] / total * share[h]
+            above += kept[h] / total * (1 - share[h])
         used += n
         # The share's spread with half a yes and half a no added: answers that agree do not make
         # a stratum certain.
@@ -484,7 +490,8 @@ def _precision(answers: Answers, threshold: float) -> tuple[float, tuple[float, 
         variance += (kept[h] / total) ** 2 * spread * correction / n
     if census:  # every kept frame of every stratum answered: no sampling error
         return precision, (precision, precision)
-    return precision, wilson(precision, _effective_size(precision, variance, used))
+    low, high = wilson(precision, _effective_size(precision, variance, used))
+    return precision, (max(0.0, low - below), min(1.0, high + above))
 
 
 def estimate(answers: Answers, threshold: float) -> Estimate:
