@@ -562,9 +562,15 @@ def choose_threshold(answers: Answers, precision: float | None = None) -> Choice
         best = int(np.argmax(f1))  # the first of equals: the lowest threshold
         found = estimate(answers, float(thresholds[best])) if f1[best] > 0 else None
         return Choice(found, "best F1")
-    reaching = np.flatnonzero(precisions >= precision)  # NaN never reaches
-    found = estimate(answers, float(thresholds[reaching[0]])) if len(reaching) else None
+    lowest = _lowest_reaching(precisions, precision)
+    found = estimate(answers, float(thresholds[lowest])) if lowest is not None else None
     return Choice(found, f"precision >= {precision:g}")
+
+
+def _lowest_reaching(precisions: np.ndarray, precision: float) -> int | None:
+    """The position of the first (lowest) threshold whose precision reaches `precision`."""
+    reaching = np.flatnonzero(precisions >= precision)  # NaN never reaches
+    return int(reaching[0]) if len(reaching) else None
 
 
 @dataclass(frozen=True)
@@ -582,13 +588,14 @@ def aim_more(answers: Answers, precision: float | None = None) -> Aim | None:
     answers recommend nothing to aim at (none yet, or no yes for the best F1)."""
     if not len(answers.yes):
         return None
-    found = choose_threshold(answers, precision).estimate
-    if found is not None:
-        return Aim(found.threshold, recommended=True)
     if precision is None:
-        return None
+        found = choose_threshold(answers).estimate
+        return Aim(found.threshold, recommended=True) if found is not None else None
     thresholds = candidate_thresholds(answers)
     precisions = _precisions(answers, thresholds)
+    lowest = _lowest_reaching(precisions, precision)
+    if lowest is not None:
+        return Aim(float(thresholds[lowest]), recommended=True)
     if np.isnan(precisions).all():
         return None
     return Aim(float(thresholds[int(np.nanargmax(precisions))]), recommended=False)
