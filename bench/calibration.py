@@ -143,6 +143,7 @@ def truly_reaching(frames, precision: float) -> float:
 def row(frames, size: int, precision: float, draws: int, more: int) -> None:
     from dataminer_dagster.assets.filter.calibration import (
         Answers,
+        aim_more,
         allocate_more,
         choose_threshold,
         draw_more,
@@ -169,13 +170,12 @@ def row(frames, size: int, precision: float, draws: int, more: int) -> None:
         chosen = choose_threshold(answers, precision).estimate
         if chosen is None:
             distance.append(np.inf)
-            return None
+            return
         distance.append(abs(chosen.threshold - truly))
         kept = allowed & (scores > np.float32(chosen.threshold))
         reached.append(yes[kept].mean() if kept.any() else np.nan)
         low, high = chosen.precision_interval
         held.append(low <= reached[-1] <= high)
-        return chosen.threshold
 
     distance, baseline, reached, held = [], [], [], []
     distance_more, reached_more, held_more = [], [], []
@@ -183,9 +183,10 @@ def row(frames, size: int, precision: float, draws: int, more: int) -> None:
         sample = draw_sample(scores, frames["best_positive"].to_numpy(), size, seed)
         answers = answered(sample, sample.frames)
         baseline.append(abs(answers_only(answers, precision) - truly))
-        chosen = judged(answers, distance, reached, held)
+        judged(answers, distance, reached, held)
         drawn = np.bincount(sample.stratum_of, minlength=len(sample.strata))
-        counts = allocate_more(answers, drawn, more, chosen)
+        aim = aim_more(answers, precision)
+        counts = allocate_more(answers, drawn, more, aim.threshold if aim else None)
         added, _ = draw_more(sample.population_strata, sample.frames, counts, [seed, size])
         judged(
             answered(sample, np.concatenate([sample.frames, added])),
