@@ -1,10 +1,13 @@
 """Choosing the filter's positive threshold from a person's yes/no answers on a sample of frames.
 
 The sample: the project's frames are split into strata by their best positive prompt and, within
-a prompt, by equal-width bins of the logit of that score between its lowest and highest value,
-so every part of every prompt's score range is looked at, not only the crowd of low scores.
-Each stratum gives the same number of frames (a smaller one all of its frames, the rest going
-to the others), drawn at random and shown in random order. Frames added to an answered sample go
+a prompt, by equal-width bins of the square root of that score between its lowest and highest
+value, so every part of every prompt's score range is looked at, not only the crowd of low
+scores. The threshold is chosen on the score itself: bins of the score would leave the low
+scores, where a sigmoid's thresholds often lie, in one bin, and bins of its logit spend most of
+the sample on scores far below any threshold; the square root lies between the two. Each stratum
+gives the same number of frames (a smaller one all of its frames, the rest going to the others),
+drawn at random and shown in random order. Frames added to an answered sample go
 where one more answer is expected to narrow the precision estimate at the threshold recommended
 so far the most (`allocate_more`), drawn at random within their strata as the first ones were, so
 the estimates below hold for the whole sample.
@@ -42,7 +45,7 @@ from dataminer_dagster.assets.filter.filter_rule import Thresholds, apply_filter
 
 Z_95 = 1.959963984540054
 MAX_BINS_PER_PROMPT = 8
-MIN_PER_STRATUM = 4  # answers a stratum is planned for: enough to see its spread
+MIN_PER_STRATUM = 2  # answers a stratum is planned for: the fewest that show its spread
 THRESHOLD_BLOCK = 65536  # thresholds whose precision is worked out at once, per stratum
 LOGIT_CLIP = 1e-6  # scores are sigmoids: 0 and 1 in float32 are ends of the range, not infinities
 
@@ -78,14 +81,15 @@ def stratify(
     scores: np.ndarray, best_prompt: np.ndarray, bins: int
 ) -> tuple[tuple[Stratum, ...], np.ndarray]:
     """The non-empty strata of the population and each frame's stratum: per best prompt,
-    `bins` equal-width bins of logit(score) from the prompt's lowest score to its highest."""
+    `bins` equal-width bins of the square root of the score from the prompt's lowest score to its
+    highest."""
     scores = np.asarray(scores, np.float64)
     best_prompt = np.asarray(best_prompt, np.int64)
     stratum_of = np.full(len(scores), -1, np.int64)
     strata: list[Stratum] = []
     for prompt in np.unique(best_prompt):
         members = np.flatnonzero(best_prompt == prompt)
-        x = logit(scores[members])
+        x = np.sqrt(scores[members])
         lo, hi = float(x.min()), float(x.max())
         edges = np.linspace(lo, hi, bins + 1)
         position = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, bins - 1)
