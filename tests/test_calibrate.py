@@ -219,8 +219,8 @@ def test_calibration_recommends_the_threshold_that_reaches_the_precision_and_app
     assert "96 of the sample's 96 frames are answered" in said and "from 96 answers" in said
     recommended = float(re.search(r"recommended positive_threshold: ([0-9.e-]+)", said)[1])
     kept = frames[frames["pos_max"] > np.float32(recommended)]
-    # With them, within 0.05 of the threshold that truly reaches the precision (on this world 96 %
-    # of draws, bench/calibration.py), and about that precision.
+    # With them, within 0.05 of the threshold that truly reaches the precision (on this world in
+    # each of 20 draws, bench/calibration.py), and about that precision.
     assert abs(recommended - truly) <= 0.05 and kept["yes"].mean() >= PRECISION - 0.02, said
 
     said = dataminer("calibrate", "show", "calib", "--precision", str(PRECISION), "--apply")

@@ -89,7 +89,7 @@ def stratify(
     strata: list[Stratum] = []
     for prompt in np.unique(best_prompt):
         members = np.flatnonzero(best_prompt == prompt)
-        x = np.sqrt(scores[members])
+        x = np.sqrt(np.clip(scores[members], 0.0, 1.0))
         lo, hi = float(x.min()), float(x.max())
         edges = np.linspace(lo, hi, bins + 1)
         position = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, bins - 1)
