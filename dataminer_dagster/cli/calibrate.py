@@ -230,7 +230,8 @@ def _check_more(more: bool, precision: float | None) -> None:
 def _drawn_line(name: str, drawn: _Drawn, count: int, into: str, precision: float | None) -> str:
     """What was drawn for review and where it went (`into`)."""
     sampled, aim = drawn.sampled, drawn.aim
-    head = f"{count} of the {sampled.population} frames of project {name} {into}"
+    more = " more" if drawn.more else ""
+    head = f"{count}{more} of the {sampled.population} frames of project {name} {into}"
     if not drawn.more:
         return f"{head}, from {len(sampled.strata)} strata of best prompt and score"
     if aim is None:
@@ -243,10 +244,7 @@ def _drawn_line(name: str, drawn: _Drawn, count: int, into: str, precision: floa
             f"where they narrow the estimate at {_decimal(aim.threshold)} (no threshold reaches "
             f"precision {precision:g} so far; there it comes nearest)"
         )
-    return (
-        f"{count} more of the {sampled.population} frames of project {name} {into}, {where}; "
-        f"the sample has {len(sampled.ids)} frames now, its answers kept"
-    )
+    return f"{head}, {where}; the sample has {len(sampled.ids)} frames now, its answers kept"
 
 
 @calibrate.command("export")
@@ -539,9 +537,9 @@ def _report(catalog, project, paths, sample, answers, precision, apply, wait, ti
         f"{_decimal(current)})"
     )
     if not apply:
-        asked = f" --precision {precision:g}" if precision is not None else ""
         click.echo(
-            f"  `dataminer calibrate show {project.name}{asked} --apply` writes it to the config;"
+            f"  `dataminer calibrate show {project.name}{_asked(precision)} --apply` writes it to "
+            "the config;"
         )
         click.echo(
             f"  `{_more_command(project.name, paths, precision)}` adds frames to review where "
@@ -554,8 +552,12 @@ def _report(catalog, project, paths, sample, answers, precision, apply, wait, ti
 def _more_command(name: str, paths, precision: float | None) -> str:
     """The command that adds frames to project NAME's sample the way it went out for review."""
     how = f"push {name}" if _pushed(paths) else f"export {name} DEST"
-    asked = f" --precision {precision:g}" if precision is not None else ""
-    return f"dataminer calibrate {how} --more{asked}"
+    return f"dataminer calibrate {how} --more{_asked(precision)}"
+
+
+def _asked(precision: float | None) -> str:
+    """The precision asked for, as an option of the commands the report names."""
+    return f" --precision {precision:g}" if precision is not None else ""
 
 
 def _print_estimates(project, sample, answered, chosen: float | None, goal: str) -> None:

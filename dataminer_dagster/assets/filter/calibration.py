@@ -183,8 +183,7 @@ def allocate_more(
         block = _stratum_precision(_strata_frames(answers), np.array([threshold]))
         kept, known = block.kept[:, 0], block.answered_kept[:, 0].astype(np.float64)
         share = np.nan_to_num(block.share[:, 0], nan=0.5)
-        # As in _precision: half a yes and half a no added, so a stratum all yes is not certain.
-        weight = kept**2 * (share * known + 0.5) * ((1 - share) * known + 0.5) / (known + 1) ** 2
+        weight = kept**2 * _smoothed_spread(share, known)
         hit = np.clip((kept - known) / np.maximum(free, 1), 0.0, 1.0)
     add = np.zeros(len(sizes), np.int64)
     for _ in range(min(frames, int(free.sum()))):
@@ -464,6 +463,12 @@ def _precisions(answers: Answers, thresholds: np.ndarray) -> np.ndarray:
     return np.concatenate(found) if found else np.zeros(0)
 
 
+def _smoothed_spread(share, answers):
+    """The binomial spread of a stratum's share of yes among `answers` answers, with half a yes
+    and half a no added: answers that agree do not make a stratum certain."""
+    return (share * answers + 0.5) * (answers - share * answers + 0.5) / (answers + 1) ** 2
+
+
 def _precision(answers: Answers, threshold: float) -> tuple[float, tuple[float, float]]:
     """The estimated precision at `threshold` and its interval (module docstring)."""
     strata = _strata_frames(answers)
@@ -488,10 +493,7 @@ def _precision(answers: Answers, threshold: float) -> tuple[float, tuple[float, 
             below += kept[h] / total * share[h]
             above += kept[h] / total * (1 - share[h])
         used += n
-        # The share's spread with half a yes and half a no added: answers that agree do not make
-        # a stratum certain.
-        spread = (share[h] * n + 0.5) * (n - share[h] * n + 0.5) / (n + 1) ** 2
-        variance += (kept[h] / total) ** 2 * spread * correction / n
+        variance += (kept[h] / total) ** 2 * _smoothed_spread(share[h], n) * correction / n
     if census:  # every kept frame of every stratum answered: no sampling error
         return precision, (precision, precision)
     low, high = wilson(precision, _effective_size(precision, variance, used))
