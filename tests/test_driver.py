@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -76,10 +77,19 @@ def test_run_drives_only_its_project_and_stops_at_its_deadline(
         assert len(slow_statuses) == 3 and slow_statuses.count("pending") >= 1, slow_statuses
 
 
-def test_a_dead_item_is_said_in_one_line_without_a_stack(tmp_path, database_url, engine, capfd):
+def test_a_dead_item_is_said_in_one_line_without_a_stack(
+    tmp_path, database_url, engine, capfd, monkeypatch
+):
     """Dagster's console lines about the run's failure printed, under the reason the stage gave,
     the stack of the code that raised it, as if the product had crashed
-    (hosting/described_failures.py)."""
+    (hosting/described_failures.py). They reach the terminal whatever becomes of the run's
+    captured standard error, which Dagster mirrors back with `tail -F` and stops when the run
+    ends: here a `tail` that mirrors nothing, as a late one does with a run's last lines."""
+    late_mirror = tmp_path / "bin"
+    late_mirror.mkdir()
+    (late_mirror / "tail").write_text("#!/bin/sh\nexec sleep 600\n")
+    (late_mirror / "tail").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{late_mirror}{os.pathsep}{os.environ['PATH']}")
     (tmp_path / "www").mkdir()
     data_dir = tmp_path / "data"
     store = LeaseStore(engine)

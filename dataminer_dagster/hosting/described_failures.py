@@ -14,11 +14,22 @@ So the product's event log storage (instance_storage.py) keeps the error of such
 its description alone (`described`), and `dataminer run` prints it on one line
 (`one_line_console_logger`). A step that fails in any other way (an exception nobody described)
 keeps its stack: that one is a fault to debug.
+
+`dataminer run` prints those lines to the terminal itself (`console_on_the_terminal`): while a run
+executes, Dagster sends standard error into the run's compute-log file and copies the file back
+with `tail -F`, which it stops when the run ends (dagster/_core/execution/compute_logs.py), so a
+line logged in a run's last second, the step's failure among them, could miss the terminal.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TextIO
 
 import dagster as dg
 from dagster._core.events import JobFailureData
@@ -80,9 +91,42 @@ def _failure_on_one_line(record: logging.LogRecord) -> bool:
     return True
 
 
+_TERMINAL: ContextVar[TextIO | None] = ContextVar("terminal", default=None)
+
+
+@contextmanager
+def console_on_the_terminal() -> Iterator[None]:
+    """Inside, the console logger of the runs that this thread executes writes to standard error
+    as it is on entry, through a descriptor of its own, not through the run's compute-log capture
+    (module docstring). Where standard error has no descriptor (a test runner's stream), Dagster
+    captures nothing either, and the logger writes to it as usual."""
+    try:
+        descriptor = os.dup(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    sys.stderr.flush()
+    encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
+    with os.fdopen(descriptor, "w", buffering=1, encoding=encoding, errors="replace") as terminal:
+        token = _TERMINAL.set(terminal)
+        try:
+            yield
+        finally:
+            _TERMINAL.reset(token)
+
+
 def _console_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
     logger = dg.colored_console_logger.logger_fn(init_context)
     logger.addFilter(_failure_on_one_line)
+    terminal = _TERMINAL.get()
+    if terminal is None:
+        return logger
+    for handler in list(logger.handlers):  # each writes to whatever sys.stderr is at the time
+        direct = logging.StreamHandler(terminal)
+        direct.setLevel(handler.level)
+        direct.setFormatter(handler.formatter)
+        logger.removeHandler(handler)
+        logger.addHandler(direct)
     return logger
 
 

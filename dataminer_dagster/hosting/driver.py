@@ -2,7 +2,8 @@
 the Dagster UI. It takes exactly the sensors' decisions (discovery, work, transitions, reaper) and
 executes the requested runs in this process, through Dagster, so they are recorded like any other
 run. Models stay loaded between runs, so each is loaded once per command. Dagster's console lines
-say a failure the stages described on one line, without a stack (described_failures.py).
+say a failure the stages described on one line, without a stack, and go to the terminal directly,
+not through the run's captured standard error (described_failures.py).
 
 A database that goes away (a restart, a failover, a network cut, a full disk) is waited for, up
 to `leases.outage_wait_s` (db/outages.py): the command and its runs say so in one line a minute and
@@ -34,7 +35,10 @@ from dataminer_dagster.engine.planning import (
     record_requests,
 )
 from dataminer_dagster.engine.run_health import reap_dead_work
-from dataminer_dagster.hosting.described_failures import one_line_console_logger
+from dataminer_dagster.hosting.described_failures import (
+    console_on_the_terminal,
+    one_line_console_logger,
+)
 from dataminer_dagster.lanes import DEFAULT_LANES, Lane
 from dataminer_dagster.registry import DATASET
 from dataminer_dagster.tags import DEADLINE_TAG
@@ -102,7 +106,7 @@ def drive(
     command killed while its run held the `gpu` slot, with DAGSTER_HOME set and no daemon) are
     failed and their slots freed, or this command's GPU steps would wait for those slots for
     ever; stale leases are taken back."""
-    with waiting_for_the_database(limits.lease):
+    with waiting_for_the_database(limits.lease), console_on_the_terminal():
         if stages is None:  # the registry's stages as they are now
             from dataminer_dagster.engine.assembly import stage_assets
 
