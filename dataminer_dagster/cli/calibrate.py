@@ -306,11 +306,10 @@ def push(
     them) and into the Label Studio project the sample was pushed to (a new one if it was
     exported). Without --image-url, Label Studio serves the images itself
     (LOCAL_FILES_SERVING_ENABLED=true and LOCAL_FILES_DOCUMENT_ROOT, given as --document-root)."""
-    import json
     import shutil
 
     from dataminer_dagster.assets.dataset.label_studio import LabelStudioError
-    from dataminer_dagster.assets.filter.calibration_review import label_studio_config
+    from dataminer_dagster.assets.filter.calibration_review import label_studio_config, save_json
 
     _check_more(more, precision)
     drawn = _draw_more(name, frames, seed, precision) if more else _draw_new(name, frames, seed)
@@ -339,9 +338,7 @@ def push(
         for earlier in calibration_dir.glob(f"{REVIEW_DIR}-*"):
             shutil.rmtree(earlier, ignore_errors=True)
     _keep(drawn.paths, drawn.sampled, keep_answers=more)
-    (calibration_dir / LABEL_STUDIO_FILE).write_text(
-        json.dumps({"url": client.url, "project": project_id}, indent=1) + "\n"
-    )
+    save_json(calibration_dir / LABEL_STUDIO_FILE, {"url": client.url, "project": project_id})
     into = f"in Label Studio ({client.url}/projects/{project_id})"
     click.echo(_drawn_line(name, drawn, taken, into, precision))
     click.echo(f"when answered: dataminer calibrate pull {name}")
@@ -441,9 +438,8 @@ def pull(
 ) -> None:
     """Bring the answers of the Label Studio project that `calibrate push` made for project NAME
     back, as `import` does with an export file (kept in the project's calibration/ folder)."""
-    import json
-
     from dataminer_dagster.assets.dataset.label_studio import LabelStudioError
+    from dataminer_dagster.assets.filter.calibration_review import save_json
 
     catalog, project, paths = _project(name)
     known = _pushed(paths)
@@ -457,7 +453,7 @@ def pull(
     except LabelStudioError as error:
         raise UserError(str(error)) from None
     export = paths.calibration_dir / f"label-studio-{known['project']}.json"
-    export.write_text(json.dumps(answers))
+    save_json(export, answers)
     _import(catalog, project, paths, export, precision, apply, wait, timeout)
 
 
