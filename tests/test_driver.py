@@ -83,8 +83,9 @@ def test_a_dead_item_is_said_in_one_line_without_a_stack(
     """Dagster's console lines about the run's failure printed, under the reason the stage gave,
     the stack of the code that raised it, as if the product had crashed
     (hosting/described_failures.py). They reach the terminal whatever becomes of the run's
-    captured standard error, which Dagster mirrors back with `tail -F` and stops when the run
-    ends: here a `tail` that mirrors nothing, as a late one does with a run's last lines."""
+    captured standard error, which Dagster mirrors back with `tail -F` and stops when the steps
+    end: here a `tail` that mirrors nothing, as a late one does with the last lines; what else
+    the run wrote to standard error is read from its compute-log files."""
     late_mirror = tmp_path / "bin"
     late_mirror.mkdir()
     (late_mirror / "tail").write_text("#!/bin/sh\nexec sleep 600\n")
@@ -101,6 +102,7 @@ def test_a_dead_item_is_said_in_one_line_without_a_stack(
             _config("p", [server.url("/missing.mp4")], tmp_path / "model", tmp_path)
         )
         result = drive_quietly(["p"], instance=instance, defs=defs, store=store, timeout_s=120)
+        captured = {path: path.read_text() for path in Path(instance.root_directory).rglob("*.err")}
     assert result.stages == {"p": "failed"}
     shown = capfd.readouterr().err
     [step] = [line for line in shown.splitlines() if " - STEP_FAILURE - " in line]
@@ -108,3 +110,6 @@ def test_a_dead_item_is_said_in_one_line_without_a_stack(
     for line in (step, run):
         assert "failed on attempt 1: " in line and "404" in line and "dead:" in line, line
     assert "Stack Trace" not in shown and "Traceback" not in shown, shown
+    assert captured, "the runs' standard error was not captured"
+    for path, text in captured.items():
+        assert "Traceback" not in text, (path, text)

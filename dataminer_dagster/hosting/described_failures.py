@@ -15,10 +15,10 @@ its description alone (`described`), and `dataminer run` prints it on one line
 (`one_line_console_logger`). A step that fails in any other way (an exception nobody described)
 keeps its stack: that one is a fault to debug.
 
-`dataminer run` prints those lines to the terminal itself (`console_on_the_terminal`): while a run
-executes, Dagster sends standard error into the run's compute-log file and copies the file back
-with `tail -F`, which it stops when the run ends (dagster/_core/execution/compute_logs.py), so a
-line logged in a run's last second, the step's failure among them, could miss the terminal.
+`dataminer run` prints those lines to the terminal itself (`console_on_the_terminal`): while a
+run's steps execute, Dagster sends standard error into the run's compute-log file and copies the
+file back with `tail -F`, which it stops when they end (dagster/_core/execution/compute_logs.py),
+so a line logged in the last second, the step's failure among them, could miss the terminal.
 """
 
 from __future__ import annotations
@@ -101,11 +101,13 @@ def console_on_the_terminal() -> Iterator[None]:
     (module docstring). Where standard error has no descriptor (a test runner's stream), Dagster
     captures nothing either, and the logger writes to it as usual."""
     try:
+        sys.stderr.flush()
         descriptor = os.dup(sys.stderr.fileno())
     except (AttributeError, OSError, ValueError):
+        descriptor = None
+    if descriptor is None:
         yield
         return
-    sys.stderr.flush()
     encoding = getattr(sys.stderr, "encoding", None) or "utf-8"
     with os.fdopen(descriptor, "w", buffering=1, encoding=encoding, errors="replace") as terminal:
         token = _TERMINAL.set(terminal)
