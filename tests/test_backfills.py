@@ -41,7 +41,7 @@ from tests.helpers.graphql import (
 )
 from tests.helpers.ui_demo import webserver
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("backfills"), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("backfills"), pytest.mark.timeout(1500)]
 
 ASSETS = (
     "video_catalog",
@@ -53,7 +53,9 @@ ASSETS = (
     "detections",
     "dataset",
 )
-COMPLETE_WITHIN_S = 300
+# Two small projects under a real daemon beside the rest of the suite on 2 cores: a suite run gave
+# up at 300 s while the filter's runs waited for the CPU (set-up 391 s in all); a hang still fails.
+COMPLETE_WITHIN_S = 600
 # The backfill daemon's pause between iterations (Dagster's is 30 s): a backfill of the whole
 # graph takes an iteration for each lane of the flow, one after another.
 BACKFILL_INTERVAL_S = 3
