@@ -74,6 +74,11 @@ def noted_sql(link: str) -> str:
     return f"EXISTS (SELECT 1 FROM {S}.video_changes n WHERE n.video_id = {link}.video_id)"
 
 
+def any_noted(conn: sa.Connection) -> bool:
+    """Whether any video has a note: while none has, every link's progress is its video's."""
+    return bool(conn.execute(sa.text(f"SELECT EXISTS (SELECT FROM {S}.video_changes)")).scalar())
+
+
 def copy_link_progress(engine: sa.Engine, limit: int = COPY_LIMIT) -> int:
     """Write the current progress of (at most `limit` notes' worth of) noted videos onto their
     links, and remove those notes; returns the notes removed. Links another transaction holds
@@ -115,6 +120,6 @@ def copy_link_progress(engine: sa.Engine, limit: int = COPY_LIMIT) -> int:
             return 0
         # Nothing noted: the quiet tick's case, answered without planning the copy (whose plan,
         # until PostgreSQL's statistics know a bulk fill's links, reads them all).
-        if conn.execute(sa.text(f"SELECT NOT EXISTS (SELECT FROM {S}.video_changes)")).scalar():
+        if not any_noted(conn):
             return 0
         return conn.execute(statement, {"limit": limit}).rowcount
