@@ -5,7 +5,6 @@ from __future__ import annotations
 import configparser
 import json
 import os
-import socket
 import sys
 import time
 import urllib.request
@@ -16,6 +15,7 @@ from click.testing import CliRunner
 
 from dataminer_dagster.cli import main
 from dataminer_dagster.hosting import supervisord as svc
+from tests.helpers.ports import unused_port
 
 BIN_DIR = Path(sys.executable).parent
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -296,12 +296,6 @@ def test_start_status_stop_round_trip(dataminer_env, tmp_path, monkeypatch, supe
     assert "supervisord is not running" in status.output
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _server_info(port: int, timeout_s: float) -> dict:
     """RUNNING means up for `startsecs`; the webserver may still be loading the code location."""
     deadline = time.monotonic() + timeout_s
@@ -339,7 +333,7 @@ def test_real_webserver_and_daemon_serve_then_stop_with_their_children(
     dataminer_env, monkeypatch, supervisor_cleanup
 ):
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    port = _free_port()
+    port = unused_port()
     runner = CliRunner()
     setup = runner.invoke(
         main, ["services", "setup", "--port", str(port), "--project-dir", str(REPO_ROOT)]

@@ -19,7 +19,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -30,6 +29,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from tests.helpers.ports import unused_port
+
 _USER = "postgres"
 
 
@@ -39,12 +40,6 @@ def _bin_dir() -> Path | None:
         return Path(found[-1]).parent
     pg_ctl = shutil.which("pg_ctl")
     return Path(pg_ctl).parent if pg_ctl else None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class ScratchCluster:
@@ -62,7 +57,7 @@ class ScratchCluster:
         self.root = Path(tempfile.mkdtemp(prefix="dataminer-test-cluster-"))
         os.chown(self.root, user.pw_uid, user.pw_gid)
         self.pgdata = self.root / "pgdata"
-        self.port = _free_port()
+        self.port = unused_port()
         self._pg("initdb", "-D", str(self.pgdata), "-A", "trust", "-U", _USER, "--no-sync")
         self.start()
 
@@ -82,10 +77,15 @@ class ScratchCluster:
         # No fsync: an `immediate` stop kills the server, not the machine, so what the server
         # wrote is in the page cache and a commit that returned is there after the restart.
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        log = str(self.root / "server.log")
-        self._pg(
-            "pg_ctl", "start", "-w", "-t", "60", "-D", str(self.pgdata), "-o", options, "-l", log
-        )
+        log = self.root / "server.log"
+        pgdata = str(self.pgdata)
+        try:
+            self._pg(
+                "pg_ctl", "start", "-w", "-t", "60", "-D", pgdata, "-o", options, "-l", str(log)
+            )
+        except RuntimeError as error:
+            said = log.read_text(errors="replace") if log.exists() else "(no server log)"
+            raise RuntimeError(f"{error}\nthe server's log ends:\n{said[-3000:]}") from None
 
     def stop(self, mode: str = "fast") -> None:
         """`fast`: sessions are ended and the server shuts down cleanly; `immediate`: it stops at

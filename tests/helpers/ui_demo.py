@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dataminer_dagster.core.ui_links import partition_link
+from tests.helpers.ports import unused_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BIN_DIR = Path(sys.executable).parent
@@ -60,17 +60,11 @@ def run_demo() -> str:
     return result.output
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def webserver(env: Mapping[str, str], timeout_s: float = 180) -> Iterator[str]:
     """dagster-webserver on this repository's workspace, with `env`; yields its base URL once
     the code location has loaded."""
-    port = free_port()
+    port = unused_port()
     log = open(Path(env["DAGSTER_HOME"]) / "webserver.log", "wb")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
         [
