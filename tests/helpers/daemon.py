@@ -33,12 +33,12 @@ FAILED_SENSOR_TICK = "Sensor tick caught an error"
 BIN = Path(sys.executable).parent
 
 # Short enough that a killed run is noticed within seconds; the grace leaves a run worker time to
-# start on a loaded 2-core machine.
+# start on a loaded 2-core machine (a CI run saw one take 47 s to its first heartbeat).
 FAST_RECOVERY = {
     # Stale after 10 s: short for the crash tests, long enough that a heartbeat thread starved
     # on a loaded 2-core machine does not look like a dead run.
     "leases": {"heartbeat_s": 0.5, "stale_after_s": 10},
-    "runs": {"start_grace_s": 45, "queued_timeout_s": 600},
+    "runs": {"start_grace_s": 120, "queued_timeout_s": 600},
     "sensors": {"reaper_interval_s": 1},
 }
 
