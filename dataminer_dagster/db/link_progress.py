@@ -74,9 +74,9 @@ def noted_sql(link: str) -> str:
     return f"EXISTS (SELECT 1 FROM {S}.video_changes n WHERE n.video_id = {link}.video_id)"
 
 
-def any_noted(conn: sa.Connection) -> bool:
-    """Whether any video has a note: while none has, every link's progress is its video's."""
-    return bool(conn.execute(sa.text(f"SELECT EXISTS (SELECT FROM {S}.video_changes)")).scalar())
+# SQL: some video has a note. Uncorrelated, so PostgreSQL evaluates it once, before the joins of
+# the query it filters, and runs none of them when it is false.
+ANY_NOTED_SQL = f"EXISTS (SELECT FROM {S}.video_changes)"
 
 
 def copy_link_progress(engine: sa.Engine, limit: int = COPY_LIMIT) -> int:
@@ -120,6 +120,6 @@ def copy_link_progress(engine: sa.Engine, limit: int = COPY_LIMIT) -> int:
             return 0
         # Nothing noted: the quiet tick's case, answered without planning the copy (whose plan,
         # until PostgreSQL's statistics know a bulk fill's links, reads them all).
-        if not any_noted(conn):
+        if not conn.execute(sa.text(f"SELECT {ANY_NOTED_SQL}")).scalar():
             return 0
         return conn.execute(statement, {"limit": limit}).rowcount

@@ -6,7 +6,7 @@ budget); a read each, or one joining the links with the videos and every stage's
 cost a pass over a large project's items per question. The links carry their videos' progress
 (db/link_progress.py), so the pass reads the project's links alone for the videos without a note
 and the live state for the few with one, each side counted on its own, in one statement
-(bench/README.md, "Figures behind the code"); while no video has a note, the links alone.
+(bench/README.md, "Figures behind the code").
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 import sqlalchemy as sa
 
 from dataminer_dagster.db.link_progress import (
-    any_noted,
+    ANY_NOTED_SQL,
     live_progress_joins,
     noted_sql,
     progress,
@@ -132,20 +132,14 @@ def video_totals(
         raise ValueError(f"the links carry no progress of {sorted(unknown)}")
     # Each side counted on its own, grouped by columns PostgreSQL has statistics of: grouped as
     # a whole, the union's groups are estimated far too many and sorted on disk.
-    # With no note at all (the catalog at rest) the links alone are read: planned with a live
-    # side, PostgreSQL may read every video and item for one that finds nothing, its statistics
-    # of the notes still counting the thousands a bulk copy has since removed. A note made after
-    # this look counts its video from its link, a moment behind.
-    if any_noted(conn):
-        sides = [
-            (progress("pv", live=False), f"WHERE pv.project_id = :p AND NOT {noted_sql('pv')}"),
-            (
-                progress("pv", live=True),
-                f"{live_progress_joins('pv')}\n WHERE pv.project_id = :p AND {noted_sql('pv')}",
-            ),
-        ]
-    else:
-        sides = [(progress("pv", live=False), "WHERE pv.project_id = :p")]
+    # The live side runs only while some video has a note: planned from statistics that still
+    # count the thousands of notes a copy has since removed, its joins would otherwise read every
+    # video and item to find nothing.
+    live = f"pv.project_id = :p AND {ANY_NOTED_SQL} AND {noted_sql('pv')}"
+    sides = [
+        (progress("pv", live=False), f"WHERE pv.project_id = :p AND NOT {noted_sql('pv')}"),
+        (progress("pv", live=True), f"{live_progress_joins('pv')}\n WHERE {live}"),
+    ]
     counted = "\n UNION ALL\n".join(_side(columns, rest) for columns, rest in sides)
     summed = ", ".join(
         f"CAST(sum({name}) AS {'float8' if name == 'downloaded_s' else 'bigint'}) AS {name}"

@@ -9,6 +9,7 @@ project, so a regression fails here in CI."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -136,11 +137,10 @@ def test_a_projects_videos_are_read_from_its_links_once_their_progress_is_copied
         for plan in plans_of(engine, lambda: work_summary(engine, big, 15), analyze=True)
         if any(node.get("Relation Name") == "project_videos" for node in nodes(plan))
     ]
-    read = {
-        node["Relation Name"]: catalog_rows_read({**node, "Plans": []})
-        for node in nodes(plan)
-        if node.get("Relation Name") in CATALOG_TABLES
-    }
+    read = Counter()  # a table may be read in both sides
+    for node in nodes(plan):
+        if node.get("Relation Name") in CATALOG_TABLES:
+            read[node["Relation Name"]] += catalog_rows_read({**node, "Plans": []})
     assert read.get("project_videos", 0) >= BIG, read
     # the live side, which has no link to read, may still start its join (a row)
     assert read.get("videos", 0) + read.get("work_items", 0) < 10, read
