@@ -36,6 +36,7 @@ and YOLO). Then the pipeline's outputs are read back and measured against the wo
     python bench/quality.py [--seeds 0 1 2] [--epochs 150] [--json FILE]
     python bench/quality.py --seeds 0 --epochs 50   # one seed, shorter
     python bench/quality.py --seeds                  # no training: filter, dedup, detection only
+    python bench/quality.py --seeds --siglip DIR --yolo FILE   # other world models than the shipped
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def dataminer(home: Path, *args: str, timeout: float = 120) -> subprocess.Comple
     )
 
 
-def mine(root: Path, seed: int, sources: int) -> Mined:
+def mine(root: Path, seed: int, sources: int, siglip: Path | None, yolo: Path | None) -> Mined:
     import sqlalchemy as sa
     import yaml
 
@@ -135,6 +136,10 @@ def mine(root: Path, seed: int, sources: int) -> Mined:
     home.mkdir()
     with serve_directory(root / "www") as base:
         config = demo_config(PROJECT, world.urls(base), home / "data" / "projects" / PROJECT)
+        if siglip:
+            config["filter"]["model"] = str(siglip.resolve())
+        if yolo:
+            config["detect"]["model"] = str(yolo.resolve())
         path = root / f"{PROJECT}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         started = time.perf_counter()
@@ -558,6 +563,7 @@ def print_report(report: dict) -> None:
         f"{report['kept']} kept by the filter, {report['images']} dataset images "
         f"({report['splits']}); `dataminer run` {report['run_s']:.0f} s"
     )
+    print(f"models: {report['siglip']}, {report['yolo']}")
     print("filter (frames)")
     for name, figures in report["filter"].items():
         pr(name, figures)
@@ -620,6 +626,8 @@ def main() -> None:
     parser.add_argument("--imgsz", type=int, default=192)
     parser.add_argument("--workers", type=int, default=1, help="data loader processes")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--siglip", type=Path, help="a SigLIP model directory (default: shipped)")
+    parser.add_argument("--yolo", type=Path, help="a YOLO checkpoint (default: the shipped one)")
     parser.add_argument("--workdir", type=Path, help="keep everything here (default: removed)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
@@ -633,7 +641,7 @@ def main() -> None:
     root = args.workdir or Path(tempfile.mkdtemp(prefix="dm-quality-"))
     root.mkdir(parents=True, exist_ok=True)
     try:
-        mined = mine(root, args.world_seed, args.sources)
+        mined = mine(root, args.world_seed, args.sources, args.siglip, args.yolo)
         frames = extracted_frames(mined)
         from dataminer_dagster.paths import ProjectPaths
 
@@ -645,6 +653,8 @@ def main() -> None:
             "load_at_start": [round(v, 1) for v in load],
             "world_seed": args.world_seed,
             "sources": args.sources,
+            "siglip": mined.config["filter"]["model"],
+            "yolo": mined.config["detect"]["model"],
             "run_s": mined.run_s,
             "frames": len(frames),
             "kept": int(frames["passed"].sum()),

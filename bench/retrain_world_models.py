@@ -8,7 +8,14 @@ weight tensor is the same, the largest difference where not, and each figure of 
 with the difference in points. Where the weights repeat (the kind of CPU that trained them) and
 where they part: bench/README.md.
 
-    python bench/retrain_world_models.py [--only siglip|yolo] [--work DIR]
+With `--quality-worlds`, the figures the issue asks the re-trained models to repeat: the pipeline's
+quality (bench/quality.py without its detector trainings: the filter's precision and recall, junk
+kept, dedup's pairs, near-duplicates across splits, the detections' mAP50) on each of those
+worlds, mined once with the shipped models and once with the re-trained ones (a model not
+re-trained stays the shipped one), side by side. A `--work` folder that already holds a model
+trained by this script is measured again without training it again.
+
+    python bench/retrain_world_models.py [--only siglip|yolo] [--work DIR] [--quality-worlds N ...]
 """
 
 from __future__ import annotations
@@ -39,12 +46,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=sorted(FIGURES), default=None)
     parser.add_argument("--work", type=Path, default=None, help="keep the new models here")
+    parser.add_argument(
+        "--quality-worlds", type=int, nargs="*", default=[], help="world seeds for bench/quality.py"
+    )
     args = parser.parse_args()
     print(f"this CPU: {training_cpu()}")
     with tempfile.TemporaryDirectory(prefix="retrain-") as scratch:
         work = args.work or Path(scratch)
-        for kind in [args.only] if args.only else sorted(FIGURES):
+        kinds = [args.only] if args.only else sorted(FIGURES)
+        for kind in kinds:
             retrain(kind, work / kind)
+        retrained = {
+            "siglip": work / "siglip" if "siglip" in kinds else None,
+            "yolo": work / "yolo" / WORLD_YOLO.name if "yolo" in kinds else None,
+        }
+        for seed in args.quality_worlds:
+            compare_quality(seed, retrained, work / f"quality-{seed}")
 
 
 def retrain(kind: str, out: Path) -> None:
@@ -53,11 +70,18 @@ def retrain(kind: str, out: Path) -> None:
     command = again(shipped["command"], out)
     print(f"\n{kind}: shipped trained on {shipped.get('cpu', 'an unrecorded CPU')}")
     print(f"  {shlex.join(command)}")
-    started = time.monotonic()
-    run = subprocess.run(command, cwd=REPOSITORY, env=script_env(), capture_output=True, text=True)
-    if run.returncode:
-        raise SystemExit(f"{kind}: the training failed ({run.returncode}):\n{run.stderr[-4000:]}")
-    print(f"  trained again in {time.monotonic() - started:.0f} s")
+    if (out / "training.json").exists():
+        print(f"  trained before, in {out}: measured again")
+    else:
+        started = time.monotonic()
+        run = subprocess.run(
+            command, cwd=REPOSITORY, env=script_env(), capture_output=True, text=True
+        )
+        if run.returncode:
+            raise SystemExit(
+                f"{kind}: the training failed ({run.returncode}):\n{run.stderr[-4000:]}"
+            )
+        print(f"  trained again in {time.monotonic() - started:.0f} s")
     figures = json.loads((out / "training.json").read_text())
     if kind == "siglip":
         same, largest = same_tensors(
@@ -76,6 +100,55 @@ def retrain(kind: str, out: Path) -> None:
         print(
             f"  {name:<22} shipped {before:.4f}  again {now:.4f}  {100 * (now - before):+.1f} points"
         )
+
+
+# (name, the figure in bench/quality.py's JSON report) of the pipeline's quality
+QUALITY = (
+    ("filter precision", ("filter", "all prompts", "precision")),
+    ("filter recall", ("filter", "all prompts", "recall")),
+    ("junk frames kept", ("junk_kept",)),
+    ("dataset images", ("images",)),
+    ("dedup pair precision", ("dedup", "all pairs", "precision")),
+    ("dedup pair recall", ("dedup", "all pairs", "recall")),
+    ("near-duplicates across splits", ("dedup", "near-duplicates across splits")),
+    ("detection mAP50", ("detection", "map50")),
+)
+
+
+def compare_quality(seed: int, retrained: dict[str, Path | None], work: Path) -> None:
+    """bench/quality.py on world `seed` with the shipped models and with the re-trained ones."""
+    reports = {}
+    for name, models in (("shipped", {}), ("again", retrained)):
+        report = work / f"{name}.json"
+        if not report.exists():
+            command = [sys.executable, str(REPOSITORY / "bench" / "quality.py"), "--seeds"]
+            command += ["--world-seed", str(seed), "--json", str(report)]
+            for kind, path in models.items():
+                command += [f"--{kind}", str(path)] if path else []
+            work.mkdir(parents=True, exist_ok=True)
+            run = subprocess.run(
+                command,
+                env=script_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            if run.returncode:
+                raise SystemExit(
+                    f"bench/quality.py failed ({run.returncode}):\n{run.stdout[-4000:]}"
+                )
+        reports[name] = json.loads(report.read_text())
+    print(f"\nthe pipeline's quality on world {seed} (bench/quality.py --seeds):")
+    for name, path in QUALITY:
+        shipped, now = (figure(reports[which], path) for which in ("shipped", "again"))
+        moved = f"{100 * (now - shipped):+.1f} points" if isinstance(now, float) else ""
+        print(f"  {name:<30} shipped {shipped:<8} again {now:<8} {moved}")
+
+
+def figure(report: dict, path: tuple[str, ...]):
+    for key in path:
+        report = report[key]
+    return report
 
 
 def again(recorded: str, out: Path) -> list[str]:
