@@ -8,7 +8,6 @@ import copy
 import fcntl
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -139,11 +138,11 @@ def label_studio_server(executable: Path, data_dir: Path, document_root: Path) -
     `document_root`, signed in with the legacy token TOKEN; yields its URL."""
     import requests
 
+    from tests.helpers.ports import unused_port
+
     env = _server_env(data_dir, document_root)
     shutil.copytree(MIGRATED_DATA_DIR, data_dir, dirs_exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = unused_port()
     url = f"http://127.0.0.1:{port}"
     log = open(data_dir / "server.log", "w")  # noqa: SIM115 (open while the server runs)
     server = subprocess.Popen(
