@@ -32,8 +32,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 FAILED_SENSOR_TICK = "Sensor tick caught an error"
 BIN = Path(sys.executable).parent
 
-# Short enough that a killed run is noticed within seconds; the grace leaves a run worker time to
-# start on a loaded 2-core machine (a CI run saw one take 47 s to its first heartbeat).
+# Short enough that a killed run that has reported a heartbeat is noticed within seconds; the
+# grace leaves a run worker time to start on a loaded 2-core machine (beside the suite, most of a
+# minute).
 FAST_RECOVERY = {
     # Stale after 10 s: short for the crash tests, long enough that a heartbeat thread starved
     # on a loaded 2-core machine does not look like a dead run.
