@@ -136,9 +136,9 @@ def mine(root: Path, seed: int, sources: int, siglip: Path | None, yolo: Path | 
     home.mkdir()
     with serve_directory(root / "www") as base:
         config = demo_config(PROJECT, world.urls(base), home / "data" / "projects" / PROJECT)
-        if siglip:
+        if siglip is not None:
             config["filter"]["model"] = str(siglip.resolve())
-        if yolo:
+        if yolo is not None:
             config["detect"]["model"] = str(yolo.resolve())
         path = root / f"{PROJECT}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -52,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"this CPU: {training_cpu()}")
     with tempfile.TemporaryDirectory(prefix="retrain-") as scratch:
-        work = args.work or Path(scratch)
+        work = (args.work or Path(scratch)).resolve()
         kinds = [args.only] if args.only else sorted(FIGURES)
         for kind in kinds:
             retrain(kind, work / kind)
@@ -70,8 +70,8 @@ def retrain(kind: str, out: Path) -> None:
     command = again(shipped["command"], out)
     print(f"\n{kind}: shipped trained on {shipped.get('cpu', 'an unrecorded CPU')}")
     print(f"  {shlex.join(command)}")
-    if (out / "training.json").exists():
-        print(f"  trained before, in {out}: measured again")
+    if trained_before(out, command):
+        print(f"  trained before with this command, in {out}: measured again")
     else:
         started = time.monotonic()
         run = subprocess.run(
@@ -117,14 +117,16 @@ QUALITY = (
 
 def compare_quality(seed: int, retrained: dict[str, Path | None], work: Path) -> None:
     """bench/quality.py on world `seed` with the shipped models and with the re-trained ones."""
+    shipped = {"siglip": WORLD_SIGLIP, "yolo": WORLD_YOLO}
     reports = {}
-    for name, models in (("shipped", {}), ("again", retrained)):
+    for name, given in (("shipped", {}), ("again", retrained)):
+        models = {kind: given.get(kind) or path for kind, path in shipped.items()}
         report = work / f"{name}.json"
-        if not report.exists():
+        if not measured_with(report, models):
             command = [sys.executable, str(REPOSITORY / "bench" / "quality.py"), "--seeds"]
             command += ["--world-seed", str(seed), "--json", str(report)]
             for kind, path in models.items():
-                command += [f"--{kind}", str(path)] if path else []
+                command += [f"--{kind}", str(path)]
             work.mkdir(parents=True, exist_ok=True)
             run = subprocess.run(
                 command,
@@ -139,16 +141,36 @@ def compare_quality(seed: int, retrained: dict[str, Path | None], work: Path) ->
                 )
         reports[name] = json.loads(report.read_text())
     print(f"\nthe pipeline's quality on world {seed} (bench/quality.py --seeds):")
-    for name, path in QUALITY:
-        shipped, now = (figure(reports[which], path) for which in ("shipped", "again"))
-        moved = f"{100 * (now - shipped):+.1f} points" if isinstance(now, float) else ""
-        print(f"  {name:<30} shipped {shipped:<8} again {now:<8} {moved}")
+    for name, keys in QUALITY:
+        before, now = (quality_figure(reports[which], keys) for which in ("shipped", "again"))
+        if isinstance(now, float):
+            print(
+                f"  {name:<30} shipped {before:.3f}  again {now:.3f}  {100 * (now - before):+.1f} points"
+            )
+        else:
+            print(f"  {name:<30} shipped {before:<5}  again {now}")
 
 
-def figure(report: dict, path: tuple[str, ...]):
-    for key in path:
+def measured_with(report: Path, models: dict[str, Path]) -> bool:
+    """Whether `report` exists and was measured with these models (a kept `--work`)."""
+    if not report.exists():
+        return False
+    recorded = json.loads(report.read_text())
+    return all(recorded.get(kind) == str(path.resolve()) for kind, path in models.items())
+
+
+def quality_figure(report: dict, keys: tuple[str, ...]):
+    """The figure at `keys` of a bench/quality.py JSON report."""
+    for key in keys:
         report = report[key]
     return report
+
+
+def trained_before(out: Path, command: list[str]) -> bool:
+    """Whether `out` holds a model trained with `command` (a kept `--work`)."""
+    record = out / "training.json"
+    recorded = shlex.join(["python", *command[1:]])
+    return record.exists() and json.loads(record.read_text()).get("command") == recorded
 
 
 def again(recorded: str, out: Path) -> list[str]:
