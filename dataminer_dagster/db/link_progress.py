@@ -27,6 +27,10 @@ _COPY_LOCK = 0x646D_6C70  # "dmlp"
 
 # Notes acted on by one copy at most: a copy stays short (the tick's budget) after a bulk change.
 COPY_LIMIT = 10_000
+# A copy that removed this many notes has PostgreSQL's statistics of the notes taken again at
+# once: until autovacuum's next look, reads of the few notes left would be planned for all of
+# them (a status pass reading every video).
+ANALYZE_AFTER = 1_000
 
 
 # The aliases of the live state's rows: each stage's item (by the stage's index) and the video.
@@ -122,4 +126,14 @@ def copy_link_progress(engine: sa.Engine, limit: int = COPY_LIMIT) -> int:
         # until PostgreSQL's statistics know a bulk fill's links, reads them all).
         if not conn.execute(sa.text(f"SELECT {ANY_NOTED_SQL}")).scalar():
             return 0
-        return conn.execute(statement, {"limit": limit}).rowcount
+        removed = conn.execute(statement, {"limit": limit}).rowcount
+    if removed >= ANALYZE_AFTER:
+        _analyze_notes(engine)
+    return removed
+
+
+def _analyze_notes(engine: sa.Engine) -> None:
+    """Take PostgreSQL's statistics of the notes again; skipped (never waited for) while a vacuum
+    holds the table, and by PostgreSQL with a warning where the database user does not own it."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text(f"ANALYZE (SKIP_LOCKED) {S}.video_changes"))
