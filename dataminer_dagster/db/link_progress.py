@@ -27,9 +27,10 @@ _COPY_LOCK = 0x646D_6C70  # "dmlp"
 
 # Notes acted on by one copy at most: a copy stays short (the tick's budget) after a bulk change.
 COPY_LIMIT = 10_000
-# A copy that removed this many notes has PostgreSQL's statistics of the notes taken again at
-# once: until autovacuum's next look, reads of the few notes left would be planned for all of
-# them (a status pass reading every video).
+# Once a copy has taken every note it could, PostgreSQL's statistics of the notes are taken again
+# where they still count this many (or were never taken: it then guesses from the table's pages):
+# until autovacuum's next look, reads of the few notes left (a status pass's live side) would be
+# planned for all of those removed, and read every video.
 ANALYZE_AFTER = 1_000
 
 
@@ -124,10 +125,13 @@ def copy_link_progress(engine: sa.Engine, limit: int = COPY_LIMIT) -> int:
             return 0
         # Nothing noted: the quiet tick's case, answered without planning the copy (whose plan,
         # until PostgreSQL's statistics know a bulk fill's links, reads them all).
-        if not conn.execute(sa.text(f"SELECT {ANY_NOTED_SQL}")).scalar():
-            return 0
-        removed = conn.execute(statement, {"limit": limit}).rowcount
-    if removed >= ANALYZE_AFTER:
+        noted = conn.execute(sa.text(f"SELECT {ANY_NOTED_SQL}")).scalar()
+        removed = conn.execute(statement, {"limit": limit}).rowcount if noted else 0
+        counted = conn.execute(
+            sa.text("SELECT reltuples FROM pg_class WHERE oid = CAST(:t AS regclass)"),
+            {"t": f"{S}.video_changes"},
+        ).scalar()
+    if removed < limit and (counted < 0 or counted >= ANALYZE_AFTER):
         _analyze_notes(engine)
     return removed
 

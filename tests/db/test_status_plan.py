@@ -169,7 +169,8 @@ def test_a_projects_videos_are_read_from_its_links_once_their_progress_is_copied
 def test_a_copy_that_removed_many_notes_takes_their_statistics_again(seeded):
     """A note left anywhere (here on another project's video) runs the pass's live side for
     every project; planned from statistics that still counted the notes a bulk copy removed, it
-    would read every video. The copy takes them again (`ANALYZE_AFTER`)."""
+    would read every video. The copy that takes the last notes has them analyzed again
+    (`ANALYZE_AFTER`)."""
     engine, big, small = seeded
     analyze_the_notes_full(engine)
     while copy_link_progress(engine):
