@@ -53,8 +53,8 @@ ASSETS = (
     "detections",
     "dataset",
 )
-# Two small projects under a real daemon beside the rest of the suite on 2 cores: a suite run gave
-# up at 300 s while the filter's runs waited for the CPU (set-up 391 s in all); a hang still fails.
+# Two small projects under a real daemon beside the rest of the suite on 2 cores, where their runs
+# wait for the CPU; a hang still fails.
 COMPLETE_WITHIN_S = 600
 # The backfill daemon's pause between iterations (Dagster's is 30 s): a backfill of the whole
 # graph takes an iteration for each lane of the flow, one after another.

@@ -124,13 +124,14 @@ def copy_link_progress(engine: sa.Engine, limit: int = COPY_LIMIT) -> int:
         ).scalar():
             return 0
         # Nothing noted: the quiet tick's case, answered without planning the copy (whose plan,
-        # until PostgreSQL's statistics know a bulk fill's links, reads them all).
-        noted = conn.execute(sa.text(f"SELECT {ANY_NOTED_SQL}")).scalar()
-        removed = conn.execute(statement, {"limit": limit}).rowcount if noted else 0
-        counted = conn.execute(
-            sa.text("SELECT reltuples FROM pg_class WHERE oid = CAST(:t AS regclass)"),
+        # until PostgreSQL's statistics know a bulk fill's links, reads them all). In the same
+        # look, how many notes those statistics count.
+        noted, counted = conn.execute(
+            sa.text(f"""SELECT {ANY_NOTED_SQL}, (SELECT reltuples FROM pg_class
+                                                  WHERE oid = CAST(:t AS regclass))"""),
             {"t": f"{S}.video_changes"},
-        ).scalar()
+        ).one()
+        removed = conn.execute(statement, {"limit": limit}).rowcount if noted else 0
     if removed < limit and (counted < 0 or counted >= ANALYZE_AFTER):
         _analyze_notes(engine)
     return removed

@@ -135,6 +135,17 @@ def status_reads(engine: sa.Engine, project: int) -> Counter:
     return read
 
 
+def note_videos(engine: sa.Engine, project: int, count: int) -> None:
+    """A progress note on `count` of the project's videos, as the triggers write one."""
+    with engine.begin() as c:
+        c.execute(
+            sa.text("""INSERT INTO dataminer.video_changes (video_id)
+                       SELECT video_id FROM dataminer.project_videos WHERE project_id = :p
+                        LIMIT :n"""),
+            {"p": project, "n": count},
+        )
+
+
 def analyze_the_notes_full(engine: sa.Engine) -> None:
     """PostgreSQL's statistics taken while every seeded video has a note (as autovacuum may take
     them after a bulk fill)."""
@@ -152,12 +163,7 @@ def test_a_projects_videos_are_read_from_its_links_once_their_progress_is_copied
     engine, big, _ = seeded
     while copy_link_progress(engine):
         pass
-    with engine.begin() as c:
-        c.execute(
-            sa.text("""INSERT INTO dataminer.video_changes (video_id)
-                       SELECT video_id FROM dataminer.project_videos WHERE project_id = :p"""),
-            {"p": big},
-        )
+    note_videos(engine, big, BIG)
     analyze_the_notes_full(engine)
     with engine.begin() as c:
         c.execute(sa.text("DELETE FROM dataminer.video_changes"))
@@ -175,13 +181,7 @@ def test_a_copy_that_removed_many_notes_takes_their_statistics_again(seeded):
     analyze_the_notes_full(engine)
     while copy_link_progress(engine):
         pass
-    with engine.begin() as c:
-        c.execute(
-            sa.text("""INSERT INTO dataminer.video_changes (video_id)
-                       SELECT video_id FROM dataminer.project_videos WHERE project_id = :p
-                        LIMIT 1"""),
-            {"p": small},
-        )
+    note_videos(engine, small, 1)
     read = status_reads(engine, big)
     assert read["project_videos"] >= BIG, read
     # the live side, which has no link of the big project to read, may still start a join (a row)
