@@ -12,10 +12,13 @@ With `--quality-worlds`, the figures the issue asks the re-trained models to rep
 quality (bench/quality.py without its detector trainings: the filter's precision and recall, junk
 kept, dedup's pairs, near-duplicates across splits, the detections' mAP50) on each of those
 worlds, mined once with the shipped models and once with the re-trained ones (a model not
-re-trained stays the shipped one), side by side. A `--work` folder that already holds a model
-trained by this script is measured again without training it again.
+re-trained stays the shipped one), side by side; `--quality-sources` sets the worlds' size (source
+clips, each with a planted copy), so that a point of a figure is more than a frame. A `--work`
+folder that already holds a model trained by this script is measured again without training it
+again.
 
-    python bench/retrain_world_models.py [--only siglip|yolo] [--work DIR] [--quality-worlds N ...]
+    python bench/retrain_world_models.py [--only siglip|yolo] [--work DIR]
+        [--quality-worlds N ...] [--quality-sources N]
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ def main() -> None:
     parser.add_argument(
         "--quality-worlds", type=int, nargs="*", default=[], help="world seeds for bench/quality.py"
     )
+    parser.add_argument(
+        "--quality-sources", type=int, default=6, help="source clips of each quality world"
+    )
     args = parser.parse_args()
     print(f"this CPU: {training_cpu()}")
     with tempfile.TemporaryDirectory(prefix="retrain-") as scratch:
@@ -61,7 +67,12 @@ def main() -> None:
             "yolo": work / "yolo" / WORLD_YOLO.name if "yolo" in kinds else None,
         }
         for seed in args.quality_worlds:
-            compare_quality(seed, retrained, work / f"quality-{seed}")
+            compare_quality(
+                seed,
+                args.quality_sources,
+                retrained,
+                work / f"quality-{seed}-{args.quality_sources}",
+            )
 
 
 def retrain(kind: str, out: Path) -> None:
@@ -115,8 +126,9 @@ QUALITY = (
 )
 
 
-def compare_quality(seed: int, retrained: dict[str, Path | None], work: Path) -> None:
-    """bench/quality.py on world `seed` with the shipped models and with the re-trained ones."""
+def compare_quality(seed: int, sources: int, retrained: dict[str, Path | None], work: Path) -> None:
+    """bench/quality.py on world `seed` of `sources` source clips with the shipped models and with
+    the re-trained ones."""
     shipped = {"siglip": WORLD_SIGLIP, "yolo": WORLD_YOLO}
     reports = {}
     for name, given in (("shipped", {}), ("again", retrained)):
@@ -124,7 +136,8 @@ def compare_quality(seed: int, retrained: dict[str, Path | None], work: Path) ->
         report = work / f"{name}.json"
         if not measured_with(report, models):
             command = [sys.executable, str(REPOSITORY / "bench" / "quality.py"), "--seeds"]
-            command += ["--world-seed", str(seed), "--json", str(report)]
+            command += ["--world-seed", str(seed), "--sources", str(sources)]
+            command += ["--json", str(report)]
             for kind, path in models.items():
                 command += [f"--{kind}", str(path)]
             work.mkdir(parents=True, exist_ok=True)
@@ -140,7 +153,9 @@ def compare_quality(seed: int, retrained: dict[str, Path | None], work: Path) ->
                     f"bench/quality.py failed ({run.returncode}):\n{run.stdout[-4000:]}"
                 )
         reports[name] = json.loads(report.read_text())
-    print(f"\nthe pipeline's quality on world {seed} (bench/quality.py --seeds):")
+    print(
+        f"\nthe pipeline's quality on world {seed}, {sources} sources (bench/quality.py --seeds):"
+    )
     for name, keys in QUALITY:
         before, now = (quality_figure(reports[which], keys) for which in ("shipped", "again"))
         if isinstance(now, float):
